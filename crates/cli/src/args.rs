@@ -1,0 +1,241 @@
+//! The command line of SPEC §1, declared with clap.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Spillway: global rate limiting for fleets of microservices.
+#[derive(Debug, Parser)]
+#[command(name = "spillway", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log line format on stderr; the filter comes from RUST_LOG (default `info`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Everything in one process on embedded defaults: a 15x surge against a limited bucket,
+    /// a live view, a summary and a chart.
+    Demo {
+        /// How long the demo runs, in seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// A single-node deployment in one process: controller, aggregator, proxy, rules service and
+    /// dashboard.
+    Up {
+        /// The configuration file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// The sidecar: a reverse proxy that decides every request in-process (G1).
+    Proxy(ProxyArgs),
+    /// The zone aggregator: sums its clients' reports (G6).
+    Aggregator(AggregatorArgs),
+    /// The regional controller: computes drop ratios and coordinates with peer regions (G7).
+    Controller(ControllerArgs),
+    /// The rules service and its admin client (S1-S4).
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+    /// Validate a configuration file and print its compiled buckets.
+    Check {
+        /// The configuration file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Print the JSON Schema of the configuration file.
+    Schema,
+    /// The fleet simulator: the real decision and control code in simulated time.
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// The configuration file.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Address to accept requests on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Where allowed requests go, for example `http://127.0.0.1:8080`.
+    #[arg(long)]
+    pub upstream: String,
+    /// The zone's aggregator; without it the proxy runs standalone from the file.
+    #[arg(long)]
+    pub aggregator: Option<String>,
+    /// Follow the rules service's store too (`sqlite://PATH` or `postgres://...`).
+    #[arg(long)]
+    pub database: Option<String>,
+    /// This proxy's region.
+    #[arg(long, requires = "zone")]
+    pub region: Option<String>,
+    /// This proxy's zone.
+    #[arg(long, requires = "region")]
+    pub zone: Option<String>,
+    /// This host's id in reports (default: the hostname and the listen port).
+    #[arg(long)]
+    pub host_id: Option<String>,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct AggregatorArgs {
+    /// Address to accept client streams on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// This aggregator's region.
+    #[arg(long)]
+    pub region: String,
+    /// This aggregator's zone.
+    #[arg(long)]
+    pub zone: String,
+    /// The region's controller.
+    #[arg(long)]
+    pub controller: String,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("source").required(true).args(["config", "database"]))]
+pub struct ControllerArgs {
+    /// Address to accept aggregator and peer streams on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// This controller's region.
+    #[arg(long)]
+    pub region: String,
+    /// Another region's controller (repeat for each).
+    #[arg(long = "peer")]
+    pub peers: Vec<String>,
+    /// The rules come from this file, watched for changes.
+    #[arg(short, long)]
+    pub config: Option<PathBuf>,
+    /// The rules come from the rules service's store (`sqlite://PATH` or `postgres://...`).
+    #[arg(long)]
+    pub database: Option<String>,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RulesCommand {
+    /// Run the rules service.
+    Serve {
+        /// Address to serve the REST API on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// `sqlite://PATH` (embedded) or `postgres://...`.
+        #[arg(long, default_value = "sqlite://spillway-rules.db")]
+        database: String,
+    },
+    /// Apply a whole configuration declaratively (one modification).
+    Apply {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The YAML or JSON configuration to apply.
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Show the diff without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// List the rules.
+    List {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// Only the rules of this service.
+        #[arg(long)]
+        service: Option<String>,
+    },
+    /// Show one rule.
+    Get {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The rule's id (UUID).
+        id: String,
+    },
+    /// Delete one rule.
+    Delete {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The rule's id (UUID).
+        id: String,
+    },
+    /// Show the audit log: who changed what, when.
+    History {
+        #[command(flatten)]
+        client: RulesClientArgs,
+    },
+    /// Manage users directly in the store.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RulesClientArgs {
+    /// The rules service.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub server: String,
+    /// Bearer token.
+    #[arg(long, env = "SPILLWAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create a user in the store and print its token once.
+    Create {
+        /// The user's name.
+        name: String,
+        /// The user's role.
+        #[arg(long, value_enum, default_value_t = Role::Admin)]
+        role: Role,
+        /// `sqlite://PATH` or `postgres://...`.
+        #[arg(long)]
+        database: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    Admin,
+    Viewer,
+    Service,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// The scenario: surge-15x, overload-1.5x, many-callers, host-burst, control-plane-down,
+    /// region-loss.
+    #[arg(long)]
+    pub scenario: String,
+    /// Seed of the simulation; the same seed gives the same run.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write CSV and SVG charts here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Algorithms to compare (default: all of them).
+    #[arg(long = "algorithm")]
+    pub algorithms: Vec<String>,
+}

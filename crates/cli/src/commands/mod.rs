@@ -1,0 +1,53 @@
+//! One function per subcommand. Exit status per SPEC §1: 0 success, 1 runtime failure, 2 bad
+//! usage or bad configuration.
+
+mod check;
+
+use std::process::ExitCode;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::args::{Command, LogFormat, RulesCommand};
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Check { config } => check::check(&config),
+        Command::Schema => check::schema(),
+        Command::Demo { .. } => not_available("demo", "the control-plane issue"),
+        Command::Up { .. } => not_available("up", "the control-plane issue"),
+        Command::Proxy(_) => not_available("proxy", "the sidecar issue"),
+        Command::Aggregator(_) => not_available("aggregator", "the control-plane issue"),
+        Command::Controller(_) => not_available("controller", "the control-plane issue"),
+        Command::Rules { command } => {
+            let name = match command {
+                RulesCommand::Serve { .. } => "rules serve",
+                RulesCommand::Apply { .. } => "rules apply",
+                RulesCommand::List { .. } => "rules list",
+                RulesCommand::Get { .. } => "rules get",
+                RulesCommand::Delete { .. } => "rules delete",
+                RulesCommand::History { .. } => "rules history",
+                RulesCommand::Admin { .. } => "rules admin",
+            };
+            not_available(name, "the rules-service issue")
+        }
+        Command::Sim(_) => not_available("sim", "the simulator issue"),
+    }
+}
+
+/// A subcommand whose implementation has not landed: say so and exit 1, never pretend.
+fn not_available(name: &str, arrives_with: &str) -> ExitCode {
+    eprintln!("spillway {name}: not available yet in this build (it arrives with {arrives_with})");
+    ExitCode::from(1)
+}

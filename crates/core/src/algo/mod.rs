@@ -1,0 +1,1 @@
+//! Limiter algorithms: each one decides a request of some cost against its own state.

@@ -1,0 +1,1 @@
+//! Drop-ratio control math (G8): from offered load and limit to a smoothed drop ratio.

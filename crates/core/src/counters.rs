@@ -1,0 +1,1 @@
+//! Per-bucket counters (offered, allowed, dropped, shadow-dropped), striped per thread.

@@ -1,0 +1,1 @@
+//! Matching: from (caller, procedure, subjects) to the buckets that apply, without allocating.

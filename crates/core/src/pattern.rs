@@ -1,0 +1,1 @@
+//! Patterns in `match`: exact strings and globs with `*`.

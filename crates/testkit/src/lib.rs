@@ -1,0 +1,1 @@
+//! Test support: private Redis, Sentinel and PostgreSQL instances on free loopback ports.
