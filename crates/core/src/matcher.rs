@@ -1,1 +1,329 @@
 //! Matching: from (caller, procedure, subjects) to the buckets that apply, without allocating.
+//!
+//! [`Matcher::compile`] turns the buckets' [`MatchSpec`]s into a two-level index: first by caller,
+//! then by procedure. On each level a bucket sits in exactly one place, chosen by how its key is
+//! written:
+//!
+//! | key in `match`     | where it goes   | looked up by a request that...        |
+//! | ------------------ | --------------- | ------------------------------------- |
+//! | missing            | `any`           | always (the attribute may be missing) |
+//! | `"*"`              | `present`       | carries the attribute                 |
+//! | exact, `gw`        | hash map        | carries exactly `gw`                  |
+//! | glob, `api-*`      | short glob list | carries a value the glob matches      |
+//!
+//! A lookup therefore reads one hash map entry, a few `any`/`present` groups and the glob list on
+//! each level; with 1,000 buckets of exact (caller, procedure) pairs it touches the one or two
+//! candidates of the request's pair, not the 1,000. Subjects are checked last, on the candidates
+//! only, because per-subject buckets are few and their check is a plain string comparison.
+//!
+//! DESIGN.md suggests caching results per (caller, procedure) pair; the index already resolves a
+//! pair with two hash lookups, and a cache filled at request time would need a lock or an
+//! allocation on the hot path, so there is none.
+
+use std::collections::HashMap;
+
+use crate::pattern::{MatchSpec, Pattern, RequestAttrs, Subject};
+
+/// A bucket's position in the sequence given to [`Matcher::compile`].
+pub type BucketId = u32;
+
+/// Exact keys come from the configuration and lookups from requests, so a request can choose what
+/// it hashes. A fixed-seed fast hasher is still safe here: flooding needs the attacker to *insert*
+/// colliding keys, and the tables are built once from the configuration and never grow. A
+/// request-chosen key can at worst land on the longest probe sequence the fixed table already has,
+/// which is short at hashbrown's load factor.
+type ExactMap<V> = HashMap<Box<str>, V, foldhash::fast::FixedState>;
+
+/// The buckets that a request matched, in ascending [`BucketId`] order.
+///
+/// Reuse one per thread (or per connection): [`Matcher::find`] clears it and refills it, and once
+/// its capacity has reached [`Matcher::max_matches`] (see [`Matcher::matches_buffer`]) it never
+/// allocates again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matches {
+    buckets: Vec<BucketId>,
+}
+
+impl Matches {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            buckets: Vec::with_capacity(capacity),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[BucketId] {
+        &self.buckets
+    }
+
+    pub fn iter(&self) -> std::iter::Copied<std::slice::Iter<'_, BucketId>> {
+        self.buckets.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.buckets.capacity()
+    }
+}
+
+impl<'a> IntoIterator for &'a Matches {
+    type Item = BucketId;
+    type IntoIter = std::iter::Copied<std::slice::Iter<'a, BucketId>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// The compiled form of a configuration's match specs. Immutable once built; share it behind an
+/// `Arc` (or `arc-swap`) and call [`Matcher::find`] from any number of threads.
+#[derive(Debug, Clone, Default)]
+pub struct Matcher {
+    by_caller: Level<Level<Candidates>>,
+    buckets: usize,
+    max_matches: usize,
+}
+
+impl Matcher {
+    /// Compiles specs; the n-th spec is bucket `n`.
+    ///
+    /// # Panics
+    /// With more than `u32::MAX` specs, which no configuration file comes near.
+    pub fn compile<'a>(specs: impl IntoIterator<Item = &'a MatchSpec>) -> Self {
+        let mut by_caller: Level<Level<Candidates>> = Level::default();
+        let mut buckets = 0;
+        for (position, spec) in specs.into_iter().enumerate() {
+            let bucket = BucketId::try_from(position).expect("more than u32::MAX buckets");
+            // Buckets arrive in ascending order, so every candidate list is sorted by
+            // construction and `find` only has to interleave a few sorted runs.
+            by_caller
+                .slot(spec.caller.as_ref())
+                .slot(spec.procedure.as_ref())
+                .push(Candidate {
+                    bucket,
+                    subject: spec.subject.clone(),
+                });
+            buckets = position + 1;
+        }
+        let max_matches = by_caller.bound();
+        Self {
+            by_caller,
+            buckets,
+            max_matches,
+        }
+    }
+
+    /// How many buckets were compiled.
+    pub fn len(&self) -> usize {
+        self.buckets
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets == 0
+    }
+
+    /// An upper bound on how many buckets one request can match: the most candidates that every
+    /// group a single request can reach holds together. Usually far below [`Matcher::len`].
+    pub fn max_matches(&self) -> usize {
+        self.max_matches
+    }
+
+    /// A buffer large enough that [`Matcher::find`] never grows it, not even on the first call.
+    pub fn matches_buffer(&self) -> Matches {
+        Matches::with_capacity(self.max_matches)
+    }
+
+    /// Replaces the contents of `out` with every bucket whose spec matches `request`
+    /// ([`MatchSpec::matches`] is the definition), in ascending order. Allocates only when `out`
+    /// is smaller than the result.
+    pub fn find(&self, request: &RequestAttrs<'_>, out: &mut Matches) {
+        let found = &mut out.buckets;
+        found.clear();
+        self.by_caller.visit(request.caller, |by_procedure| {
+            by_procedure.visit(request.procedure, |candidates| {
+                found.extend(
+                    candidates
+                        .iter()
+                        .filter(|c| c.admits(request))
+                        .map(|c| c.bucket),
+                );
+            });
+        });
+        // Each group's run is sorted; an in-place unstable sort of the few results joins them
+        // without allocating (and returns at once on a single run, which is the common case).
+        found.sort_unstable();
+    }
+}
+
+/// A bucket reached through its caller and procedure, with the subject check that remains.
+#[derive(Debug, Clone)]
+struct Candidate {
+    bucket: BucketId,
+    subject: Option<Subject>,
+}
+
+impl Candidate {
+    fn admits(&self, request: &RequestAttrs<'_>) -> bool {
+        match &self.subject {
+            None => true,
+            Some(s) => request
+                .subject(s.kind)
+                .is_some_and(|value| s.value.matches(value)),
+        }
+    }
+}
+
+type Candidates = Vec<Candidate>;
+
+/// One attribute's index (caller, then procedure): the groups `T` reached by each kind of key.
+#[derive(Debug, Clone, Default)]
+struct Level<T> {
+    /// Specs without this key: they match whether or not the request has the attribute.
+    any: Option<T>,
+    /// Specs with `*` (or `**`...): the attribute must be present, its value does not matter.
+    present: Option<T>,
+    exact: ExactMap<T>,
+    /// One entry per distinct glob, in order of first appearance; globs are few in practice and a
+    /// list is cheaper to scan than any cleverer structure at that size.
+    globs: Vec<(Pattern, T)>,
+}
+
+impl<T: Default> Level<T> {
+    fn slot(&mut self, pattern: Option<&Pattern>) -> &mut T {
+        match pattern {
+            None => self.any.get_or_insert_with(T::default),
+            Some(p) if p.is_any() => self.present.get_or_insert_with(T::default),
+            Some(Pattern::Exact(text)) => self.exact.entry(text.clone()).or_default(),
+            Some(glob) => {
+                let index = match self.globs.iter().position(|(g, _)| g == glob) {
+                    Some(index) => index,
+                    None => {
+                        self.globs.push((glob.clone(), T::default()));
+                        self.globs.len() - 1
+                    }
+                };
+                &mut self.globs[index].1
+            }
+        }
+    }
+}
+
+impl<T> Level<T> {
+    /// Calls `f` on every group that a request with this attribute value can match.
+    fn visit(&self, value: Option<&str>, mut f: impl FnMut(&T)) {
+        if let Some(group) = &self.any {
+            f(group);
+        }
+        let Some(value) = value else { return };
+        if let Some(group) = &self.present {
+            f(group);
+        }
+        if let Some(group) = self.exact.get(value) {
+            f(group);
+        }
+        for (glob, group) in &self.globs {
+            if glob.matches(value) {
+                f(group);
+            }
+        }
+    }
+}
+
+/// An upper bound on the matches a request can draw from a group.
+trait Bound {
+    fn bound(&self) -> usize;
+}
+
+impl Bound for Candidates {
+    fn bound(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T: Bound> Bound for Level<T> {
+    /// A request reaches `any`, `present`, at most one exact group, and possibly every glob.
+    fn bound(&self) -> usize {
+        let optional = |group: &Option<T>| group.as_ref().map_or(0, T::bound);
+        optional(&self.any)
+            + optional(&self.present)
+            + self.exact.values().map(T::bound).max().unwrap_or(0)
+            + self
+                .globs
+                .iter()
+                .map(|(_, group)| group.bound())
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pattern::{SubjectKind, SubjectValue};
+
+    fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
+        MatchSpec {
+            caller: caller.map(Pattern::new),
+            procedure: procedure.map(Pattern::new),
+            subject: None,
+        }
+    }
+
+    #[test]
+    fn the_bound_counts_every_group_one_request_can_reach() {
+        let specs = [
+            spec(Some("gw"), Some("/a")),
+            spec(Some("gw"), Some("/a")),
+            spec(Some("gw"), Some("/b")),
+            spec(Some("other"), Some("/a")),
+            spec(Some("g*"), None),
+            spec(None, Some("/a/*")),
+            spec(None, None),
+        ];
+        let matcher = Matcher::compile(&specs);
+        // gw: its largest exact procedure group (2); plus the glob caller (1); plus the caller-less
+        // group's glob procedure (1) and its procedure-less group (1).
+        assert_eq!(matcher.max_matches(), 5);
+        let mut out = matcher.matches_buffer();
+        matcher.find(
+            &RequestAttrs {
+                caller: Some("gw"),
+                procedure: Some("/a"),
+                ..RequestAttrs::default()
+            },
+            &mut out,
+        );
+        assert_eq!(out.as_slice(), &[0, 1, 4, 6]);
+    }
+
+    #[test]
+    fn candidates_check_their_subject_last() {
+        let specs = [MatchSpec {
+            subject: Some(Subject {
+                kind: SubjectKind::Org,
+                value: SubjectValue::new("acme"),
+            }),
+            ..spec(Some("gw"), None)
+        }];
+        let matcher = Matcher::compile(&specs);
+        let mut request = RequestAttrs {
+            caller: Some("gw"),
+            ..RequestAttrs::default()
+        };
+        let mut out = Matches::new();
+        matcher.find(&request, &mut out);
+        assert!(out.is_empty());
+        request.subjects[SubjectKind::Org.index()] = Some("acme");
+        matcher.find(&request, &mut out);
+        assert_eq!(out.as_slice(), &[0]);
+    }
+}

@@ -1,0 +1,121 @@
+//! Lookup latency of the compiled matcher, against a linear scan of `MatchSpec::matches` as the
+//! baseline, on one bucket and on a 1,000-bucket configuration, for a hit and for a miss.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use spillway_core::matcher::Matcher;
+use spillway_core::pattern::{
+    MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
+};
+
+fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
+    MatchSpec {
+        caller: caller.map(Pattern::new),
+        procedure: procedure.map(Pattern::new),
+        subject: None,
+    }
+}
+
+/// The shape of a large mesh configuration: 950 exact (caller, procedure) pairs, 20 caller globs,
+/// 20 procedure globs and 10 per-user buckets.
+fn thousand_buckets() -> Vec<MatchSpec> {
+    let mut specs = Vec::with_capacity(1000);
+    for caller in 0..50 {
+        for method in 0..19 {
+            specs.push(spec(
+                Some(&format!("svc-{caller}")),
+                Some(&format!("/svc.v1.Service/Method{method}")),
+            ));
+        }
+    }
+    for team in 0..20 {
+        specs.push(spec(
+            Some(&format!("team{team}-*")),
+            Some("/svc.v1.Service/Method0"),
+        ));
+    }
+    for package in 0..20 {
+        specs.push(spec(None, Some(&format!("/pkg{package}.v1.*"))));
+    }
+    for method in 0..10 {
+        specs.push(MatchSpec {
+            subject: Some(Subject {
+                kind: SubjectKind::User,
+                value: SubjectValue::Each,
+            }),
+            ..spec(None, Some(&format!("/svc.v1.Service/Method{method}")))
+        });
+    }
+    specs
+}
+
+fn bench_case(c: &mut Criterion, name: &str, specs: &[MatchSpec], request: RequestAttrs<'_>) {
+    let matcher = Matcher::compile(specs);
+    let mut out = matcher.matches_buffer();
+    c.bench_function(&format!("matcher/{name}"), |b| {
+        b.iter(|| {
+            matcher.find(black_box(&request), &mut out);
+            black_box(out.len())
+        })
+    });
+    let mut found: Vec<u32> = Vec::with_capacity(specs.len());
+    c.bench_function(&format!("linear_scan/{name}"), |b| {
+        b.iter(|| {
+            found.clear();
+            let request = black_box(&request);
+            found.extend(
+                (0..)
+                    .zip(specs)
+                    .filter(|(_, s)| s.matches(request))
+                    .map(|(i, _)| i),
+            );
+            black_box(found.len())
+        })
+    });
+    // The two must agree, or the numbers compare different work.
+    matcher.find(&request, &mut out);
+    let expected: Vec<u32> = (0..)
+        .zip(specs)
+        .filter(|(_, s)| s.matches(&request))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(out.as_slice(), expected.as_slice(), "{name}");
+}
+
+fn lookups(c: &mut Criterion) {
+    let one = [spec(
+        Some("api-gateway"),
+        Some("/payments.v1.Payments/Charge"),
+    )];
+    let hit = RequestAttrs {
+        caller: Some("api-gateway"),
+        procedure: Some("/payments.v1.Payments/Charge"),
+        ..RequestAttrs::default()
+    };
+    let miss = RequestAttrs {
+        caller: Some("api-gateway"),
+        procedure: Some("/payments.v1.Payments/Refund"),
+        ..RequestAttrs::default()
+    };
+    bench_case(c, "1_bucket/hit", &one, hit);
+    bench_case(c, "1_bucket/miss", &one, miss);
+
+    let thousand = thousand_buckets();
+    let mut hit = RequestAttrs {
+        caller: Some("svc-17"),
+        procedure: Some("/svc.v1.Service/Method7"),
+        ..RequestAttrs::default()
+    };
+    hit.subjects[SubjectKind::User.index()] = Some("alice");
+    let miss = RequestAttrs {
+        caller: Some("svc-999"),
+        procedure: Some("/other.v1.Other/Call"),
+        ..RequestAttrs::default()
+    };
+    bench_case(c, "1000_buckets/hit", &thousand, hit);
+    bench_case(c, "1000_buckets/miss", &thousand, miss);
+}
+
+criterion_group!(benches, lookups);
+criterion_main!(benches);
