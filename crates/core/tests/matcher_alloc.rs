@@ -1,0 +1,188 @@
+//! Proves that `Matcher::find` allocates nothing once its buffer has warmed up (DESIGN.md: no
+//! allocation per decision), with a global allocator that counts the allocations of one thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+
+use spillway_core::matcher::{Matcher, Matches};
+use spillway_core::pattern::{
+    MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
+};
+
+/// Counts allocations made while the calling thread has switched counting on. Both the switch and
+/// the count are per thread, so the harness and the other tests, which run on their own threads at
+/// the same time, cannot add to a measurement.
+struct CountingAllocator;
+
+thread_local! {
+    // `const` and without destructors, so using them never allocates (no recursion into us).
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY (the only unsafe in spillway-core's tests): every method forwards its arguments
+// unchanged to the system allocator, which upholds the `GlobalAlloc` contract; counting touches
+// only const thread-locals.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// How many allocations `f` makes on this thread.
+fn allocations_in<R>(f: impl FnOnce() -> R) -> usize {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    black_box(f());
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(Cell::get)
+}
+
+fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
+    MatchSpec {
+        caller: caller.map(Pattern::new),
+        procedure: procedure.map(Pattern::new),
+        subject: None,
+    }
+}
+
+/// 1,000 buckets: exact (caller, procedure) pairs, caller and procedure globs, a `*` caller, and
+/// per-user and per-org buckets.
+fn thousand_buckets() -> Vec<MatchSpec> {
+    let mut specs = Vec::new();
+    for caller in 0..40 {
+        for method in 0..23 {
+            specs.push(spec(
+                Some(&format!("svc-{caller}")),
+                Some(&format!("/svc.v1.Service/M{method}")),
+            ));
+        }
+    }
+    for team in 0..30 {
+        specs.push(spec(Some(&format!("svc-{team}*")), None));
+    }
+    for method in 0..29 {
+        specs.push(MatchSpec {
+            subject: Some(Subject {
+                kind: SubjectKind::User,
+                value: SubjectValue::Each,
+            }),
+            ..spec(None, Some(&format!("/svc.v1.Service/M{method}")))
+        });
+    }
+    for org in 0..20 {
+        specs.push(MatchSpec {
+            subject: Some(Subject {
+                kind: SubjectKind::Org,
+                value: SubjectValue::new(&format!("org-{org}*")),
+            }),
+            ..spec(Some("*"), Some("/svc.v1.*"))
+        });
+    }
+    specs.push(spec(None, None));
+    assert_eq!(specs.len(), 1000);
+    specs
+}
+
+/// A request's attributes, owned, so that each lookup borrows them as a real request would.
+struct OwnedRequest {
+    caller: Option<String>,
+    procedure: Option<String>,
+    subjects: [Option<String>; 4],
+}
+
+impl OwnedRequest {
+    fn attrs(&self) -> RequestAttrs<'_> {
+        RequestAttrs {
+            caller: self.caller.as_deref(),
+            procedure: self.procedure.as_deref(),
+            subjects: self.subjects.each_ref().map(Option::as_deref),
+        }
+    }
+}
+
+/// Hits, misses, missing attributes and subjects.
+fn requests() -> Vec<OwnedRequest> {
+    (0..200)
+        .map(|i| OwnedRequest {
+            caller: (i % 7 != 0).then(|| format!("svc-{}", i % 45)),
+            procedure: (i % 11 != 0).then(|| format!("/svc.v1.Service/M{}", i % 27)),
+            subjects: [
+                (i % 3 == 0).then(|| format!("user-{i}")),
+                (i % 5 == 0).then(|| format!("org-{}", i % 25)),
+                None,
+                None,
+            ],
+        })
+        .collect()
+}
+
+#[test]
+fn the_counter_sees_a_deliberate_allocation() {
+    // Without this, a counter that never counts would make the test below pass vacuously.
+    assert!(allocations_in(|| Vec::<u8>::with_capacity(16)) >= 1);
+    let mut out = Matches::new();
+    let matcher = Matcher::compile(&[MatchSpec::default()]);
+    // A cold, empty buffer has to grow on its first match: the counter must see that too.
+    assert!(allocations_in(|| matcher.find(&RequestAttrs::default(), &mut out)) >= 1);
+}
+
+#[test]
+fn find_allocates_nothing_after_warm_up() {
+    let matcher = Matcher::compile(&thousand_buckets());
+    let requests = requests();
+    let mut out = Matches::new();
+    for request in &requests {
+        matcher.find(&request.attrs(), &mut out);
+    }
+    let mut found = 0;
+    let allocations = allocations_in(|| {
+        for _ in 0..50 {
+            for request in &requests {
+                matcher.find(&request.attrs(), &mut out);
+                found += out.len();
+            }
+        }
+    });
+    assert_eq!(allocations, 0);
+    // The lookups did real work: many matched, some several buckets at once.
+    assert!(found > 10_000, "only {found} matches");
+}
+
+#[test]
+fn a_buffer_sized_by_the_matcher_never_allocates_even_cold() {
+    let matcher = Matcher::compile(&thousand_buckets());
+    let requests = requests();
+    let mut out = matcher.matches_buffer();
+    let allocations = allocations_in(|| {
+        for request in &requests {
+            matcher.find(&request.attrs(), &mut out);
+        }
+    });
+    assert_eq!(allocations, 0);
+}
