@@ -1,1 +1,191 @@
 //! Drop-ratio control math (G8): from offered load and limit to a smoothed drop ratio.
+//!
+//! Pure functions and small structs, no I/O: the controller calls them once per bucket per
+//! interval, the simulator calls the same code in simulated time. Loads are rates or counts over
+//! one interval, in the same unit as the limit.
+
+use crate::algo::Ratio;
+
+/// Why control parameters were refused.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum ControlError {
+    #[error(
+        "release factor {0} is outside (0, 1]; 0.3 releases about a third of the gap per interval"
+    )]
+    Release(f64),
+    #[error("K = {0} is below 1 or not finite; Google SRE recommends 2")]
+    ThrottleK(f64),
+}
+
+/// The drop ratio that brings `offered` down to `limit`: `max(0, 1 - limit / offered)`.
+///
+/// Exact in steady state because clients report offered load (everything that arrived, dropped
+/// or not), which does not depend on the ratio in force: at 1.5x the limit it is 1/3, at 15x it
+/// is 14/15. No load, or a NaN, gives 0 (fail open).
+pub fn target_drop(limit: f64, offered: f64) -> f64 {
+    if offered.is_nan() || limit.is_nan() || offered <= 0.0 {
+        return 0.0;
+    }
+    (1.0 - limit.max(0.0) / offered).clamp(0.0, 1.0)
+}
+
+/// Google SRE's client-side throttling probability, `max(0, (requests - K x accepts) /
+/// (requests + 1))` (Site Reliability Engineering, ch. 21).
+///
+/// `accepts` are the requests the protected service accepted. With K = 2 a client starts
+/// throttling only when it sends more than twice what is accepted: at 1.5x the limit it drops
+/// nothing, at 3x it drops 1/3. K = 1 throttles as soon as anything is refused.
+pub fn client_throttle(requests: f64, accepts: f64, k: f64) -> f64 {
+    if requests.is_nan() || accepts.is_nan() || requests <= 0.0 {
+        return 0.0;
+    }
+    ((requests - k * accepts.max(0.0)) / (requests + 1.0)).clamp(0.0, 1.0)
+}
+
+/// Smooths a drop ratio: a rise acts at once, a fall is released gradually by an EWMA.
+///
+/// A surge is cut in the first interval that sees it; when it ends the ratio falls by `release`
+/// of the remaining gap each interval, so a brief dip in the measured load does not let a burst
+/// through and a calm does not oscillate. With release 0.3, from 1/3 to 0 takes 17 intervals to
+/// fall below 0.001, where it snaps to the target. The output never leaves the range of the
+/// targets it was given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Smoother {
+    current: f64,
+    release: f64,
+}
+
+impl Smoother {
+    /// Below this gap a falling ratio snaps to its target instead of approaching it forever.
+    pub const SNAP: f64 = 0.001;
+    /// The default release factor.
+    pub const DEFAULT_RELEASE: f64 = 0.3;
+
+    /// A smoother starting at 0 that releases `release` (in (0, 1]) of the gap per interval.
+    pub fn new(release: f64) -> Result<Self, ControlError> {
+        if !(release > 0.0 && release <= 1.0) {
+            return Err(ControlError::Release(release));
+        }
+        Ok(Self {
+            current: 0.0,
+            release,
+        })
+    }
+
+    /// Takes the target of the new interval and returns the smoothed ratio.
+    pub fn update(&mut self, target: f64) -> f64 {
+        let target = if target.is_nan() {
+            0.0
+        } else {
+            target.clamp(0.0, 1.0)
+        };
+        if target >= self.current {
+            self.current = target;
+        } else {
+            let next = self.current - self.release * (self.current - target);
+            self.current = if next - target < Self::SNAP {
+                target
+            } else {
+                next
+            };
+        }
+        self.current
+    }
+
+    /// The current ratio.
+    pub fn current(&self) -> f64 {
+        self.current
+    }
+}
+
+impl Default for Smoother {
+    fn default() -> Self {
+        Self {
+            current: 0.0,
+            release: Self::DEFAULT_RELEASE,
+        }
+    }
+}
+
+/// What the controller knows about one bucket after one interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Everything that arrived, dropped or not.
+    pub offered: f64,
+    /// What the protected service accepted (for a limit, at most the limit).
+    pub accepted: f64,
+    /// The bucket's limit over the same interval.
+    pub limit: f64,
+}
+
+/// How a controller turns samples into drop ratios.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// `max(0, 1 - limit / offered)`, smoothed (the default, G8).
+    Proportional(Smoother),
+    /// Google SRE's client-side throttling with this K, unsmoothed.
+    ClientThrottle { k: f64 },
+}
+
+impl Policy {
+    /// The default proportional policy.
+    pub fn proportional() -> Self {
+        Policy::Proportional(Smoother::default())
+    }
+
+    /// The SRE policy with `k` (at least 1; 2 is the book's choice).
+    pub fn client_throttle(k: f64) -> Result<Self, ControlError> {
+        if !(k.is_finite() && k >= 1.0) {
+            return Err(ControlError::ThrottleK(k));
+        }
+        Ok(Policy::ClientThrottle { k })
+    }
+
+    /// The drop ratio to send for the next interval.
+    pub fn next(&mut self, sample: Sample) -> Ratio {
+        let ratio = match self {
+            Policy::Proportional(s) => s.update(target_drop(sample.limit, sample.offered)),
+            Policy::ClientThrottle { k } => client_throttle(sample.offered, sample.accepted, *k),
+        };
+        Ratio::from_f64(ratio)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_is_zero_under_the_limit_and_the_excess_share_over_it() {
+        assert_eq!(target_drop(100.0, 50.0), 0.0);
+        assert_eq!(target_drop(100.0, 100.0), 0.0);
+        assert!((target_drop(100.0, 150.0) - 1.0 / 3.0).abs() < 1e-12);
+        assert!((target_drop(22_000.0, 330_000.0) - 14.0 / 15.0).abs() < 1e-12);
+        assert_eq!(target_drop(100.0, 0.0), 0.0);
+        assert_eq!(target_drop(100.0, f64::NAN), 0.0);
+    }
+
+    #[test]
+    fn client_throttle_matches_the_book() {
+        assert_eq!(client_throttle(150.0, 100.0, 2.0), 0.0);
+        assert!((client_throttle(300.0, 100.0, 2.0) - 100.0 / 301.0).abs() < 1e-12);
+        assert!((client_throttle(150.0, 100.0, 1.0) - 50.0 / 151.0).abs() < 1e-12);
+        assert!(Policy::client_throttle(0.5).is_err());
+    }
+
+    #[test]
+    fn release_must_be_a_fraction() {
+        assert!(Smoother::new(0.0).is_err());
+        assert!(Smoother::new(1.5).is_err());
+        assert!(Smoother::new(f64::NAN).is_err());
+        assert!(Smoother::new(1.0).is_ok());
+    }
+
+    #[test]
+    fn worked_release_takes_seventeen_intervals() {
+        let mut s = Smoother::default();
+        s.update(1.0 / 3.0);
+        let steps = (1..100).find(|_| s.update(0.0) == 0.0).unwrap();
+        assert_eq!(steps, 17);
+    }
+}
