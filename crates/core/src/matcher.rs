@@ -160,7 +160,7 @@ impl Matcher {
             });
         });
         // Each group's run is sorted; an in-place unstable sort of the few results joins them
-        // without allocating (and returns at once on a single run, which is the common case).
+        // without allocating, in linear time when a single group matched (the common case).
         found.sort_unstable();
     }
 }
