@@ -1,1 +1,97 @@
 //! The configuration file (SPEC §2): typed model, loading and validation with precise errors.
+//!
+//! Loading runs in three steps, each of which can reject the file with
+//! `FILE:LINE:COLUMN: what is wrong`:
+//! 1. [`positions`] walks the YAML events, indexing where every key and value starts and catching
+//!    syntax errors, duplicate keys and extra documents;
+//! 2. `yaml_serde` reads the [`model`] types, which deny unknown keys and parse limits, durations
+//!    and names inside their visitors so that errors carry the value's position;
+//! 3. [`validate`] checks what spans several keys (a store that does not fit the algorithm, two
+//!    buckets with the same S2 key, ...) and fills in the defaults.
+//!
+//! ```
+//! let config = spillway_core::config::load_str(
+//!     "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 300/min }\n",
+//!     "inline.yaml",
+//! ).unwrap();
+//! let bucket = &config.services[0].buckets[0];
+//! assert_eq!(bucket.limit.per_second(), 5.0); // 300 a minute is 5 a second
+//! assert_eq!(bucket.store.name(), "control-plane"); // the default algorithm is drop-ratio
+//!
+//! let err = spillway_core::config::load_str("version: 1\nservices: 7\n", "bad.yaml").unwrap_err();
+//! assert_eq!(err.to_string(), "bad.yaml:2:11: invalid type: integer `7`, expected a mapping of service names to services");
+//! ```
+
+mod error;
+pub mod model;
+pub mod positions;
+mod table;
+pub mod validate;
+
+use std::path::Path;
+
+pub use error::ConfigError;
+pub use model::{
+    Algorithm, BucketFile, ConfigFile, Control, Cost, CostHeader, FailurePolicy, Identity,
+    MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source, Sources, Store,
+};
+pub use positions::Position;
+pub use table::{describe_match, render_table};
+pub use validate::{Bucket, Config, Redis, RedisTarget, Service, default_failure_policy};
+
+/// Reads and validates a configuration file; errors name the file as `path` is written.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    load_bytes(&bytes, &path.display().to_string())
+}
+
+/// Validates a configuration held in memory; `file_name` is what error messages call it.
+pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
+    let invalid = |position, message| ConfigError::Invalid {
+        file: file_name.to_owned(),
+        position,
+        message,
+    };
+    let positions =
+        positions::Positions::index(text).map_err(|e| invalid(e.position, e.message))?;
+    if !positions.has_root() {
+        return Err(invalid(
+            Position::START,
+            "the file holds no configuration; it starts with `version: 1`".to_owned(),
+        ));
+    }
+    let file: ConfigFile = yaml_serde::from_str(text).map_err(|err| {
+        let (position, message) = error::from_yaml(&err, &positions);
+        invalid(position, message)
+    })?;
+    validate::validate(file, &positions).map_err(|e| invalid(e.position, e.message))
+}
+
+/// Like [`load_str`], for bytes that may not be UTF-8 text.
+pub fn load_bytes(bytes: &[u8], file_name: &str) -> Result<Config, ConfigError> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => load_str(text, file_name),
+        Err(err) => {
+            let valid = String::from_utf8_lossy(&bytes[..err.valid_up_to()]);
+            let line = valid.matches('\n').count() + 1;
+            let column = valid.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            Err(ConfigError::Invalid {
+                file: file_name.to_owned(),
+                position: Position { line, column },
+                message: format!(
+                    "the file is not UTF-8 text (byte 0x{:02x}); save it as UTF-8",
+                    bytes[err.valid_up_to()]
+                ),
+            })
+        }
+    }
+}
+
+/// The JSON Schema of the configuration file, generated from the [`model`] types.
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(ConfigFile))
+        .expect("a generated schema is always representable as JSON")
+}

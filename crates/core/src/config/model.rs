@@ -1,0 +1,700 @@
+//! The configuration file as written: every key of SPEC §2 as a serde type, with its default.
+//!
+//! These types are what `yaml_serde` reads and what the JSON Schema is generated from, so the
+//! schema describes exactly what the loader accepts. Checks that need more than one key (a store
+//! that does not fit the algorithm, duplicate bucket names, ...) live in `validate`, which turns a
+//! [`ConfigFile`] into a [`super::Config`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::value::MapAccessDeserializer;
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Spillway configuration")]
+pub struct ConfigFile {
+    /// The file format's version; this build reads `1`.
+    #[schemars(range(min = 1, max = 1))]
+    pub version: u32,
+    /// Where request attributes come from.
+    #[serde(default)]
+    pub identity: Identity,
+    /// The control loop's timing.
+    #[serde(default)]
+    pub control: Control,
+    /// The protected (destination) services, by name, each with its buckets.
+    #[serde(default)]
+    pub services: Services,
+    /// The Redis that `store: redis` buckets count in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisFile>,
+}
+
+/// Where each request attribute is read from (SPEC §2). Each value is a list of sources separated
+/// by commas; the first one present in the request wins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Identity {
+    /// The calling service (G2). Default `header:rpc-caller`.
+    pub caller: Sources,
+    /// The procedure or API (G2, S2). Default `header:rpc-procedure,path`.
+    pub procedure: Sources,
+    /// Default `header:x-user-id`.
+    pub user: Sources,
+    /// Default `header:x-org-id`.
+    pub org: Sources,
+    /// Default `header:x-api-key`.
+    pub api_key: Sources,
+    /// Default `peer`, the address of the connection.
+    pub ip: Sources,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        let header = |name: &str| Sources(vec![Source::Header(name.to_owned())]);
+        Identity {
+            caller: header("rpc-caller"),
+            procedure: Sources(vec![
+                Source::Header("rpc-procedure".to_owned()),
+                Source::Path,
+            ]),
+            user: header("x-user-id"),
+            org: header("x-org-id"),
+            api_key: header("x-api-key"),
+            ip: Sources(vec![Source::Peer]),
+        }
+    }
+}
+
+/// One place a request attribute can come from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// `header:NAME`; the name is kept in lower case, as HTTP/2 sends it.
+    Header(String),
+    /// `path`: the HTTP path (gRPC puts `/package.Service/Method` there).
+    Path,
+    /// `peer`: the IP address of the connection.
+    Peer,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Header(name) => write!(f, "header:{name}"),
+            Source::Path => f.write_str("path"),
+            Source::Peer => f.write_str("peer"),
+        }
+    }
+}
+
+/// `header:rpc-procedure,path`: sources in order of preference, never empty.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Sources(pub Vec<Source>);
+
+impl fmt::Display for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, source) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{source}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Characters of an HTTP header name (RFC 9110 `token`).
+pub(crate) fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+impl Sources {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut sources = Vec::new();
+        for part in text.split(',') {
+            let part = part.trim();
+            let source = match part {
+                "path" => Source::Path,
+                "peer" => Source::Peer,
+                "" => {
+                    return Err(format!(
+                        "source list \"{text}\" has an empty entry; write sources like \"header:x-user-id\" or \"header:rpc-procedure,path\""
+                    ));
+                }
+                _ => match part.split_once(':') {
+                    Some(("header", name)) if is_header_name(name.trim()) => {
+                        Source::Header(name.trim().to_ascii_lowercase())
+                    }
+                    Some(("header", name)) => {
+                        return Err(format!(
+                            "\"{}\" is not a valid header name; use letters, digits and '-'",
+                            name.trim()
+                        ));
+                    }
+                    _ => {
+                        return Err(format!(
+                            "unknown source \"{part}\"; use header:NAME, path or peer (several separated by commas, the first present wins)"
+                        ));
+                    }
+                },
+            };
+            sources.push(source);
+        }
+        Ok(Sources(sources))
+    }
+}
+
+impl Serialize for Sources {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sources {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SourcesVisitor;
+        impl de::Visitor<'_> for SourcesVisitor {
+            type Value = Sources;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("sources like \"header:x-user-id\" or \"header:rpc-procedure,path\"")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Sources, E> {
+                Sources::parse(text).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(SourcesVisitor)
+    }
+}
+
+impl JsonSchema for Sources {
+    fn schema_name() -> Cow<'static, str> {
+        "Sources".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "Sources separated by commas, the first present wins: header:NAME, path (the HTTP path) or peer (the connection's address).",
+            "pattern": r"^\s*(header:\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+|path|peer)\s*(,\s*(header:\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+|path|peer)\s*)*$",
+            "examples": ["header:rpc-caller", "header:rpc-procedure,path", "peer"]
+        })
+    }
+}
+
+/// The control loop's timing (G5, G9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    /// How often each client reports its per-bucket rates (G5). Default `1s`.
+    #[serde(with = "duration_text")]
+    #[schemars(with = "DurationText")]
+    pub report_interval: Duration,
+    /// Instructions older than this are ignored and the client fails open (G9). Default `5s`.
+    #[serde(with = "duration_text")]
+    #[schemars(with = "DurationText")]
+    pub instruction_ttl: Duration,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            report_interval: Duration::from_secs(1),
+            instruction_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The services in file order, so `spillway check` prints them as written.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Services(pub Vec<(String, ServiceFile)>);
+
+impl Serialize for Services {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(name, service)| (name, service)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Services {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ServicesVisitor;
+        impl<'de> de::Visitor<'de> for ServicesVisitor {
+            type Value = Services;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping of service names to services")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Services, A::Error> {
+                let mut services = Vec::new();
+                while let Some((name, service)) = map.next_entry::<String, ServiceFile>()? {
+                    services.push((name, service));
+                }
+                Ok(Services(services))
+            }
+        }
+        deserializer.deserialize_map(ServicesVisitor)
+    }
+}
+
+impl JsonSchema for Services {
+    fn schema_name() -> Cow<'static, str> {
+        "Services".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "description": "The protected (destination) services by name.",
+            "propertyNames": { "pattern": super::validate::NAME_PATTERN },
+            "additionalProperties": generator.subschema_for::<ServiceFile>()
+        })
+    }
+}
+
+/// One protected service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceFile {
+    /// Its buckets; a request may match several and is dropped if any enforcing one drops it.
+    pub buckets: Vec<BucketFile>,
+}
+
+/// One bucket as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BucketFile {
+    /// Unique within its service; letters, digits, `.`, `_` and `-`.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    pub name: String,
+    /// Which requests count against the bucket; every key optional.
+    #[serde(default, rename = "match")]
+    pub match_: MatchFile,
+    pub limit: Limit,
+    /// How far above the steady rate a burst may go, in requests (token-bucket, leaky-bucket,
+    /// gcra). Defaults to the limit's count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<NonZeroU64>,
+    /// How long unused tokens are kept to absorb bursts (adaptive-token-bucket only, G10):
+    /// default `10s`, at most `20s`.
+    #[serde(
+        default,
+        with = "option_duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<DurationText>")]
+    pub burst_window: Option<Duration>,
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Defaults to `control-plane` for drop-ratio and adaptive-token-bucket, else `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<Store>,
+    #[serde(default)]
+    pub cost: Cost,
+    /// Defaults to `closed` for `store: redis` (S8), else `open` (G9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_store_failure: Option<FailurePolicy>,
+}
+
+/// A bucket's `match`: exact values or globs with `*`; at most one subject key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MatchFile {
+    /// The calling service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
+    /// The procedure (gRPC method) or HTTP path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub procedure: Option<String>,
+    /// A subject; `"*"` gives each user a bucket of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub org: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+}
+
+/// Where a bucket's limit holds (G3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    #[default]
+    Global,
+    Region,
+    Zone,
+}
+
+/// Whether drops are real (G4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Allow everything, count what would have been dropped (virtual drops).
+    Shadow,
+}
+
+/// The limiter algorithm. Default `drop-ratio`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// The control plane computes a drop ratio that every client applies (G8).
+    #[default]
+    DropRatio,
+    /// Each client refills at its share of the global load (G10).
+    AdaptiveTokenBucket,
+    TokenBucket,
+    LeakyBucket,
+    FixedWindow,
+    SlidingWindowLog,
+    SlidingWindowCounter,
+    Gcra,
+}
+
+/// Where a bucket's state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Store {
+    /// In the proxy's memory: the limit holds per proxy instance.
+    Local,
+    /// In Redis, exactly, one Lua call per decision (S5, W1).
+    Redis,
+    /// Counted by the control plane from the clients' reports (G5-G8).
+    ControlPlane,
+}
+
+/// What a bucket does when its store cannot answer (S8 for Redis, G9 for the control plane).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// Let the traffic through.
+    Open,
+    /// Drop it (behind the circuit breaker of S8).
+    Closed,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::DropRatio,
+        Algorithm::AdaptiveTokenBucket,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::Gcra,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::DropRatio => "drop-ratio",
+            Algorithm::AdaptiveTokenBucket => "adaptive-token-bucket",
+            Algorithm::TokenBucket => "token-bucket",
+            Algorithm::LeakyBucket => "leaky-bucket",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::SlidingWindowLog => "sliding-window-log",
+            Algorithm::SlidingWindowCounter => "sliding-window-counter",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Drop-ratio and the adaptive token bucket need the global view that only the control
+    /// plane has; the exact algorithms count locally or in Redis.
+    pub fn stores(self) -> &'static [Store] {
+        match self {
+            Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket => &[Store::ControlPlane],
+            _ => &[Store::Local, Store::Redis],
+        }
+    }
+
+    pub fn default_store(self) -> Store {
+        self.stores()[0]
+    }
+
+    /// Whether the algorithm has a `burst` (a bucket capacity or a burst tolerance).
+    pub fn has_burst(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Store {
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Local => "local",
+            Store::Redis => "redis",
+            Store::ControlPlane => "control-plane",
+        }
+    }
+}
+
+impl fmt::Display for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Global => "global",
+            Scope::Region => "region",
+            Scope::Zone => "zone",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FailurePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed => "closed",
+        }
+    }
+}
+
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one request costs (W3): a fixed number, or read from a header.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Cost {
+    /// `cost: 100`: every request costs this many units.
+    Fixed(NonZeroU64),
+    /// `cost: { header: x-cost, default: 1 }`.
+    Header(CostHeader),
+}
+
+impl Default for Cost {
+    fn default() -> Self {
+        Cost::Fixed(NonZeroU64::MIN)
+    }
+}
+
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::Fixed(n) => write!(f, "{n}"),
+            Cost::Header(h) => write!(f, "header {} (default {})", h.header, h.default),
+        }
+    }
+}
+
+/// A cost read from a request header, with the cost of a request that lacks it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CostHeader {
+    /// The header that carries the cost, e.g. `x-cost`.
+    pub header: String,
+    /// The cost when the header is missing or not a whole number. Default 1.
+    #[serde(default = "one")]
+    pub default: NonZeroU64,
+}
+
+fn one() -> NonZeroU64 {
+    NonZeroU64::MIN
+}
+
+impl<'de> Deserialize<'de> for Cost {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CostVisitor;
+        impl<'de> de::Visitor<'de> for CostVisitor {
+            type Value = Cost;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a whole number of at least 1, or { header: x-cost, default: 1 }")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Cost, E> {
+                NonZeroU64::new(n).map(Cost::Fixed).ok_or_else(|| {
+                    E::custom("cost 0: a request costs at least 1; to exempt requests, narrow the bucket's match")
+                })
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Cost, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format_args!(
+                        "cost {n}: a request costs at least 1"
+                    ))),
+                }
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Cost, A::Error> {
+                CostHeader::deserialize(MapAccessDeserializer::new(map)).map(Cost::Header)
+            }
+        }
+        deserializer.deserialize_any(CostVisitor)
+    }
+}
+
+/// The Redis that exact buckets count in: exactly one of `url`, `sentinel` or `cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [
+    { "required": ["url"] },
+    { "required": ["sentinel"] },
+    { "required": ["cluster"] }
+]))]
+pub struct RedisFile {
+    /// A single node: `redis://HOST:PORT[/DB]` (or `rediss://` for TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A primary watched by Redis Sentinel (S9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelFile>,
+    /// The nodes of a Redis Cluster to start from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Vec<String>>,
+    /// How long one Redis call may take before it counts as a store failure. Default `50ms`.
+    #[serde(default = "default_redis_timeout", with = "duration_text")]
+    #[schemars(with = "DurationText")]
+    pub timeout: Duration,
+}
+
+pub(crate) fn default_redis_timeout() -> Duration {
+    Duration::from_millis(50)
+}
+
+/// Redis Sentinel: the monitored master's name and the sentinels to ask.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelFile {
+    /// The master's name in the sentinels' configuration, e.g. `mymaster`.
+    pub master: String,
+    /// Sentinel addresses, e.g. `redis://10.0.0.1:26379`.
+    pub nodes: Vec<String>,
+}
+
+/// The schema of a duration (`250ms`, `1s`, `2m`, `1h`, `1d`).
+pub struct DurationText;
+
+impl JsonSchema for DurationText {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "A whole number (at least 1) and a unit: ms, s, m (or min), h or d.",
+            "pattern": DURATION_PATTERN,
+            "examples": ["250ms", "1s", "2m"]
+        })
+    }
+}
+
+struct DurationVisitor;
+
+impl de::Visitor<'_> for DurationVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a duration like 250ms, 1s or 2m")
+    }
+
+    // Raised inside the visitor so the error carries the value's position.
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+        parse_duration(text).map_err(E::custom)
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Duration, E> {
+        Err(E::custom(format_args!(
+            "duration {n} has no unit; write {n}s or {n}ms"
+        )))
+    }
+}
+
+/// Serde for durations written as `250ms`, `1s`, `2m`.
+pub(crate) mod duration_text {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format_duration(*value))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        deserializer.deserialize_any(DurationVisitor)
+    }
+}
+
+/// Serde for optional durations.
+pub(crate) mod option_duration_text {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => serializer.serialize_str(&format_duration(*d)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        struct OptionVisitor;
+        impl<'de> de::Visitor<'de> for OptionVisitor {
+            type Value = Option<Duration>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a duration like 250ms, 1s or 2m")
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(DurationVisitor).map(Some)
+            }
+        }
+        deserializer.deserialize_option(OptionVisitor)
+    }
+}

@@ -1,0 +1,95 @@
+//! The compiled buckets as a plain-text table, as `spillway check` prints them.
+
+use super::validate::{Bucket, Config};
+use crate::pattern::MatchSpec;
+
+const HEADERS: [&str; 11] = [
+    "SERVICE",
+    "BUCKET",
+    "MATCH",
+    "LIMIT",
+    "BURST",
+    "SCOPE",
+    "MODE",
+    "ALGORITHM",
+    "STORE",
+    "COST",
+    "ON FAILURE",
+];
+
+/// `caller=api-gateway procedure=/search user=*`; `*` when the bucket matches every request.
+pub fn describe_match(spec: &MatchSpec) -> String {
+    let mut parts = Vec::new();
+    if let Some(caller) = &spec.caller {
+        parts.push(format!("caller={caller}"));
+    }
+    if let Some(procedure) = &spec.procedure {
+        parts.push(format!("procedure={procedure}"));
+    }
+    if let Some(subject) = &spec.subject {
+        parts.push(format!("{}={}", subject.kind, subject.value.as_str()));
+    }
+    if parts.is_empty() {
+        "*".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn row(service: &str, bucket: &Bucket) -> [String; 11] {
+    [
+        service.to_owned(),
+        bucket.name.clone(),
+        describe_match(&bucket.match_spec),
+        bucket.limit.to_string(),
+        bucket.burst.map_or("-".to_owned(), |b| b.to_string()),
+        bucket.scope.to_string(),
+        bucket.mode.to_string(),
+        bucket.algorithm.to_string(),
+        bucket.store.to_string(),
+        bucket.cost.to_string(),
+        bucket.on_store_failure.to_string(),
+    ]
+}
+
+/// One line per bucket in file order under a header, columns padded to their widest cell, and
+/// a last line counting services and buckets.
+pub fn render_table(config: &Config) -> String {
+    let rows: Vec<[String; 11]> = config
+        .buckets()
+        .map(|(service, bucket)| row(&service.name, bucket))
+        .collect();
+    let mut widths = HEADERS.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            text.push_str(cell);
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            text.extend(std::iter::repeat_n(' ', pad));
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut HEADERS.iter().copied());
+    for row in &rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    let services = config.services.len();
+    out.push_str(&format!(
+        "{} bucket{} in {} service{}\n",
+        rows.len(),
+        if rows.len() == 1 { "" } else { "s" },
+        services,
+        if services == 1 { "" } else { "s" },
+    ));
+    out
+}

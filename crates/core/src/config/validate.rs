@@ -1,0 +1,535 @@
+//! The checks that need more than one key, and the validated model they produce.
+//!
+//! Everything here runs after serde has read a [`ConfigFile`]; each failure is placed with the
+//! document's [`Positions`] so the message still reads `FILE:LINE:COLUMN: what is wrong`.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use super::model::{
+    Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MatchFile, Mode,
+    RedisFile, Scope, Source, Sources, Store, is_header_name,
+};
+use super::positions::{Located, Position, Positions, child, item};
+use crate::limit::{Limit, format_duration};
+use crate::pattern::{MatchSpec, Pattern, Subject, SubjectKind, SubjectValue};
+
+/// Service and bucket names: they become metric labels and the `x-spillway-bucket` header.
+pub const NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]*$";
+
+/// G10's buffer of unused tokens: 10 s by default, at most 20 s.
+pub const DEFAULT_BURST_WINDOW: Duration = Duration::from_secs(10);
+pub const MAX_BURST_WINDOW: Duration = Duration::from_secs(20);
+
+/// A validated configuration: every default filled in, every cross-key rule checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub version: u32,
+    pub identity: Identity,
+    pub control: Control,
+    /// In file order.
+    pub services: Vec<Service>,
+    pub redis: Option<Redis>,
+}
+
+impl Config {
+    /// All buckets with their service, in file order.
+    pub fn buckets(&self) -> impl Iterator<Item = (&Service, &Bucket)> {
+        self.services
+            .iter()
+            .flat_map(|s| s.buckets.iter().map(move |b| (s, b)))
+    }
+
+    pub fn service(&self, name: &str) -> Option<&Service> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Service {
+    pub name: String,
+    pub buckets: Vec<Bucket>,
+}
+
+/// A validated bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bucket {
+    pub name: String,
+    /// What the compiled matcher needs.
+    pub match_spec: MatchSpec,
+    pub limit: Limit,
+    /// `Some` exactly for algorithms with a burst; defaults to the limit's count, so a
+    /// token bucket of 5000/s holds 5000 tokens.
+    pub burst: Option<NonZeroU64>,
+    /// `Some` exactly for adaptive-token-bucket; defaults to 10 s.
+    pub burst_window: Option<Duration>,
+    pub scope: Scope,
+    pub mode: Mode,
+    pub algorithm: Algorithm,
+    pub store: Store,
+    pub cost: Cost,
+    pub on_store_failure: FailurePolicy,
+}
+
+/// A validated `redis` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redis {
+    pub target: RedisTarget,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single { url: String },
+    Sentinel { master: String, nodes: Vec<String> },
+    Cluster { nodes: Vec<String> },
+}
+
+/// `on_store_failure` when the file says nothing: Redis fails closed behind its circuit
+/// breaker (S8); everything else fails open, as the control plane must (G9).
+pub fn default_failure_policy(store: Store) -> FailurePolicy {
+    match store {
+        Store::Redis => FailurePolicy::Closed,
+        Store::Local | Store::ControlPlane => FailurePolicy::Open,
+    }
+}
+
+struct Checker<'a> {
+    positions: &'a Positions,
+}
+
+impl Checker<'_> {
+    fn at_value(&self, path: &str, message: impl Into<String>) -> Located {
+        Located {
+            position: self.positions.value(path),
+            message: message.into(),
+        }
+    }
+
+    fn at_key(&self, path: &str, message: impl Into<String>) -> Located {
+        Located {
+            position: self.positions.key(path),
+            message: message.into(),
+        }
+    }
+}
+
+fn is_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config, Located> {
+    let check = Checker { positions };
+    if file.version != 1 {
+        return Err(check.at_value(
+            "version",
+            format!(
+                "unsupported version {}; this build reads `version: 1`",
+                file.version
+            ),
+        ));
+    }
+    check_identity(&check, &file.identity)?;
+    if file.control.instruction_ttl <= file.control.report_interval {
+        return Err(check.at_value(
+            "control.instruction_ttl",
+            format!(
+                "instruction_ttl ({}) must be longer than report_interval ({}), or instructions expire before the next ones arrive; a few intervals is usual, like {}",
+                format_duration(file.control.instruction_ttl),
+                format_duration(file.control.report_interval),
+                format_duration(file.control.report_interval * 5),
+            ),
+        ));
+    }
+    let mut services = Vec::with_capacity(file.services.0.len());
+    for (name, service) in file.services.0 {
+        let path = child("services", &name);
+        if !is_name(&name) {
+            return Err(check.at_key(
+                &path,
+                format!(
+                    "service name \"{name}\": use letters, digits, '.', '_' and '-', starting with a letter or digit"
+                ),
+            ));
+        }
+        let buckets_path = child(&path, "buckets");
+        let mut buckets: Vec<Bucket> = Vec::with_capacity(service.buckets.len());
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut rules: HashMap<(&'static str, String, String), usize> = HashMap::new();
+        for (index, bucket) in service.buckets.into_iter().enumerate() {
+            let bucket_path = item(&buckets_path, index);
+            let bucket = check_bucket(&check, &bucket_path, bucket, file.redis.is_some())?;
+            let name_path = child(&bucket_path, "name");
+            if let Some(&first) = names.get(&bucket.name) {
+                let first_at = positions.value(&child(&item(&buckets_path, first), "name"));
+                return Err(check.at_value(
+                    &name_path,
+                    format!(
+                        "duplicate bucket name \"{}\" in service \"{name}\" (first at line {}); bucket names are unique within a service",
+                        bucket.name, first_at.line
+                    ),
+                ));
+            }
+            names.insert(bucket.name.clone(), index);
+            let rule = rule_key(&bucket.match_spec);
+            if let Some(&first) = rules.get(&rule) {
+                let other = &buckets[first];
+                let first_at = positions.value(&item(&buckets_path, first));
+                return Err(check.at_key(
+                    &child(&bucket_path, "match"),
+                    format!(
+                        "bucket \"{}\" conflicts with bucket \"{}\" (line {}): both limit {} on {}; a service has one rule per (subject, subject value, api) (S2), so merge them or make one match narrower",
+                        bucket.name,
+                        other.name,
+                        first_at.line,
+                        describe_subject(rule.0, &rule.1),
+                        describe_api(&rule.2),
+                    ),
+                ));
+            }
+            rules.insert(rule, index);
+            buckets.push(bucket);
+        }
+        services.push(Service { name, buckets });
+    }
+    let redis = file
+        .redis
+        .map(|redis| check_redis(&check, redis))
+        .transpose()?;
+    Ok(Config {
+        version: file.version,
+        identity: file.identity,
+        control: file.control,
+        services,
+        redis,
+    })
+}
+
+fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Located> {
+    let keys: [(&str, &Sources); 6] = [
+        ("caller", &identity.caller),
+        ("procedure", &identity.procedure),
+        ("user", &identity.user),
+        ("org", &identity.org),
+        ("api_key", &identity.api_key),
+        ("ip", &identity.ip),
+    ];
+    for (key, sources) in keys {
+        for source in &sources.0 {
+            let misplaced = match source {
+                Source::Path => key != "procedure",
+                Source::Peer => key != "ip",
+                Source::Header(_) => false,
+            };
+            if misplaced {
+                let fits = if *source == Source::Path {
+                    "procedure"
+                } else {
+                    "ip"
+                };
+                return Err(check.at_value(
+                    &child("identity", key),
+                    format!(
+                        "`{source}` only fits `{fits}`; read {key} from a header instead, like header:x-{}",
+                        key.replace('_', "-")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_bucket(
+    check: &Checker<'_>,
+    path: &str,
+    bucket: BucketFile,
+    has_redis: bool,
+) -> Result<Bucket, Located> {
+    if !is_name(&bucket.name) {
+        return Err(check.at_value(
+            &child(path, "name"),
+            format!(
+                "bucket name \"{}\": use letters, digits, '.', '_' and '-', starting with a letter or digit (it becomes a metric label and a response header)",
+                bucket.name
+            ),
+        ));
+    }
+    let match_spec = check_match(check, &child(path, "match"), &bucket.match_)?;
+    let algorithm = bucket.algorithm;
+    let written = |key: &str| check.positions.contains(&child(path, key));
+    let algorithm_name = if written("algorithm") {
+        format!("algorithm {algorithm}")
+    } else {
+        format!("algorithm {algorithm} (the default)")
+    };
+    if bucket.burst.is_some() && !algorithm.has_burst() {
+        return Err(check.at_key(
+            &child(path, "burst"),
+            format!(
+                "{algorithm_name} has no burst; burst applies to token-bucket, leaky-bucket and gcra"
+            ),
+        ));
+    }
+    if let Some(window) = bucket.burst_window {
+        if algorithm != Algorithm::AdaptiveTokenBucket {
+            return Err(check.at_key(
+                &child(path, "burst_window"),
+                format!(
+                    "{algorithm_name} has no burst_window; it applies to adaptive-token-bucket"
+                ),
+            ));
+        }
+        if window > MAX_BURST_WINDOW {
+            return Err(check.at_value(
+                &child(path, "burst_window"),
+                format!(
+                    "burst_window {} is too long; unused tokens are kept for at most 20s (G10)",
+                    format_duration(window)
+                ),
+            ));
+        }
+    }
+    let store = bucket.store.unwrap_or(algorithm.default_store());
+    if !algorithm.stores().contains(&store) {
+        let advice = match algorithm {
+            Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket => {
+                "it needs store: control-plane (or leave store out); for an exact count in Redis or in the proxy, pick an algorithm like token-bucket or sliding-window-log"
+            }
+            _ => {
+                "it counts exactly, in the proxy (store: local) or in Redis (store: redis); for a limit computed by the control plane, use algorithm drop-ratio"
+            }
+        };
+        return Err(check.at_value(
+            &child(path, "store"),
+            format!("store {store} does not fit {algorithm_name}: {advice}"),
+        ));
+    }
+    if store == Store::Redis && !has_redis {
+        return Err(check.at_value(
+            &child(path, "store"),
+            "store: redis needs a top-level `redis` section, like `redis: { url: redis://127.0.0.1:6379 }`",
+        ));
+    }
+    if let Cost::Header(cost) = &bucket.cost
+        && !is_header_name(&cost.header)
+    {
+        return Err(check.at_value(
+            &child(&child(path, "cost"), "header"),
+            format!(
+                "\"{}\" is not a valid header name; use letters, digits and '-', like x-cost",
+                cost.header
+            ),
+        ));
+    }
+    let cost = match bucket.cost {
+        Cost::Header(mut cost) => {
+            cost.header.make_ascii_lowercase();
+            Cost::Header(cost)
+        }
+        fixed => fixed,
+    };
+    Ok(Bucket {
+        name: bucket.name,
+        match_spec,
+        limit: bucket.limit,
+        burst: algorithm
+            .has_burst()
+            .then(|| bucket.burst.unwrap_or(bucket.limit.count)),
+        burst_window: (algorithm == Algorithm::AdaptiveTokenBucket)
+            .then(|| bucket.burst_window.unwrap_or(DEFAULT_BURST_WINDOW)),
+        scope: bucket.scope,
+        mode: bucket.mode,
+        algorithm,
+        store,
+        cost,
+        on_store_failure: bucket
+            .on_store_failure
+            .unwrap_or(default_failure_policy(store)),
+    })
+}
+
+fn check_match(check: &Checker<'_>, path: &str, spec: &MatchFile) -> Result<MatchSpec, Located> {
+    let keyed: [(&str, &Option<String>); 6] = [
+        ("caller", &spec.caller),
+        ("procedure", &spec.procedure),
+        ("user", &spec.user),
+        ("org", &spec.org),
+        ("api_key", &spec.api_key),
+        ("ip", &spec.ip),
+    ];
+    for (key, value) in keyed {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(check.at_value(
+                &child(path, key),
+                format!(
+                    "`{key}` is empty, which no request matches; leave the key out to match any {key}, or write \"*\""
+                ),
+            ));
+        }
+    }
+    let mut subject: Option<(SubjectKind, &str)> = None;
+    let subjects = [
+        (SubjectKind::User, &spec.user),
+        (SubjectKind::Org, &spec.org),
+        (SubjectKind::ApiKey, &spec.api_key),
+        (SubjectKind::Ip, &spec.ip),
+    ];
+    // Report the subject written second in the file, whatever the struct's order.
+    let mut written: Vec<(Position, SubjectKind, &str)> = subjects
+        .iter()
+        .filter_map(|(kind, value)| {
+            let value = value.as_deref()?;
+            Some((check.positions.key(&child(path, kind.key())), *kind, value))
+        })
+        .collect();
+    written.sort_by_key(|(position, ..)| *position);
+    for (position, kind, value) in written {
+        if let Some((first, _)) = subject {
+            return Err(Located {
+                position,
+                message: format!(
+                    "a match names at most one subject (user, org, api_key or ip), and this one already names `{first}`; make a bucket per subject"
+                ),
+            });
+        }
+        subject = Some((kind, value));
+    }
+    Ok(MatchSpec {
+        caller: spec.caller.as_deref().map(Pattern::new),
+        procedure: spec.procedure.as_deref().map(Pattern::new),
+        subject: subject.map(|(kind, value)| Subject {
+            kind,
+            value: SubjectValue::new(value),
+        }),
+    })
+}
+
+/// S2's unique key: (subject, subject value, api). A rule without a subject key is about its
+/// caller (SPEC §4); an absent caller or procedure is the same as `*`.
+fn rule_key(spec: &MatchSpec) -> (&'static str, String, String) {
+    let (subject, value) = match &spec.subject {
+        Some(s) => (s.kind.key(), s.value.as_str().to_owned()),
+        None => (
+            "caller",
+            spec.caller.as_ref().map_or("*", Pattern::as_str).to_owned(),
+        ),
+    };
+    let api = spec
+        .procedure
+        .as_ref()
+        .map_or("*", Pattern::as_str)
+        .to_owned();
+    (subject, value, api)
+}
+
+fn describe_subject(subject: &str, value: &str) -> String {
+    match (subject, value) {
+        ("caller", "*") => "every caller".to_owned(),
+        (_, "*") => format!("each {subject}"),
+        _ => format!("{subject} \"{value}\""),
+    }
+}
+
+fn describe_api(api: &str) -> String {
+    if api == "*" {
+        "every procedure".to_owned()
+    } else {
+        format!("procedure \"{api}\"")
+    }
+}
+
+const REDIS_TARGETS: &str = "`url`, `sentinel` or `cluster`";
+
+fn check_redis_url(check: &Checker<'_>, path: &str, url: &str) -> Result<(), Located> {
+    let rest = ["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme));
+    match rest {
+        Some(rest) if !rest.trim().is_empty() => Ok(()),
+        Some(_) => Err(check.at_value(
+            path,
+            format!("redis address \"{url}\" has no host; write redis://HOST:PORT"),
+        )),
+        None => Err(check.at_value(
+            path,
+            format!(
+                "redis address \"{url}\" must start with redis:// or rediss:// (TLS), like redis://127.0.0.1:6379"
+            ),
+        )),
+    }
+}
+
+fn check_redis(check: &Checker<'_>, redis: RedisFile) -> Result<Redis, Located> {
+    let given: Vec<&str> = [
+        ("url", redis.url.is_some()),
+        ("sentinel", redis.sentinel.is_some()),
+        ("cluster", redis.cluster.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, present)| present.then_some(key))
+    .collect();
+    if given.is_empty() {
+        return Err(check.at_key(
+            "redis",
+            format!("redis needs one of {REDIS_TARGETS}, like `url: redis://127.0.0.1:6379`"),
+        ));
+    }
+    if given.len() > 1 {
+        let mut keys: Vec<(Position, &str)> = given
+            .iter()
+            .map(|key| (check.positions.key(&child("redis", key)), *key))
+            .collect();
+        keys.sort();
+        return Err(Located {
+            position: keys[1].0,
+            message: format!(
+                "redis takes one of {REDIS_TARGETS}, not both `{}` and `{}`",
+                keys[0].1, keys[1].1
+            ),
+        });
+    }
+    let target = if let Some(url) = redis.url {
+        check_redis_url(check, "redis.url", &url)?;
+        RedisTarget::Single { url }
+    } else if let Some(sentinel) = redis.sentinel {
+        if sentinel.master.trim().is_empty() {
+            return Err(check.at_value(
+                "redis.sentinel.master",
+                "the sentinel master's name is empty; write the name the sentinels monitor, like mymaster",
+            ));
+        }
+        if sentinel.nodes.is_empty() {
+            return Err(check.at_value(
+                "redis.sentinel.nodes",
+                "sentinel needs at least one node, like redis://127.0.0.1:26379",
+            ));
+        }
+        for (i, node) in sentinel.nodes.iter().enumerate() {
+            check_redis_url(check, &item("redis.sentinel.nodes", i), node)?;
+        }
+        RedisTarget::Sentinel {
+            master: sentinel.master,
+            nodes: sentinel.nodes,
+        }
+    } else {
+        let nodes = redis.cluster.unwrap_or_default();
+        if nodes.is_empty() {
+            return Err(check.at_value(
+                "redis.cluster",
+                "cluster needs at least one node, like [redis://127.0.0.1:7000]",
+            ));
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            check_redis_url(check, &item("redis.cluster", i), node)?;
+        }
+        RedisTarget::Cluster { nodes }
+    };
+    Ok(Redis {
+        target,
+        timeout: redis.timeout,
+    })
+}
