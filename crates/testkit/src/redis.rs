@@ -138,14 +138,10 @@ fn spawn_ready(
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
-        .args([
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--logfile",
-            "",
-        ])
+        .args(["--daemonize", "no", "--logfile", ""])
+        .args(["--protected-mode", "no"])
+        // A replica's first sync would otherwise wait 5 s for more replicas to share it.
+        .args(["--repl-diskless-sync-delay", "0"])
         .arg("--dir")
         .arg(dir);
     if let Some(primary) = options.replica_of {
