@@ -157,10 +157,15 @@ impl AdaptiveTokenBucket {
         let mut head = head;
         if second > head + h {
             // Idle for longer than the history: everything held has expired, and earnings before
-            // the last `history` seconds would expire too, so skip them.
+            // the last `history` seconds would expire too, so skip them, keeping only the carried
+            // fraction, so later earnings round exactly as if every second had been credited.
             s.slots = [0; MAX_HISTORY_SECS as usize];
             head = second - h;
-            s.earned_to = s.earned_to.max(head * SLOT);
+            let skip_to = head * SLOT;
+            if skip_to > s.earned_to {
+                s.frac = (s.frac + u128::from(skip_to - s.earned_to).saturating_mul(num)) % den;
+                s.earned_to = skip_to;
+            }
         }
         let earn = |s: &mut State, to: Nanos, second: u64| {
             let total = s.frac + u128::from(to - s.earned_to).saturating_mul(num);
