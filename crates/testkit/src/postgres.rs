@@ -148,7 +148,7 @@ impl Postgres {
     /// Creates a database and returns its URL.
     pub fn create_database(&self, name: &str) -> Result<String> {
         let mut createdb = tool(&self.bin, "createdb", self.dir.path(), self.owner);
-        createdb.args(self.client_args()).arg(name);
+        createdb.args(client_args(self.port)).arg(name);
         run(createdb)?;
         Ok(self.url_for(name))
     }
@@ -187,10 +187,6 @@ impl Postgres {
         )
         .map_err(|failure| failure.error)?;
         Ok(())
-    }
-
-    fn client_args(&self) -> Vec<String> {
-        client_args(self.port)
     }
 }
 
