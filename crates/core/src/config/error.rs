@@ -103,6 +103,8 @@ fn reword(message: &str, path: &str) -> String {
         let name = rest.trim_matches('`');
         return match name {
             "version" => "missing key `version`; a configuration starts with `version: 1`".into(),
+            "limit" => "missing key `limit`; every bucket needs one, like `limit: 100/s`".into(),
+            "name" => "missing key `name`; every bucket needs a name unique in its service".into(),
             _ => format!("missing key `{name}`"),
         };
     }

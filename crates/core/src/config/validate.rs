@@ -209,15 +209,16 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
 }
 
 fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Located> {
-    let keys: [(&str, &Sources); 6] = [
-        ("caller", &identity.caller),
-        ("procedure", &identity.procedure),
-        ("user", &identity.user),
-        ("org", &identity.org),
-        ("api_key", &identity.api_key),
-        ("ip", &identity.ip),
+    let defaults = Identity::default();
+    let keys: [(&str, &Sources, &Sources); 6] = [
+        ("caller", &identity.caller, &defaults.caller),
+        ("procedure", &identity.procedure, &defaults.procedure),
+        ("user", &identity.user, &defaults.user),
+        ("org", &identity.org, &defaults.org),
+        ("api_key", &identity.api_key, &defaults.api_key),
+        ("ip", &identity.ip, &defaults.ip),
     ];
-    for (key, sources) in keys {
+    for (key, sources, default) in keys {
         for source in &sources.0 {
             let misplaced = match source {
                 Source::Path => key != "procedure",
@@ -233,8 +234,7 @@ fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Locate
                 return Err(check.at_value(
                     &child("identity", key),
                     format!(
-                        "`{source}` only fits `{fits}`; read {key} from a header instead, like header:x-{}",
-                        key.replace('_', "-")
+                        "`{source}` only fits `{fits}`; read {key} from a header instead, like {default} (the default)"
                     ),
                 ));
             }
