@@ -52,7 +52,7 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
 pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
     let invalid = |position, message| ConfigError::Invalid {
         file: file_name.to_owned(),
-        position,
+        position: clamp(position, text),
         message,
     };
     let positions =
@@ -68,6 +68,20 @@ pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
         invalid(position, message)
     })?;
     validate::validate(file, &positions).map_err(|e| invalid(e.position, e.message))
+}
+
+/// Keeps a position inside the text: parsers report an error at the end of the stream one line
+/// past the last one when the file does not end with a newline.
+fn clamp(position: Position, text: &str) -> Position {
+    let lines: Vec<&str> = text.split('\n').collect();
+    let line = position.line.clamp(1, lines.len());
+    let width = lines[line - 1].chars().count() + 1;
+    let column = if line < position.line {
+        width
+    } else {
+        position.column.clamp(1, width)
+    };
+    Position { line, column }
 }
 
 /// Like [`load_str`], for bytes that may not be UTF-8 text.
