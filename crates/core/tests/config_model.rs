@@ -1,0 +1,139 @@
+//! The loaded model: SPEC §2's file gives the values and defaults SPEC §2 states.
+
+use std::path::Path;
+use std::time::Duration;
+
+use spillway_core::config::{
+    self, Algorithm, Cost, FailurePolicy, Mode, RedisTarget, Scope, Source, Store,
+};
+use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
+
+fn example(name: &str) -> config::Config {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name);
+    config::load_file(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_spec_file_loads_with_the_values_it_states() {
+    let config = example("spec.yaml");
+    assert_eq!(config.version, 1);
+    assert_eq!(
+        config.identity.procedure.0,
+        vec![Source::Header("rpc-procedure".into()), Source::Path]
+    );
+    assert_eq!(config.identity.ip.0, vec![Source::Peer]);
+    assert_eq!(config.control.report_interval, Duration::from_secs(1));
+    assert_eq!(config.control.instruction_ttl, Duration::from_secs(5));
+
+    let payments = config.service("payments").expect("payments");
+    let [charge, search] = &payments.buckets[..] else {
+        panic!("two buckets expected");
+    };
+    assert_eq!(charge.name, "gateway-charge");
+    assert_eq!(charge.match_spec.caller, Some(Pattern::new("api-gateway")));
+    assert_eq!(charge.limit.per_second(), 5000.0);
+    assert_eq!((charge.scope, charge.mode), (Scope::Global, Mode::Enforce));
+    assert_eq!(charge.algorithm, Algorithm::DropRatio);
+    assert_eq!(charge.store, Store::ControlPlane);
+    assert_eq!(charge.on_store_failure, FailurePolicy::Open);
+    assert_eq!(charge.burst, None);
+
+    let subject = search.match_spec.subject.as_ref().expect("a subject");
+    assert_eq!(
+        (subject.kind, &subject.value),
+        (SubjectKind::User, &SubjectValue::Each)
+    );
+    assert_eq!(search.limit.period, Duration::from_secs(60));
+    assert_eq!(search.store, Store::Redis);
+    assert_eq!(search.on_store_failure, FailurePolicy::Closed);
+    let Cost::Header(cost) = &search.cost else {
+        panic!("a header cost expected");
+    };
+    assert_eq!((cost.header.as_str(), cost.default.get()), ("x-cost", 1));
+    assert_eq!(
+        config.redis.expect("redis").target,
+        RedisTarget::Single {
+            url: "redis://127.0.0.1:6379".into()
+        }
+    );
+}
+
+#[test]
+fn defaults_follow_the_algorithm() {
+    let config = config::load_str(
+        "version: 1
+services:
+  api:
+    buckets:
+      - { name: a, limit: 10/s }
+      - { name: b, limit: 10/s, algorithm: token-bucket, match: { caller: b } }
+      - { name: c, limit: 10/s, algorithm: adaptive-token-bucket, match: { caller: c } }
+      - { name: d, limit: 10/s, algorithm: gcra, burst: 3, store: redis, match: { caller: d } }
+redis: { url: redis://localhost }
+",
+        "defaults.yaml",
+    )
+    .unwrap();
+    let buckets = &config.services[0].buckets;
+    let stores: Vec<Store> = buckets.iter().map(|b| b.store).collect();
+    assert_eq!(
+        stores,
+        [
+            Store::ControlPlane,
+            Store::Local,
+            Store::ControlPlane,
+            Store::Redis
+        ]
+    );
+    let bursts: Vec<Option<u64>> = buckets.iter().map(|b| b.burst.map(|n| n.get())).collect();
+    assert_eq!(bursts, [None, Some(10), None, Some(3)]);
+    assert_eq!(buckets[2].burst_window, Some(Duration::from_secs(10)));
+    assert_eq!(buckets[3].on_store_failure, FailurePolicy::Closed);
+    assert_eq!(buckets[1].on_store_failure, FailurePolicy::Open);
+    assert_eq!(config.redis.unwrap().timeout, Duration::from_millis(50));
+}
+
+#[test]
+fn services_keep_file_order() {
+    let config = config::load_str(
+        "version: 1\nservices:\n  zeta: { buckets: [] }\n  alpha: { buckets: [] }\n  mid: { buckets: [] }\n",
+        "order.yaml",
+    )
+    .unwrap();
+    let names: Vec<&str> = config.services.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["zeta", "alpha", "mid"]);
+}
+
+/// The rules service accepts whole configurations in JSON (SPEC §4); JSON is YAML, so the same
+/// loader reads it, errors included.
+#[test]
+fn json_configurations_load_too() {
+    let json = r#"{"version": 1, "services": {"api": {"buckets": [
+        {"name": "gw-a", "match": {"caller": "gw", "procedure": "/a"}, "limit": "100/s", "algorithm": "token-bucket"}
+    ]}}}"#;
+    let config = config::load_str(json, "rules.json").unwrap();
+    assert_eq!(
+        config.services[0].buckets[0].algorithm,
+        Algorithm::TokenBucket
+    );
+    let err = config::load_str(&json.replace("100/s", "0/s"), "rules.json").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rules.json:2:81: limit \"0/s\": the count must be at least 1"
+    );
+}
+
+#[test]
+fn the_table_lists_every_bucket_under_its_header() {
+    let table = config::render_table(&example("spec.yaml"));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("SERVICE"));
+    assert!(lines[0].ends_with("ON FAILURE"));
+    assert!(lines[1].starts_with("payments  gateway-charge"));
+    assert!(lines[1].contains("caller=api-gateway procedure=/payments.v1.Payments/Charge"));
+    assert!(lines[2].contains("procedure=/search user=*"));
+    assert!(lines[2].contains("sliding-window-log"));
+    assert_eq!(lines[3], "2 buckets in 1 service");
+}
