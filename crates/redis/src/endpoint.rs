@@ -1,0 +1,143 @@
+//! One Redis endpoint: a single node or the primary that Sentinel names, reconnected on errors.
+//!
+//! The connection is multiplexed, so every concurrent decision shares one socket and clones of
+//! it are cheap. When a call fails in a way that says the connection or the node is gone (I/O
+//! errors, timeouts, `READONLY` from a demoted primary), the connection is dropped and the next
+//! call connects again; for Sentinel that means asking the sentinels for the primary anew,
+//! which is how a failover is followed (redis-rs does not follow one by itself, S9).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use tokio::sync::Mutex;
+
+/// Where a limiter finds Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server, `redis://HOST:PORT[/DB]`.
+    Single { url: String },
+    /// The primary that `sentinels` (`redis://HOST:PORT` each) know as `master`.
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
+}
+
+impl Target {
+    /// One server at `url`.
+    pub fn single(url: impl Into<String>) -> Self {
+        Target::Single { url: url.into() }
+    }
+
+    /// The primary named `master` by `sentinels`.
+    pub fn sentinel(master: impl Into<String>, sentinels: Vec<String>) -> Self {
+        Target::Sentinel {
+            master: master.into(),
+            sentinels,
+        }
+    }
+}
+
+enum Connector {
+    Single(Client),
+    Sentinel(SentinelClient),
+}
+
+impl Connector {
+    fn new(target: &Target) -> RedisResult<Self> {
+        Ok(match target {
+            Target::Single { url } => Connector::Single(Client::open(url.as_str())?),
+            Target::Sentinel { master, sentinels } => Connector::Sentinel(SentinelClient::build(
+                sentinels.clone(),
+                master.clone(),
+                None,
+                SentinelServerType::Master,
+            )?),
+        })
+    }
+
+    async fn connect(
+        &mut self,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
+        match self {
+            Connector::Single(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Connector::Sentinel(client) => client.get_async_connection_with_config(config).await,
+        }
+    }
+}
+
+/// A lazily connected endpoint. Connecting happens inside the caller's deadline, so it is never
+/// slower than the limiter's timeout.
+pub(crate) struct Endpoint {
+    current: ArcSwapOption<MultiplexedConnection>,
+    // Serializes reconnection, so that a burst of decisions after a failure opens one
+    // connection, not one each.
+    connector: Mutex<Connector>,
+    config: AsyncConnectionConfig,
+}
+
+impl Endpoint {
+    pub(crate) fn new(target: &Target, timeout: Duration) -> RedisResult<Self> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        Ok(Self {
+            current: ArcSwapOption::empty(),
+            connector: Mutex::new(Connector::new(target)?),
+            config,
+        })
+    }
+
+    /// The live connection, connecting first when there is none.
+    pub(crate) async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(con) = self.current.load_full() {
+            return Ok((*con).clone());
+        }
+        let mut connector = self.connector.lock().await;
+        // Another caller may have connected while we waited for the lock.
+        if let Some(con) = self.current.load_full() {
+            return Ok((*con).clone());
+        }
+        let con = connector.connect(&self.config).await?;
+        self.current.store(Some(Arc::new(con.clone())));
+        Ok(con)
+    }
+
+    /// Forgets the connection after `error` if it says the connection or the node is gone.
+    pub(crate) fn after_error(&self, error: &RedisError) {
+        if breaks_connection(error) {
+            self.forget();
+        }
+    }
+
+    /// Forgets the connection, so the next call connects (and re-resolves the primary) again.
+    pub(crate) fn forget(&self) {
+        self.current.store(None);
+    }
+}
+
+/// Whether an error means this connection, or the node behind it, should not be used again.
+fn breaks_connection(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+            )
+        )
+}

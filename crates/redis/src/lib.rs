@@ -1,0 +1,37 @@
+//! Exact limits in Redis: one atomic Lua call per decision, behind a circuit breaker.
+//!
+//! Buckets with `store: redis` (S5, W1) are decided here instead of in the proxy's memory, so a
+//! per-user quota holds exactly across every proxy. [`RedisLimiter`] runs one Lua script per
+//! algorithm ([`ExactAlgo`]) against a single node or a Sentinel-managed primary ([`Target`]),
+//! with time from Redis `TIME` (W2), weighted costs (W3) and our own `EVALSHA`-then-`EVAL` path
+//! (W5). [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
+//! `on_store_failure` when Redis cannot answer in time (S8).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), spillway_redis::StoreError> {
+//! use spillway_core::algo::Rate;
+//! use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
+//!
+//! let limiter = RedisLimiter::new(Target::single("redis://127.0.0.1:6379"), StoreOptions::default())?;
+//! let key = BucketKey::new("user", "alice", "/search");
+//! let algo = ExactAlgo::token_bucket(Rate::per_second(1_000).unwrap(), 10_000);
+//! let verdict = limiter.decide(&key, &algo, 1).await?;
+//! # let _ = verdict; Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod algo;
+mod breaker;
+mod endpoint;
+mod guarded;
+mod key;
+mod limiter;
+mod script;
+
+pub use algo::{ExactAlgo, UnsupportedAlgorithm};
+pub use breaker::{BreakerConfig, BreakerStats, CircuitBreaker, CircuitState, Outcome, Permit};
+pub use endpoint::Target;
+pub use guarded::{Fallback, Guarded, GuardedLimiter};
+pub use key::BucketKey;
+pub use limiter::{Answer, RedisLimiter, StoreError, StoreOptions};
+pub use script::ScriptKind;

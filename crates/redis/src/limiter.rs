@@ -1,0 +1,203 @@
+//! Exact decisions in Redis: one script call per decision, bounded by a short timeout.
+
+use std::time::Duration;
+
+use spillway_core::decision::{NEVER, Verdict};
+
+use crate::algo::ExactAlgo;
+use crate::endpoint::{Endpoint, Target};
+use crate::key::BucketKey;
+use crate::script::ScriptKind;
+
+/// Why Redis could not decide. Every variant is a store failure: the caller applies the
+/// bucket's `on_store_failure` (S8), it never turns one into a drop by itself.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("redis failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error(
+        "the {script:?} script answered {reply:?}, not [allowed, retry_after_us, remaining, granted]"
+    )]
+    BadReply { script: ScriptKind, reply: Vec<i64> },
+}
+
+impl StoreError {
+    /// Whether the failure was the deadline rather than an error Redis or the socket reported.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Redis(e) => e.is_timeout(),
+            StoreError::BadReply { .. } => false,
+        }
+    }
+}
+
+/// How a limiter talks to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The longest a decision waits for Redis, connecting included. A decision must stay well
+    /// under S7's 10 ms budget when Redis is healthy; when it is not, this is how long a request
+    /// waits before the breaker's policy decides it.
+    pub timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    /// 100 ms: twenty times a healthy Redis round trip across a zone, far below a user's
+    /// patience.
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Everything a script says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// Allowed, or denied with the time after which the same request fits (W4).
+    pub verdict: Verdict,
+    /// Units that would still be admitted right after this request (for `ratelimit` headers).
+    pub remaining: u64,
+    /// Units taken from the bucket: the cost when allowed, 0 when denied, and up to `want` when a
+    /// batch was asked for.
+    pub granted: u64,
+}
+
+/// Decides requests of exact buckets in one Redis endpoint.
+pub struct RedisLimiter {
+    endpoint: Endpoint,
+    timeout: Duration,
+}
+
+impl RedisLimiter {
+    /// A limiter for `target`. It connects on the first decision, so it can be built while Redis
+    /// is down; it fails only on a malformed URL.
+    pub fn new(target: Target, options: StoreOptions) -> Result<Self, StoreError> {
+        Ok(Self {
+            endpoint: Endpoint::new(&target, options.timeout)?,
+            timeout: options.timeout,
+        })
+    }
+
+    /// The deadline of one decision.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Decides a request of `cost` units against the bucket at `key`, charging it when allowed.
+    pub async fn decide(
+        &self,
+        key: &BucketKey,
+        algo: &ExactAlgo,
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        Ok(self.decide_detailed(key, algo, cost).await?.verdict)
+    }
+
+    /// Like [`Self::decide`], with what remains in the bucket.
+    pub async fn decide_detailed(
+        &self,
+        key: &BucketKey,
+        algo: &ExactAlgo,
+        cost: u64,
+    ) -> Result<Answer, StoreError> {
+        self.take(key, algo, cost, cost).await
+    }
+
+    /// Decides a request of `cost` and, when it fits, takes up to `want` units at once (at least
+    /// `cost`), for the caller to spend locally (S10). Only the token bucket takes more than
+    /// `cost`; the other algorithms grant exactly `cost`.
+    pub async fn take(
+        &self,
+        key: &BucketKey,
+        algo: &ExactAlgo,
+        cost: u64,
+        want: u64,
+    ) -> Result<Answer, StoreError> {
+        match tokio::time::timeout(self.timeout, self.call(key, algo, cost, want)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                if let StoreError::Redis(e) = &e {
+                    self.endpoint.after_error(e);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                // The socket may be stuck behind a dead peer; start afresh next time.
+                self.endpoint.forget();
+                Err(StoreError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        key: &BucketKey,
+        algo: &ExactAlgo,
+        cost: u64,
+        want: u64,
+    ) -> Result<Answer, StoreError> {
+        let mut con = self.endpoint.connection().await?;
+        let script = algo.script();
+        let companion;
+        let keys: &[&str] = match script {
+            ScriptKind::SlidingWindowLog => {
+                companion = key.companion("meta");
+                &[key.as_str(), &companion]
+            }
+            _ => &[key.as_str()],
+        };
+        let reply = script.run(&mut con, keys, &algo.args(cost, want)).await?;
+        parse(script, reply)
+    }
+}
+
+fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, StoreError> {
+    let &[allowed, retry_us, remaining, granted] = reply.as_slice() else {
+        return Err(StoreError::BadReply { script, reply });
+    };
+    let verdict = match (allowed, retry_us) {
+        (1, _) => Verdict::Allow,
+        (0, -1) => Verdict::Deny { retry_after: NEVER },
+        (0, us) if us >= 0 => Verdict::Deny {
+            retry_after: Duration::from_micros(us.unsigned_abs()),
+        },
+        _ => return Err(StoreError::BadReply { script, reply }),
+    };
+    Ok(Answer {
+        verdict,
+        remaining: u64::try_from(remaining).unwrap_or(0),
+        granted: u64::try_from(granted).unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_map_to_verdicts() {
+        let s = ScriptKind::TokenBucket;
+        assert_eq!(parse(s, vec![1, 0, 9, 1]).unwrap().verdict, Verdict::Allow);
+        assert_eq!(
+            parse(s, vec![0, 1_500, 0, 0]).unwrap().verdict,
+            Verdict::Deny {
+                retry_after: Duration::from_micros(1_500)
+            }
+        );
+        assert_eq!(
+            parse(s, vec![0, -1, 3, 0]).unwrap().verdict,
+            Verdict::Deny { retry_after: NEVER }
+        );
+        assert!(matches!(
+            parse(s, vec![1, 0]),
+            Err(StoreError::BadReply { .. })
+        ));
+        assert!(matches!(
+            parse(s, vec![0, -7, 0, 0]),
+            Err(StoreError::BadReply { .. })
+        ));
+    }
+}

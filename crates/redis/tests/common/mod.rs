@@ -1,0 +1,47 @@
+//! Shared helpers of the integration tests: limiters and raw connections to private servers.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use spillway_redis::{RedisLimiter, StoreOptions, Target};
+
+/// A limiter with a generous timeout: these tests measure exactness, not latency, and a debug
+/// build on a busy machine is slow.
+pub fn limiter(url: &str) -> RedisLimiter {
+    RedisLimiter::new(
+        Target::single(url),
+        StoreOptions {
+            timeout: Duration::from_secs(2),
+        },
+    )
+    .expect("a valid URL")
+}
+
+/// A raw connection, for commands the tests send themselves.
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a valid URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the private redis-server")
+}
+
+/// The server's clock in microseconds, from `TIME`.
+pub async fn server_micros(con: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// `calls` of `cmdstat_NAME` in `INFO commandstats`, 0 when the command never ran.
+pub async fn command_calls(con: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{name}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
