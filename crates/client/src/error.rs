@@ -1,0 +1,36 @@
+//! The client's errors: a configuration that cannot be compiled, and instructions that name no
+//! bucket able to follow them.
+
+use spillway_core::algo::ParamError;
+use spillway_core::config::ConfigError;
+
+/// Why rules were not loaded or compiled. The old rules, if any, stay in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The file could not be read or is invalid; the message names `FILE:LINE:COLUMN`.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The configuration is valid but a bucket's numbers do not fit its algorithm.
+    #[error("service {service}, bucket {bucket}: {source}")]
+    Bucket {
+        service: String,
+        bucket: String,
+        #[source]
+        source: ParamError,
+    },
+}
+
+/// Why an instruction from the control plane was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstructionError {
+    #[error("no bucket {bucket} in service {service} in the rules in force")]
+    UnknownBucket { service: String, bucket: String },
+    #[error(
+        "bucket {bucket} of service {service} uses {algorithm}, which takes no drop ratio; only drop-ratio buckets follow drop ratios"
+    )]
+    NotDropRatio {
+        service: String,
+        bucket: String,
+        algorithm: &'static str,
+    },
+}

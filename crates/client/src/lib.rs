@@ -1,0 +1,40 @@
+//! Spillway's data-plane engine: decides every request in-process (G1), embeddable in any Rust
+//! service, and the heart of the `spillway proxy` sidecar.
+//!
+//! A [`Client`] holds the compiled [`Rules`] (the configuration, its matcher and one limiter per
+//! bucket) behind `arc-swap`, so a reload is one pointer swap and a decision never takes a lock
+//! for buckets that are not per-subject. Drop-ratio buckets follow the instructions the control
+//! plane sends ([`Client::set_drop_ratio`]); with no instruction, or an expired one, they admit
+//! everything (fail-open, G9).
+//!
+//! ```
+//! use spillway_client::{Client, NoHeaders};
+//! use spillway_core::pattern::RequestAttrs;
+//!
+//! let config = spillway_core::config::load_str(
+//!     "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 2/min, algorithm: token-bucket }\n",
+//!     "inline.yaml",
+//! ).unwrap();
+//! let client = Client::new(config).unwrap();
+//! let request = RequestAttrs { procedure: Some("/search"), ..RequestAttrs::default() };
+//! assert!(client.decide(&request, &NoHeaders).forwards());
+//! assert!(client.decide(&request, &NoHeaders).forwards());
+//! assert!(!client.decide(&request, &NoHeaders).forwards()); // the third in a minute is dropped
+//! ```
+#![forbid(unsafe_code)]
+
+mod acquire;
+mod client;
+mod error;
+mod identity;
+mod rules;
+mod subjects;
+mod watch;
+
+pub use acquire::AcquireError;
+pub use client::{BucketStats, Client};
+pub use error::{ClientError, InstructionError};
+pub use identity::{Headers, Identity, NoHeaders};
+pub use rules::{CompiledBucket, Rules};
+pub use subjects::{DEFAULT_MAX_SUBJECTS, SUBJECT_BYTES_BOUND};
+pub use watch::{DEFAULT_POLL, watch_file};
