@@ -14,7 +14,19 @@ pub const NEVER: Duration = Duration::MAX;
 pub struct BucketId(pub u32);
 
 /// Whether a bucket denies or only counts what it would have denied (G4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Drop what the algorithm denies.
     #[default]

@@ -14,6 +14,8 @@ use std::time::Duration;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
+use crate::algo::{ParamError, Rate};
+
 /// A count over a period; both at least one (one request, one millisecond).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
@@ -56,6 +58,9 @@ pub enum LimitProblem {
     UnknownUnit(String),
     #[error("{0}")]
     Period(DurationProblem),
+    /// Parsed, but no algorithm can run it (for example more than one request per nanosecond).
+    #[error("{0}")]
+    Rate(ParamError),
 }
 
 impl Limit {
@@ -92,7 +97,15 @@ impl Limit {
             return Err(fail(LimitProblem::Syntax));
         };
         let count = parse_count(count.trim()).map_err(fail)?;
-        Ok(Limit { count, period })
+        let limit = Limit { count, period };
+        limit.rate().map_err(|e| fail(LimitProblem::Rate(e)))?;
+        Ok(limit)
+    }
+
+    /// The algorithms' view of this limit. Never fails for a limit that [`Limit::parse`]
+    /// accepted; a limit built by hand with [`Limit::new`] may be out of the algorithms' range.
+    pub fn rate(&self) -> Result<Rate, ParamError> {
+        Rate::new(self.count.get(), self.period)
     }
 }
 
@@ -296,6 +309,28 @@ pub fn format_duration(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_accepted_limit_converts_into_a_rate() {
+        let limit: Limit = "5000/s".parse().unwrap();
+        let rate = limit.rate().unwrap();
+        assert_eq!(
+            (rate.count(), rate.period()),
+            (5000, Duration::from_secs(1))
+        );
+        let limit: Limit = "100 per 30s".parse().unwrap();
+        assert_eq!(limit.rate().unwrap().period(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_limit_beyond_one_request_per_nanosecond_is_refused() {
+        let err = "2000000000/s".parse::<Limit>().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("more than one request per nanosecond"),
+            "{err}"
+        );
+    }
+
     use super::*;
 
     fn limit(text: &str) -> Limit {

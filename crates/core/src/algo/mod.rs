@@ -129,17 +129,33 @@ impl Rate {
     }
 }
 
-/// The local algorithms by name, as the configuration spells them (SPEC §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The algorithms by name, as the configuration spells them (SPEC §2), in SPEC order.
+/// `drop-ratio` is the default.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Kind {
+    /// The control plane computes a drop ratio that every client applies (G8).
+    #[default]
+    DropRatio,
+    /// Each client refills at its share of the global load (G10).
+    AdaptiveTokenBucket,
     TokenBucket,
     LeakyBucket,
     FixedWindow,
     SlidingWindowLog,
     SlidingWindowCounter,
     Gcra,
-    AdaptiveTokenBucket,
-    DropRatio,
 }
 
 impl Kind {

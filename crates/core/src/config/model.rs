@@ -16,6 +16,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
 use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 
+/// The limiter algorithm of a bucket (`drop-ratio` by default): the core's own [`Kind`], so the
+/// file and the algorithms can never disagree on a name.
+///
+/// [`Kind`]: crate::algo::Kind
+pub use crate::algo::Kind as Algorithm;
+/// Whether drops are real (G4): `enforce` (the default) or `shadow`.
+pub use crate::decision::Mode;
+
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -339,33 +347,6 @@ pub enum Scope {
     Zone,
 }
 
-/// Whether drops are real (G4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    #[default]
-    Enforce,
-    /// Allow everything, count what would have been dropped (virtual drops).
-    Shadow,
-}
-
-/// The limiter algorithm. Default `drop-ratio`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Algorithm {
-    /// The control plane computes a drop ratio that every client applies (G8).
-    #[default]
-    DropRatio,
-    /// Each client refills at its share of the global load (G10).
-    AdaptiveTokenBucket,
-    TokenBucket,
-    LeakyBucket,
-    FixedWindow,
-    SlidingWindowLog,
-    SlidingWindowCounter,
-    Gcra,
-}
-
 /// Where a bucket's state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -389,30 +370,6 @@ pub enum FailurePolicy {
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 8] = [
-        Algorithm::DropRatio,
-        Algorithm::AdaptiveTokenBucket,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::Gcra,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::DropRatio => "drop-ratio",
-            Algorithm::AdaptiveTokenBucket => "adaptive-token-bucket",
-            Algorithm::TokenBucket => "token-bucket",
-            Algorithm::LeakyBucket => "leaky-bucket",
-            Algorithm::FixedWindow => "fixed-window",
-            Algorithm::SlidingWindowLog => "sliding-window-log",
-            Algorithm::SlidingWindowCounter => "sliding-window-counter",
-            Algorithm::Gcra => "gcra",
-        }
-    }
-
     /// Drop-ratio and the adaptive token bucket need the global view that only the control
     /// plane has; the exact algorithms count locally or in Redis.
     pub fn stores(self) -> &'static [Store] {
@@ -424,14 +381,6 @@ impl Algorithm {
 
     pub fn default_store(self) -> Store {
         self.stores()[0]
-    }
-
-    /// Whether the algorithm has a `burst` (a bucket capacity or a burst tolerance).
-    pub fn has_burst(self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
-        )
     }
 }
 

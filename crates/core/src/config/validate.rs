@@ -266,7 +266,7 @@ fn check_bucket(
     } else {
         format!("algorithm {algorithm} (the default)")
     };
-    if bucket.burst.is_some() && !algorithm.has_burst() {
+    if bucket.burst.is_some() && !algorithm.takes_burst() {
         return Err(check.at_key(
             &child(path, "burst"),
             format!(
@@ -337,7 +337,7 @@ fn check_bucket(
         match_spec,
         limit: bucket.limit,
         burst: algorithm
-            .has_burst()
+            .takes_burst()
             .then(|| bucket.burst.unwrap_or(bucket.limit.count)),
         burst_window: (algorithm == Algorithm::AdaptiveTokenBucket)
             .then(|| bucket.burst_window.unwrap_or(DEFAULT_BURST_WINDOW)),
