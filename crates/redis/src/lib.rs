@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod algo;
+mod batch;
 mod breaker;
 mod endpoint;
 mod guarded;
@@ -29,6 +30,7 @@ mod limiter;
 mod script;
 
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
+pub use batch::{BatchConfig, BatchingLimiter};
 pub use breaker::{BreakerConfig, BreakerStats, CircuitBreaker, CircuitState, Outcome, Permit};
 pub use endpoint::Target;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
