@@ -5,50 +5,10 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spillway_core::matcher::Matcher;
-use spillway_core::pattern::{
-    MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
-};
+use spillway_core::pattern::{MatchSpec, RequestAttrs};
 
-fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
-    MatchSpec {
-        caller: caller.map(Pattern::new),
-        procedure: procedure.map(Pattern::new),
-        subject: None,
-    }
-}
-
-/// The shape of a large mesh configuration: 950 exact (caller, procedure) pairs, 20 caller globs,
-/// 20 procedure globs and 10 per-user buckets.
-fn thousand_buckets() -> Vec<MatchSpec> {
-    let mut specs = Vec::with_capacity(1000);
-    for caller in 0..50 {
-        for method in 0..19 {
-            specs.push(spec(
-                Some(&format!("svc-{caller}")),
-                Some(&format!("/svc.v1.Service/Method{method}")),
-            ));
-        }
-    }
-    for team in 0..20 {
-        specs.push(spec(
-            Some(&format!("team{team}-*")),
-            Some("/svc.v1.Service/Method0"),
-        ));
-    }
-    for package in 0..20 {
-        specs.push(spec(None, Some(&format!("/pkg{package}.v1.*"))));
-    }
-    for method in 0..10 {
-        specs.push(MatchSpec {
-            subject: Some(Subject {
-                kind: SubjectKind::User,
-                value: SubjectValue::Each,
-            }),
-            ..spec(None, Some(&format!("/svc.v1.Service/Method{method}")))
-        });
-    }
-    specs
-}
+mod common;
+use common::{one_bucket, one_bucket_hit, thousand_buckets, thousand_buckets_hit};
 
 fn bench_case(c: &mut Criterion, name: &str, specs: &[MatchSpec], request: RequestAttrs<'_>) {
     let matcher = Matcher::compile(specs);
@@ -84,15 +44,8 @@ fn bench_case(c: &mut Criterion, name: &str, specs: &[MatchSpec], request: Reque
 }
 
 fn lookups(c: &mut Criterion) {
-    let one = [spec(
-        Some("api-gateway"),
-        Some("/payments.v1.Payments/Charge"),
-    )];
-    let hit = RequestAttrs {
-        caller: Some("api-gateway"),
-        procedure: Some("/payments.v1.Payments/Charge"),
-        ..RequestAttrs::default()
-    };
+    let one = one_bucket();
+    let hit = one_bucket_hit();
     let miss = RequestAttrs {
         caller: Some("api-gateway"),
         procedure: Some("/payments.v1.Payments/Refund"),
@@ -102,12 +55,7 @@ fn lookups(c: &mut Criterion) {
     bench_case(c, "1_bucket/miss", &one, miss);
 
     let thousand = thousand_buckets();
-    let mut hit = RequestAttrs {
-        caller: Some("svc-17"),
-        procedure: Some("/svc.v1.Service/Method7"),
-        ..RequestAttrs::default()
-    };
-    hit.subjects[SubjectKind::User.index()] = Some("alice");
+    let hit = thousand_buckets_hit();
     let miss = RequestAttrs {
         caller: Some("svc-999"),
         procedure: Some("/other.v1.Other/Call"),
