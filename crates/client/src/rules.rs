@@ -193,10 +193,7 @@ impl Rules {
                 buckets.push(CompiledBucket {
                     service: service_name.clone(),
                     bucket: bucket.clone(),
-                    mode: match bucket.mode {
-                        config::Mode::Enforce => Mode::Enforce,
-                        config::Mode::Shadow => Mode::Shadow,
-                    },
+                    mode: bucket.mode,
                     cost: match &bucket.cost {
                         Cost::Fixed(n) => CompiledCost::Fixed(n.get()),
                         Cost::Header(h) => match HeaderName::from_bytes(h.header.as_bytes()) {
@@ -322,22 +319,7 @@ fn build(
                 .as_secs();
             Limiter::AdaptiveTokenBucket(AdaptiveTokenBucket::new(rate, history)?)
         }
-        Algorithm::TokenBucket => {
-            Limiter::new(spillway_core::algo::Kind::TokenBucket, rate, burst)?
-        }
-        Algorithm::LeakyBucket => {
-            Limiter::new(spillway_core::algo::Kind::LeakyBucket, rate, burst)?
-        }
-        Algorithm::FixedWindow => {
-            Limiter::new(spillway_core::algo::Kind::FixedWindow, rate, burst)?
-        }
-        Algorithm::SlidingWindowLog => {
-            Limiter::new(spillway_core::algo::Kind::SlidingWindowLog, rate, burst)?
-        }
-        Algorithm::SlidingWindowCounter => {
-            Limiter::new(spillway_core::algo::Kind::SlidingWindowCounter, rate, burst)?
-        }
-        Algorithm::Gcra => Limiter::new(spillway_core::algo::Kind::Gcra, rate, burst)?,
+        kind => Limiter::new(kind, rate, burst)?,
     }))
 }
 

@@ -1,0 +1,190 @@
+//! The admin listener: `/healthz`, `/readyz` and `/metrics` (SPEC §5, Prometheus text format).
+//!
+//! Metrics are read from the client's counters at scrape time into a fresh registry, so the hot
+//! path keeps its striped counters and nothing is kept twice. Labels are the service and bucket
+//! names of the configuration only: per-subject buckets never turn subjects into label values.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::server::Shared;
+
+type Labels = Vec<(&'static str, String)>;
+
+pub(crate) async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            _ = stopped.changed() => return,
+        };
+        let shared = shared.clone();
+        let service = service_fn(move |request| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(route(&shared, &request)) }
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        tokio::spawn(connection);
+    }
+}
+
+fn route(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String, content_type: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        response
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET\n".into(),
+            "text/plain",
+        );
+    }
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        // Standalone, the rules are loaded before the listener opens, so serving means ready.
+        "/readyz" => text(
+            StatusCode::OK,
+            format!("ready: rules version {}\n", shared.client.rules().version()),
+            "text/plain",
+        ),
+        "/metrics" => text(
+            StatusCode::OK,
+            metrics(shared),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /healthz, /readyz or /metrics\n".into(),
+            "text/plain",
+        ),
+    }
+}
+
+/// The SPEC §5 metrics of a proxy, in the Prometheus text format.
+pub(crate) fn metrics(shared: &Shared) -> String {
+    let client = &shared.client;
+    let mut registry = Registry::default();
+    let requests = Family::<Labels, Counter>::default();
+    let drop_ratio = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let limit_rps = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let subjects = Family::<Labels, Gauge>::default();
+    let overflow = Family::<Labels, Counter>::default();
+    for stats in client.stats() {
+        let bucket = || {
+            vec![
+                ("service", stats.service.clone()),
+                ("bucket", stats.bucket.clone()),
+            ]
+        };
+        for (decision, n) in [
+            ("allowed", stats.counters.allowed),
+            ("dropped", stats.counters.dropped),
+            ("shadow_dropped", stats.counters.shadow_dropped),
+        ] {
+            let mut labels = bucket();
+            labels.push(("decision", decision.to_owned()));
+            requests.get_or_create(&labels).inc_by(n);
+        }
+        if let Some(ratio) = stats.drop_ratio {
+            drop_ratio.get_or_create(&bucket()).set(ratio);
+        }
+        limit_rps
+            .get_or_create(&bucket())
+            .set(stats.limit.per_second());
+        if let Some(n) = stats.subjects {
+            subjects
+                .get_or_create(&bucket())
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            overflow
+                .get_or_create(&bucket())
+                .inc_by(stats.subject_overflow);
+        }
+    }
+    registry.register(
+        "spillway_requests",
+        "Requests decided per bucket: allowed, dropped, or shadow_dropped (virtual drops, forwarded)",
+        requests,
+    );
+    registry.register(
+        "spillway_drop_ratio",
+        "Drop ratio in force for drop-ratio buckets (0 without a live instruction)",
+        drop_ratio,
+    );
+    registry.register(
+        "spillway_bucket_limit_rps",
+        "The bucket's limit as a rate per second",
+        limit_rps,
+    );
+    registry.register(
+        "spillway_subjects",
+        "Subjects held by per-subject buckets",
+        subjects,
+    );
+    registry.register(
+        "spillway_subjects_overflow",
+        "Requests of new subjects admitted without a limiter because the bucket's subject map was full",
+        overflow,
+    );
+    let connected = Gauge::<i64>::default();
+    registry.register(
+        "spillway_control_plane_connected",
+        "1 while a control-plane stream is up; a standalone proxy has none",
+        connected,
+    );
+    let expired = Counter::<u64>::default();
+    expired.inc_by(client.instructions_expired());
+    registry.register(
+        "spillway_instructions_expired",
+        "Drop-ratio instructions that expired before a newer one came (fail-open, G9)",
+        expired,
+    );
+    let version = Gauge::<i64>::default();
+    version.set(i64::try_from(client.rules().version()).unwrap_or(i64::MAX));
+    registry.register(
+        "spillway_rules_version",
+        "Version of the rules in force; counts up with every reload",
+        version,
+    );
+    let upstream = Counter::<u64>::default();
+    upstream.inc_by(shared.upstream_errors.load(Ordering::Relaxed));
+    registry.register(
+        "spillway_upstream_errors",
+        "Requests answered 502 because the upstream could not be reached",
+        upstream,
+    );
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &registry);
+    out
+}

@@ -1,0 +1,207 @@
+//! Every answer the proxy gives on its own account (SPEC §3), in one place: a drop becomes a 429
+//! problem document with the RateLimit headers, or a trailers-only gRPC `RESOURCE_EXHAUSTED`; an
+//! unreachable upstream becomes a 502. The proxy never turns its own fault into a drop.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use spillway_client::CompiledBucket;
+
+/// `content-type` of RFC 9457 problem documents.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+/// gRPC's status code for a quota exhausted.
+pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
+/// gRPC's status code for a backend that cannot be reached.
+pub const GRPC_UNAVAILABLE: u32 = 14;
+
+/// Whether a request speaks gRPC (`application/grpc`, `application/grpc+proto`, ...), which
+/// needs its errors as gRPC statuses rather than HTTP ones.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.strip_prefix("application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
+        })
+}
+
+/// Whole seconds for `retry-after`, rounded up and at least 1, since a client told "0" retries at
+/// once and is dropped again. A cost that can never fit ([`spillway_core::decision::NEVER`]) is
+/// told the bucket's window.
+pub fn retry_after_secs(retry_after: Duration, window: Duration) -> u64 {
+    let wait = if retry_after > window.saturating_mul(1000) {
+        window
+    } else {
+        retry_after
+    };
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// The quota and window of the IETF `RateLimit-Policy` field: `q` units per `w` whole seconds.
+/// Sub-second periods are scaled to one second (`1 per 100ms` is `q=10;w=1`).
+fn policy(bucket: &CompiledBucket) -> (u64, u64) {
+    let limit = bucket.limit();
+    if limit.period < Duration::from_secs(1) {
+        (limit.per_second().round().max(1.0) as u64, 1)
+    } else {
+        let w = limit.period.as_secs() + u64::from(limit.period.subsec_nanos() > 0);
+        (limit.count.get(), w)
+    }
+}
+
+fn header(text: &str) -> HeaderValue {
+    // Bucket and service names are validated to `[A-Za-z0-9._-]`, so every value built here is
+    // a valid header value; the fallback is unreachable but keeps the proxy from panicking.
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+/// The answer to a request that `bucket` dropped.
+pub fn dropped(
+    bucket: &CompiledBucket,
+    retry_after: Duration,
+    grpc: bool,
+) -> Response<Full<Bytes>> {
+    let (quota, window) = policy(bucket);
+    let secs = retry_after_secs(retry_after, bucket.limit().period);
+    let name = bucket.name();
+    let detail = format!(
+        "bucket {name} of service {} admits {} per {window}s ({}); retry after {secs}s",
+        bucket.service(),
+        quota,
+        bucket.algorithm().name(),
+    );
+    let mut response = if grpc {
+        grpc_status(GRPC_RESOURCE_EXHAUSTED, &detail)
+    } else {
+        let body = serde_json::json!({
+            "type": "urn:spillway:problem:rate-limited",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": detail,
+            "service": bucket.service(),
+            "bucket": name,
+            "retry_after": secs,
+        });
+        problem(StatusCode::TOO_MANY_REQUESTS, &body)
+    };
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(
+        "ratelimit-policy",
+        header(&format!("\"{name}\";q={quota};w={window}")),
+    );
+    headers.insert("ratelimit", header(&format!("\"{name}\";r=0;t={secs}")));
+    headers.insert("x-spillway-bucket", header(name));
+    if grpc {
+        // gRPC clients with retry policies honour this pushback instead of their own backoff.
+        let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+        headers.insert(
+            "grpc-retry-pushback-ms",
+            HeaderValue::from(millis.min(secs * 1000)),
+        );
+    }
+    response
+}
+
+/// The answer when the upstream cannot be reached or fails mid-request: 502, or gRPC
+/// `UNAVAILABLE` (which gRPC clients also derive from a 502) for gRPC requests.
+pub fn upstream_failed(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {
+    let detail = format!("the upstream could not be reached: {}", chain(error));
+    if grpc {
+        let mut response = grpc_status(GRPC_UNAVAILABLE, &detail);
+        *response.status_mut() = StatusCode::BAD_GATEWAY;
+        return response;
+    }
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:upstream-unreachable",
+        "title": "Bad Gateway",
+        "status": 502,
+        "detail": detail,
+    });
+    problem(StatusCode::BAD_GATEWAY, &body)
+}
+
+/// An error and its sources, as one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn problem(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+/// A trailers-only gRPC response: HTTP 200 whose only headers frame carries the status and ends
+/// the stream.
+fn grpc_status(code: u32, message: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(code));
+    headers.insert("grpc-message", header(&percent_encode(message)));
+    response
+}
+
+/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        let window = Duration::from_secs(60);
+        assert_eq!(retry_after_secs(Duration::ZERO, window), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1), window), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001), window), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(7), window), 7);
+        assert_eq!(retry_after_secs(Duration::MAX, window), 60);
+    }
+
+    #[test]
+    fn grpc_content_types_are_recognised() {
+        let mut headers = HeaderMap::new();
+        for (ct, grpc) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("application/grpc;charset=utf-8", true),
+            ("application/grpc-web", false),
+            ("application/json", false),
+        ] {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            assert_eq!(is_grpc(&headers), grpc, "{ct}");
+        }
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(percent_encode("50% off — now"), "50%25 off %E2%80%94 now");
+    }
+}

@@ -1,0 +1,231 @@
+//! The listeners: accept connections (HTTP/1.1 and h2c on one port), decide each request, answer
+//! or forward it, and drain the connections in flight on shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use spillway_client::{Client, DEFAULT_POLL, watch_file};
+use spillway_core::decision::Decision;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::answer;
+use crate::error::ProxyError;
+use crate::forward::Upstream;
+
+/// The body of every response: the upstream's, streamed, or one of ours.
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+pub(crate) fn full(body: http_body_util::Full<Bytes>) -> Body {
+    body.map_err(|never| match never {}).boxed()
+}
+
+/// What `spillway proxy` is started with.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// The YAML rules, watched and reloaded when they change.
+    pub config: PathBuf,
+    pub listen: SocketAddr,
+    /// `http://HOST:PORT`.
+    pub upstream: String,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub admin: Option<SocketAddr>,
+    /// How often the file is checked for changes.
+    pub reload_every: Duration,
+    /// How long shutdown waits for requests in flight before closing their connections.
+    pub drain_timeout: Duration,
+}
+
+impl ProxyOptions {
+    pub fn new(config: PathBuf, listen: SocketAddr, upstream: String) -> Self {
+        Self {
+            config,
+            listen,
+            upstream,
+            admin: None,
+            reload_every: DEFAULT_POLL,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub(crate) client: Arc<Client>,
+    upstream: Upstream,
+    pub(crate) upstream_errors: AtomicU64,
+}
+
+/// A running proxy.
+pub struct Proxy {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    watcher: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Loads the rules, binds the listeners and starts serving on the current tokio runtime.
+    pub async fn start(options: ProxyOptions) -> Result<Self, ProxyError> {
+        let upstream = Upstream::new(&options.upstream)?;
+        let client = Arc::new(Client::from_file(&options.config)?);
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ProxyError::Bind { addr, source })
+        };
+        let listener = bind(options.listen).await?;
+        let admin = match options.admin {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let addr = listener.local_addr().map_err(|source| ProxyError::Bind {
+            addr: options.listen,
+            source,
+        })?;
+        let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+        let shared = Arc::new(Shared {
+            client: client.clone(),
+            upstream,
+            upstream_errors: AtomicU64::new(0),
+        });
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = vec![tokio::spawn(serve(
+            listener,
+            shared.clone(),
+            stopped.clone(),
+            options.drain_timeout,
+        ))];
+        if let Some(admin) = admin {
+            tasks.push(tokio::spawn(crate::admin::serve(
+                admin,
+                shared.clone(),
+                stopped,
+            )));
+        }
+        let watcher = watch_file(client, options.config.clone(), options.reload_every);
+        tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "proxy listening");
+        Ok(Self {
+            addr,
+            admin_addr,
+            shared,
+            stop,
+            tasks,
+            watcher,
+        })
+    }
+
+    /// The address requests are accepted on (the real port when started on port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The engine, for instructions and readings.
+    pub fn client(&self) -> &Arc<Client> {
+        &self.shared.client
+    }
+
+    /// Stops accepting, lets the requests in flight finish (up to the drain timeout), and returns.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.watcher.abort();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+    drain_timeout: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("accept failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        // Formatted once per connection, so identity by `peer` costs nothing per request.
+        let peer: Arc<str> = peer.ip().to_string().into();
+        let shared = shared.clone();
+        let service = service_fn(move |request| handle(shared.clone(), peer.clone(), request));
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("connection ended with an error: {err}");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all requests in flight finished"),
+        _ = tokio::time::sleep(drain_timeout) => {
+            tracing::warn!("drain timeout passed; closing the connections still open");
+        }
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    peer: Arc<str>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let grpc = answer::is_grpc(request.headers());
+    {
+        let rules = shared.client.rules();
+        let now = shared.client.now();
+        let attrs = rules
+            .identity()
+            .attrs(request.uri().path(), request.headers(), Some(&peer));
+        let decision = rules.decide(now, &attrs, request.headers());
+        if let Decision::Drop {
+            bucket,
+            retry_after,
+        } = decision
+            && let Some(bucket) = rules.bucket(bucket)
+        {
+            return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
+        }
+    }
+    match shared.upstream.forward(request).await {
+        Ok(response) => Ok(response.map(|body| body.boxed())),
+        Err(err) => {
+            shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("upstream request failed: {err}");
+            Ok(answer::upstream_failed(&err, grpc).map(full))
+        }
+    }
+}

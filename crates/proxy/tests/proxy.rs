@@ -1,0 +1,309 @@
+//! The sidecar end to end: a real upstream, the proxy on 127.0.0.1:0 with its rules in a real
+//! file, and real clients over HTTP/1.1 and h2c.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use spillway_core::algo::Ratio;
+use support::{Upstream, admin, config, get, grpc_call, proxy, statuses};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_local_algorithm_is_enforced_through_the_proxy() {
+    let upstream = Upstream::start().await;
+    let algorithms = [
+        "token-bucket",
+        "leaky-bucket",
+        "fixed-window",
+        "sliding-window-log",
+        "sliding-window-counter",
+        "gcra",
+    ];
+    let buckets: Vec<String> = algorithms
+        .iter()
+        .map(|a| {
+            format!(
+                "{{ name: {a}, match: {{ procedure: /{a} }}, limit: 5/h, algorithm: {a}, store: local }}"
+            )
+        })
+        .collect();
+    let buckets: Vec<&str> = buckets.iter().map(String::as_str).collect();
+    let running = proxy(&config(&buckets), &upstream.url()).await;
+    let addr = running.proxy.addr();
+    let mut admitted = 0;
+    for algorithm in algorithms {
+        // 5 an hour: within the test nothing refills, so the count is the definition's. Every
+        // algorithm admits the 5 of its limit, except the leaky bucket, which admits the request
+        // that finds its queue empty plus a backlog of `burst` (5 by default) intervals: 6.
+        let expected = if algorithm == "leaky-bucket" { 6 } else { 5 };
+        let (ok, limited) = statuses(addr, &format!("/{algorithm}"), 8).await;
+        assert_eq!((ok, limited), (expected, 8 - expected), "{algorithm}");
+        admitted += expected;
+    }
+    assert_eq!(upstream.seen(), admitted);
+    // A path no bucket matches is never limited.
+    assert_eq!(statuses(addr, "/free", 20).await, (20, 0));
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drop_gets_every_header_of_spec_section_3() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: search-quota, limit: 10 per 60s, algorithm: token-bucket }"]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    assert_eq!(statuses(addr, "/search", 10).await, (10, 0));
+    let answer = get(addr, "/search", &[]).await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json")
+    );
+    // A token comes back every 6 s (10 per 60 s), so the wait is at most 6 whole seconds.
+    let retry: u64 = answer.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=6).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        answer.header("ratelimit-policy"),
+        Some("\"search-quota\";q=10;w=60")
+    );
+    assert_eq!(
+        answer.header("ratelimit"),
+        Some(format!("\"search-quota\";r=0;t={retry}").as_str())
+    );
+    assert_eq!(answer.header("x-spillway-bucket"), Some("search-quota"));
+    let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["bucket"], "search-quota");
+    assert_eq!(body["service"], "api");
+    assert_eq!(body["retry_after"], retry);
+    assert!(body["detail"].as_str().unwrap().contains("search-quota"));
+    assert_eq!(
+        upstream.seen(),
+        10,
+        "the dropped request never reached the upstream"
+    );
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_subject_buckets_limit_each_user_apart() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: per-user, match: { user: \"*\" }, limit: 2/h, algorithm: gcra }"]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    for user in ["alice", "bob"] {
+        let codes: Vec<u16> = {
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                codes.push(get(addr, "/", &[("x-user-id", user)]).await.status.as_u16());
+            }
+            codes
+        };
+        assert_eq!(codes, [200, 200, 429], "{user}");
+    }
+    // No user id: the per-user bucket does not apply.
+    assert_eq!(statuses(addr, "/", 5).await, (5, 0));
+    let metrics = admin(&running, "/metrics").await.body;
+    assert!(metrics.contains("spillway_subjects{service=\"api\",bucket=\"per-user\"} 2"));
+    assert!(!metrics.contains("alice"), "subjects never become labels");
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_bucket_forwards_everything_and_metrics_show_virtual_drops() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: trial, limit: 2/h, algorithm: fixed-window, mode: shadow }"]),
+        &upstream.url(),
+    )
+    .await;
+    assert_eq!(statuses(running.proxy.addr(), "/", 6).await, (6, 0));
+    assert_eq!(upstream.seen(), 6);
+    let metrics = admin(&running, "/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    for line in [
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"allowed\"} 2",
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"shadow_dropped\"} 4",
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"dropped\"} 0",
+        "spillway_rules_version 1",
+        "spillway_control_plane_connected 0",
+    ] {
+        assert!(
+            metrics.body.contains(line),
+            "missing {line:?} in\n{}",
+            metrics.body
+        );
+    }
+    assert_eq!(admin(&running, "/healthz").await.status, StatusCode::OK);
+    assert_eq!(admin(&running, "/readyz").await.status, StatusCode::OK);
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_ratio_buckets_follow_instructions_and_admit_without_one() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: global, limit: 100/s }"]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    // Standalone, no instruction: fail-open (G9).
+    assert_eq!(statuses(addr, "/", 10).await, (10, 0));
+    let client = running.proxy.client();
+    client
+        .set_drop_ratio("api", "global", Ratio::ONE, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(statuses(addr, "/", 10).await, (0, 10));
+    let metrics = admin(&running, "/metrics").await.body;
+    assert!(metrics.contains("spillway_drop_ratio{service=\"api\",bucket=\"global\"} 1"));
+    client
+        .set_drop_ratio("api", "global", Ratio::ZERO, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(statuses(addr, "/", 10).await, (10, 0));
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_file_changes_behaviour_and_a_broken_edit_changes_nothing() {
+    let upstream = Upstream::start().await;
+    let bucket = |limit: &str| {
+        config(&[&format!(
+            "{{ name: b, limit: {limit}, algorithm: token-bucket }}"
+        )])
+    };
+    let running = proxy(&bucket("1/h"), &upstream.url()).await;
+    let addr = running.proxy.addr();
+    let version = || running.proxy.client().rules().version();
+    assert_eq!(statuses(addr, "/", 2).await, (1, 1));
+
+    std::fs::write(&running.config, bucket("4/h")).unwrap();
+    // Bounded wait for the watcher (50 ms polls): 200 checks, 10 s at most.
+    for _ in 0..200 {
+        if version() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(version(), 2, "the edit was not picked up");
+    assert_eq!(statuses(addr, "/", 5).await, (4, 1));
+
+    std::fs::write(
+        &running.config,
+        bucket("100/h").replace("limit:", "limit: ["),
+    )
+    .unwrap();
+    // Ten polls' worth: the broken file has been read and refused by then.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(version(), 2, "a broken file replaced the rules");
+    assert_eq!(statuses(addr, "/", 1).await, (0, 1));
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_upstream_gives_502_not_429() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    assert_eq!(get(addr, "/", &[]).await.status, StatusCode::OK);
+    upstream.kill().await;
+    let answer = get(addr, "/", &[]).await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(body["status"], 502);
+    assert!(answer.header("x-spillway-bucket").is_none());
+    let metrics = admin(&running, "/metrics").await.body;
+    assert!(
+        metrics.contains("spillway_upstream_errors_total 1"),
+        "{metrics}"
+    );
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_h2c_passes_through_then_gets_resource_exhausted() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&[
+            "{ name: charge, match: { procedure: /payments.v1.Payments/Charge }, limit: 1/h, algorithm: token-bucket }",
+        ]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    let method = "/payments.v1.Payments/Charge";
+    let first = grpc_call(addr, method, b"hello").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        &first.body.as_bytes()[5..],
+        b"hello",
+        "the message came back"
+    );
+    let trailers = first
+        .trailers
+        .expect("the upstream's trailers arrive intact");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(trailers.get("grpc-message").unwrap(), "echoed");
+
+    let second = grpc_call(addr, method, b"again").await;
+    assert_eq!(
+        second.status,
+        StatusCode::OK,
+        "gRPC errors travel as HTTP 200"
+    );
+    assert_eq!(second.header("grpc-status"), Some("8"));
+    assert!(second.header("grpc-message").unwrap().contains("charge"));
+    assert_eq!(second.header("x-spillway-bucket"), Some("charge"));
+    assert!(second.body.is_empty(), "trailers-only: no message");
+    assert_eq!(upstream.seen(), 1);
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_requests_in_flight() {
+    let mut upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &upstream.url(),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    let in_flight = tokio::spawn(async move { get(addr, "/slow", &[]).await });
+    // The request has reached the upstream, which holds it.
+    upstream.arrived.recv().await.unwrap();
+    let shutdown = tokio::spawn(running.proxy.shutdown());
+    // New connections are refused once the listener has closed (bounded: 100 tries).
+    let mut refused = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the proxy kept accepting after shutdown began");
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown returned with a request in flight"
+    );
+    upstream.release.notify_one();
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body, "upstream saw /slow");
+    shutdown.await.unwrap();
+}

@@ -1,0 +1,255 @@
+//! Test support: a small real upstream (HTTP/1.1 and h2c, with a gRPC method), a proxy started
+//! in-process on 127.0.0.1:0 from a real file, and plain HTTP/1.1 and HTTP/2 clients.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use spillway_proxy::{Proxy, ProxyOptions};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
+
+/// A real upstream: answers `200 upstream saw PATH`, counts requests, holds `/slow` until
+/// released, and answers gRPC calls with one message and `grpc-status: 0` in trailers.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<AtomicUsize>,
+    pub release: Arc<Notify>,
+    pub arrived: mpsc::UnboundedReceiver<()>,
+    tasks: JoinSet<()>,
+}
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn answer(
+    request: Request<Incoming>,
+    seen: Arc<AtomicUsize>,
+    release: Arc<Notify>,
+    arrived: mpsc::UnboundedSender<()>,
+) -> Result<Response<UpBody>, Infallible> {
+    seen.fetch_add(1, Ordering::SeqCst);
+    let path = request.uri().path().to_owned();
+    let grpc = request
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if path == "/slow" {
+        let _ = arrived.send(());
+        release.notified().await;
+    }
+    let body = request.into_body().collect().await.map(|b| b.to_bytes());
+    if grpc {
+        // Echo the request message back, then trailers: a unary gRPC call.
+        let message = body.unwrap_or_default();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("grpc-message", "echoed".parse().unwrap());
+        let body = Frames(vec![Frame::data(message), Frame::trailers(trailers)].into_iter());
+        let mut response = Response::new(BodyExt::boxed(body));
+        response
+            .headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        return Ok(response);
+    }
+    let text = format!("upstream saw {path}");
+    Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))))
+}
+
+/// A body made of ready frames: data, then trailers.
+struct Frames(std::vec::IntoIter<Frame<Bytes>>);
+
+impl hyper::body::Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(self.0.next().map(Ok))
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(Notify::new());
+        let (arrived_tx, arrived) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        let (s, r) = (seen.clone(), release.clone());
+        tasks.spawn(async move {
+            // Connections live in this set, so killing the upstream closes them too.
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (s, r, a) = (s.clone(), r.clone(), arrived_tx.clone());
+                let service = service_fn(move |req| answer(req, s.clone(), r.clone(), a.clone()));
+                connections.spawn(async move {
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            seen,
+            release,
+            arrived,
+            tasks,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> usize {
+        self.seen.load(Ordering::SeqCst)
+    }
+
+    /// Stops listening and closes every connection, like a crashed process.
+    pub async fn kill(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// A proxy in front of `upstream`, with its rules in a real file.
+pub struct Running {
+    pub proxy: Proxy,
+    pub config: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn proxy(yaml: &str, upstream: &str) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("spillway.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut options = ProxyOptions::new(
+        config.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        upstream.to_owned(),
+    );
+    options.admin = Some("127.0.0.1:0".parse().unwrap());
+    options.reload_every = Duration::from_millis(50);
+    options.drain_timeout = Duration::from_secs(10);
+    let proxy = Proxy::start(options).await.unwrap();
+    Running {
+        proxy,
+        config,
+        _dir: dir,
+    }
+}
+
+/// What a test looks at in a response.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+async fn read(response: Response<Incoming>) -> Answer {
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+        trailers,
+    }
+}
+
+/// One HTTP/1.1 GET on a fresh connection.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut request = Request::get(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    read(response).await
+}
+
+/// `n` GETs; returns how many got each status.
+pub async fn statuses(addr: SocketAddr, path: &str, n: usize) -> (usize, usize) {
+    let (mut ok, mut limited) = (0, 0);
+    for _ in 0..n {
+        match get(addr, path, &[]).await.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    (ok, limited)
+}
+
+/// One unary gRPC call over h2c (prior knowledge) carrying `message`.
+pub async fn grpc_call(addr: SocketAddr, method: &str, message: &[u8]) -> Answer {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    // gRPC framing: a zero compression flag, a big-endian length, the message.
+    let mut frame = BytesMut::with_capacity(5 + message.len());
+    frame.extend_from_slice(&[0]);
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    let request = Request::post(format!("http://{addr}{method}"))
+        .version(http::Version::HTTP_2)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(frame.freeze()))
+        .unwrap();
+    read(sender.send_request(request).await.unwrap()).await
+}
+
+/// The admin listener's answer at `path`.
+pub async fn admin(running: &Running, path: &str) -> Answer {
+    get(running.proxy.admin_addr().unwrap(), path, &[]).await
+}
+
+/// The config written as one bucket per line.
+pub fn config(buckets: &[&str]) -> String {
+    let mut yaml = String::from("version: 1\nservices:\n  api:\n    buckets:\n");
+    for b in buckets {
+        yaml.push_str("      - ");
+        yaml.push_str(b);
+        yaml.push('\n');
+    }
+    yaml
+}
