@@ -1,0 +1,141 @@
+//! The one place that turns errors into answers: RFC 9457 problem documents with the status
+//! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::auth::AuthError;
+use crate::rule::RuleError;
+use crate::store::{ChangeError, StoreError};
+
+/// Everything a request can end in besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error(
+        "role {role} may read but not change rules; ask an admin for an admin or service token"
+    )]
+    Forbidden { role: String },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    #[error(transparent)]
+    Change(#[from] ChangeError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(
+        "send `if-match: <version>` with the version you read, so that a concurrent change is not overwritten"
+    )]
+    PreconditionRequired,
+}
+
+struct Problem {
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+}
+
+impl ApiError {
+    fn problem(&self) -> Problem {
+        let p = |status, slug, title| Problem {
+            status,
+            slug,
+            title,
+        };
+        match self {
+            ApiError::Auth(AuthError::Store(_)) | ApiError::Store(_) => p(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "The rules store is unavailable",
+            ),
+            ApiError::Auth(_) => p(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "A valid bearer token is required",
+            ),
+            ApiError::Forbidden { .. } => p(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "This role may not change rules",
+            ),
+            ApiError::BadRequest(_) => p(StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::Rule(_) => p(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-rule",
+                "The rule or configuration is invalid",
+            ),
+            ApiError::NotFound(_) | ApiError::Change(ChangeError::NotFound(_)) => {
+                p(StatusCode::NOT_FOUND, "not-found", "No such rule")
+            }
+            ApiError::PreconditionRequired => p(
+                StatusCode::PRECONDITION_REQUIRED,
+                "precondition-required",
+                "If-Match is required",
+            ),
+            ApiError::Change(ChangeError::Store(_)) => p(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "The rules store is unavailable",
+            ),
+            ApiError::Change(ChangeError::Conflict(_)) => p(
+                StatusCode::CONFLICT,
+                "conflict",
+                "Another rule limits the same subject and api",
+            ),
+            ApiError::Change(ChangeError::VersionMoved { .. }) => p(
+                StatusCode::PRECONDITION_FAILED,
+                "version-moved",
+                "The rule changed since it was read",
+            ),
+            ApiError::Change(ChangeError::Budget { .. }) => p(
+                StatusCode::TOO_MANY_REQUESTS,
+                "budget-spent",
+                "Today's modification budget is spent",
+            ),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        if problem.status.is_server_error() {
+            tracing::error!(error = %self, "rules service error");
+        }
+        let mut body = json!({
+            "type": format!("urn:spillway:problem:{}", problem.slug),
+            "title": problem.title,
+            "status": problem.status.as_u16(),
+            "detail": self.to_string(),
+        });
+        if let ApiError::Change(ChangeError::VersionMoved { current, .. }) = &self {
+            body["current_version"] = json!(current);
+        }
+        let mut response = (problem.status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        match &self {
+            ApiError::Auth(AuthError::Missing | AuthError::Invalid) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::Change(ChangeError::Budget { retry_after, .. }) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+            }
+            ApiError::Change(ChangeError::VersionMoved { current, .. }) => {
+                if let Ok(etag) = HeaderValue::from_str(&format!("\"{current}\"")) {
+                    headers.insert(header::ETAG, etag);
+                }
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,265 @@
+//! A rule: one bucket of the configuration file (SPEC §2) plus its `service`, validated by
+//! spillway-core so that the rules service and the YAML file accept exactly the same buckets.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use spillway_core::config::{self, BucketFile, Config, ConfigFile};
+use spillway_core::limit::parse_duration;
+
+use crate::time::format_millis;
+
+/// Why a rule or a configuration was refused; the message is core's own when core refused it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Keys an answer adds to a rule; a client may send them back (GET, edit, PUT) and they are
+/// ignored, since the service owns them.
+const READ_ONLY: [&str; 6] = [
+    "id",
+    "version",
+    "created_by",
+    "created_at",
+    "updated_at",
+    "expires_at",
+];
+
+/// A single rule cannot carry the `redis` section, but core requires one for `store: redis`;
+/// the consumers (controller, proxy) bring their own.
+const PLACEHOLDER_REDIS: &str = "redis://127.0.0.1:6379";
+
+/// A rule as a client sends it, checked by core.
+#[derive(Debug, Clone)]
+pub struct RuleInput {
+    pub service: String,
+    pub bucket: BucketFile,
+    /// An incident override (G13) expires by itself after this long.
+    pub ttl: Option<Duration>,
+    /// Why the change was made; kept in the audit log and, for an override, on the rule.
+    pub reason: Option<String>,
+    /// What the S2 columns hold.
+    pub key: RuleKey,
+}
+
+/// The columns of S2 derived from the validated bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleKey {
+    pub subject_scope: &'static str,
+    pub subject_value: String,
+    pub api: String,
+    pub algorithm: &'static str,
+    pub max_requests: i64,
+    pub window_seconds: f64,
+    pub burst_size: Option<i64>,
+    pub scope: &'static str,
+    pub mode: &'static str,
+    pub store: &'static str,
+    pub on_store_failure: &'static str,
+}
+
+/// A stored rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub id: String,
+    pub service: String,
+    pub bucket: BucketFile,
+    pub expires_at: Option<i64>,
+    pub reason: Option<String>,
+    pub version: i64,
+    pub created_by: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Rule {
+    /// The JSON answer of SPEC §4: the bucket, its service, and what the service adds.
+    pub fn to_json(&self) -> Value {
+        let mut object = match serde_json::to_value(&self.bucket) {
+            Ok(Value::Object(map)) => map,
+            _ => Map::new(),
+        };
+        let mut out = Map::new();
+        out.insert("id".into(), json!(self.id));
+        out.insert("service".into(), json!(self.service));
+        out.append(&mut object);
+        out.insert("version".into(), json!(self.version));
+        out.insert("created_by".into(), json!(self.created_by));
+        out.insert("created_at".into(), json!(format_millis(self.created_at)));
+        out.insert("updated_at".into(), json!(format_millis(self.updated_at)));
+        if let Some(at) = self.expires_at {
+            out.insert("expires_at".into(), json!(format_millis(at)));
+        }
+        if let Some(reason) = &self.reason {
+            out.insert("reason".into(), json!(reason));
+        }
+        Value::Object(out)
+    }
+}
+
+fn invalid(message: impl Into<String>) -> RuleError {
+    RuleError::Invalid(message.into())
+}
+
+/// PostgreSQL cannot store U+0000 in text, so it is refused on both stores alike.
+fn check_no_nul(value: &Value) -> Result<(), RuleError> {
+    let bad = match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => return items.iter().try_for_each(check_no_nul),
+        Value::Object(map) => {
+            for (key, value) in map {
+                if key.contains('\0') {
+                    return Err(invalid("text may not contain the NUL character (U+0000)"));
+                }
+                check_no_nul(value)?;
+            }
+            false
+        }
+        _ => false,
+    };
+    if bad {
+        return Err(invalid("text may not contain the NUL character (U+0000)"));
+    }
+    Ok(())
+}
+
+fn take_string(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RuleError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(invalid(format!("`{key}` must be a string, not {other}"))),
+    }
+}
+
+/// Checks a rule sent as JSON: `service`, the bucket keys of SPEC §2, and optionally `ttl` (an
+/// incident override, which then needs a `reason`) and `reason`.
+pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
+    let Value::Object(mut map) = body else {
+        return Err(invalid(
+            "a rule is a JSON object: a bucket of the configuration file plus its `service`",
+        ));
+    };
+    check_no_nul(&Value::Object(map.clone()))?;
+    for key in READ_ONLY {
+        map.remove(key);
+    }
+    let service = take_string(&mut map, "service")?
+        .ok_or_else(|| invalid("a rule needs its `service`, the protected service it limits"))?;
+    let ttl = take_string(&mut map, "ttl")?
+        .map(|text| parse_duration(&text).map_err(|e| invalid(format!("ttl: {e}"))))
+        .transpose()?;
+    let reason = take_string(&mut map, "reason")?;
+    if ttl.is_some() && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        return Err(invalid(
+            "an incident override (a rule with a `ttl`) needs a `reason` for the audit log",
+        ));
+    }
+    let bucket = Value::Object(map);
+    let config = validate(&[(service.clone(), vec![bucket.clone()])])?;
+    let compiled = &config.services[0].buckets[0];
+    let bucket: BucketFile = serde_json::from_value(bucket).map_err(|e| invalid(e.to_string()))?;
+    Ok(RuleInput {
+        service,
+        key: key_of(compiled),
+        bucket,
+        ttl,
+        reason,
+    })
+}
+
+/// The S2 columns of a validated bucket. A rule's subject is its match's subject key, or
+/// `caller` when it has none (SPEC §4); an absent caller or procedure is `*`, as core reads it.
+pub fn key_of(bucket: &config::Bucket) -> RuleKey {
+    let spec = &bucket.match_spec;
+    let (subject_scope, subject_value) = match &spec.subject {
+        Some(subject) => (subject.kind.key(), subject.value.as_str().to_owned()),
+        None => (
+            "caller",
+            spec.caller.as_ref().map_or("*", |p| p.as_str()).to_owned(),
+        ),
+    };
+    RuleKey {
+        subject_scope,
+        subject_value,
+        api: spec
+            .procedure
+            .as_ref()
+            .map_or("*", |p| p.as_str())
+            .to_owned(),
+        algorithm: bucket.algorithm.name(),
+        max_requests: i64::try_from(bucket.limit.count.get()).unwrap_or(i64::MAX),
+        window_seconds: bucket.limit.period.as_secs_f64(),
+        burst_size: bucket
+            .burst
+            .map(|b| i64::try_from(b.get()).unwrap_or(i64::MAX)),
+        scope: bucket.scope.name(),
+        mode: bucket.mode.name(),
+        store: bucket.store.name(),
+        on_store_failure: bucket.on_store_failure.name(),
+    }
+}
+
+/// Runs core's loader over buckets grouped by service, as if they were one file.
+pub fn validate(services: &[(String, Vec<Value>)]) -> Result<Config, RuleError> {
+    let mut map = Map::new();
+    for (service, buckets) in services {
+        map.insert(service.clone(), json!({ "buckets": buckets }));
+    }
+    let text = json!({
+        "version": 1,
+        "services": map,
+        "redis": { "url": PLACEHOLDER_REDIS },
+    })
+    .to_string();
+    let mut config =
+        config::load_str(&yaml_printable(&text), "rule").map_err(|e| invalid(e.message()))?;
+    config.redis = None;
+    Ok(config)
+}
+
+/// JSON text is YAML, except that YAML forbids or folds some characters that JSON leaves raw in
+/// its strings (DEL, the C1 controls, NEL, U+2028, U+FFFE, ...). Every character past ASCII can
+/// only occur inside a string here, so each is written as a YAML escape, which means the same.
+fn yaml_printable(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        let code = u32::from(c);
+        match code {
+            0..0x7f => out.push(c),
+            0x7f..=0xffff => out.push_str(&format!("\\u{code:04x}")),
+            _ => out.push_str(&format!("\\U{code:08x}")),
+        }
+    }
+    out
+}
+
+/// A whole configuration for `POST /v1/rules:apply`, YAML or JSON, checked exactly as
+/// `spillway check` checks a file; errors carry `apply:LINE:COLUMN`.
+pub fn parse_config(text: &str) -> Result<Vec<(String, BucketFile)>, RuleError> {
+    if text.contains('\0') {
+        return Err(invalid("text may not contain the NUL character (U+0000)"));
+    }
+    config::load_str(text, "apply").map_err(|e| invalid(e.to_string()))?;
+    let file: ConfigFile = yaml_serde::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    Ok(file
+        .services
+        .0
+        .into_iter()
+        .flat_map(|(service, s)| s.buckets.into_iter().map(move |b| (service.clone(), b)))
+        .collect())
+}
+
+/// The validated input of a bucket that came from a configuration file.
+pub fn input_of(service: String, bucket: BucketFile) -> Result<RuleInput, RuleError> {
+    let value = serde_json::to_value(&bucket).map_err(|e| invalid(e.to_string()))?;
+    let config = validate(&[(service.clone(), vec![value])])?;
+    Ok(RuleInput {
+        key: key_of(&config.services[0].buckets[0]),
+        service,
+        bucket,
+        ttl: None,
+        reason: None,
+    })
+}
