@@ -1,0 +1,56 @@
+//! Token-bucket decisions per second against one Redis, for `bench/redis/run.sh`.
+//!
+//! `cargo run --release -p spillway-redis --example decide_bench -- URL [TASKS] [SECONDS]`
+//! runs TASKS concurrent decision loops (default 50, like redis-benchmark's default clients)
+//! over one multiplexed connection and prints `decisions_per_sec=N`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use spillway_core::algo::Rate;
+use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let url = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let tasks: usize = args.next().map_or(50, |a| a.parse().expect("TASKS"));
+    let seconds: u64 = args.next().map_or(5, |a| a.parse().expect("SECONDS"));
+
+    let limiter = Arc::new(
+        RedisLimiter::new(
+            Target::single(url),
+            StoreOptions {
+                timeout: Duration::from_secs(1),
+            },
+        )
+        .expect("a valid URL"),
+    );
+    // S5's example bucket, large enough that every decision is an admission with a write.
+    let algo = ExactAlgo::token_bucket(Rate::per_second(1_000_000).unwrap(), 10_000_000);
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (limiter, done, stop) = (limiter.clone(), done.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            let key = BucketKey::new("user", &format!("u{t}"), "/search");
+            while !stop.load(Ordering::Relaxed) {
+                limiter.decide(&key, &algo, 1).await.expect("a decision");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let count = done.load(Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("a decision loop");
+    }
+    println!("decisions_per_sec={:.0}", count as f64 / elapsed);
+}
