@@ -2,6 +2,7 @@
 //! usage or bad configuration.
 
 mod check;
+mod proxy;
 
 use std::process::ExitCode;
 
@@ -27,7 +28,7 @@ pub fn run(command: Command) -> ExitCode {
         Command::Schema => check::schema(),
         Command::Demo { .. } => not_available("demo", "the control-plane issue"),
         Command::Up { .. } => not_available("up", "the control-plane issue"),
-        Command::Proxy(_) => not_available("proxy", "the sidecar issue"),
+        Command::Proxy(args) => proxy::proxy(args),
         Command::Aggregator(_) => not_available("aggregator", "the control-plane issue"),
         Command::Controller(_) => not_available("controller", "the control-plane issue"),
         Command::Rules { command } => {
