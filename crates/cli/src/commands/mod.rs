@@ -3,12 +3,13 @@
 
 mod check;
 mod proxy;
+mod rules;
 
 use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Command, LogFormat, RulesCommand};
+use crate::args::{Command, LogFormat};
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging(format: LogFormat) {
@@ -31,18 +32,7 @@ pub fn run(command: Command) -> ExitCode {
         Command::Proxy(args) => proxy::proxy(args),
         Command::Aggregator(_) => not_available("aggregator", "the control-plane issue"),
         Command::Controller(_) => not_available("controller", "the control-plane issue"),
-        Command::Rules { command } => {
-            let name = match command {
-                RulesCommand::Serve { .. } => "rules serve",
-                RulesCommand::Apply { .. } => "rules apply",
-                RulesCommand::List { .. } => "rules list",
-                RulesCommand::Get { .. } => "rules get",
-                RulesCommand::Delete { .. } => "rules delete",
-                RulesCommand::History { .. } => "rules history",
-                RulesCommand::Admin { .. } => "rules admin",
-            };
-            not_available(name, "the rules-service issue")
-        }
+        Command::Rules { command } => rules::rules(command),
         Command::Sim(_) => not_available("sim", "the simulator issue"),
     }
 }

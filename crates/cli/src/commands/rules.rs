@@ -1,0 +1,365 @@
+//! `spillway rules ...`: the rules service and its admin client (SPEC §1, §4). Wiring only: the
+//! work is in `spillway-rules`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::Value;
+use spillway_rules::client::{Answer, Client, ClientError};
+use spillway_rules::{Role, Store, StoreError};
+
+use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
+
+pub fn rules(command: RulesCommand) -> ExitCode {
+    match command {
+        RulesCommand::Serve { listen, database } => serve(listen, &database),
+        RulesCommand::Apply {
+            client,
+            file,
+            dry_run,
+        } => apply(&client, &file, dry_run),
+        RulesCommand::List { client, service } => list(&client, service.as_deref()),
+        RulesCommand::Get { client, id } => get(&client, &id),
+        RulesCommand::Delete { client, id } => delete(&client, &id),
+        RulesCommand::History { client } => history(&client),
+        RulesCommand::Admin {
+            command:
+                AdminCommand::Create {
+                    name,
+                    role,
+                    database,
+                },
+        } => admin_create(&name, role, &database),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("spillway rules: cannot start the async runtime: {err}");
+            ExitCode::from(1)
+        })
+}
+
+/// A bad URL is bad usage (2); a database that does not answer is a runtime failure (1).
+fn store_failure(err: &StoreError) -> ExitCode {
+    eprintln!("spillway rules: {err}");
+    ExitCode::from(if matches!(err, StoreError::Url(_)) {
+        2
+    } else {
+        1
+    })
+}
+
+fn serve(listen: SocketAddr, database: &str) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        let store = match Store::connect(database).await {
+            Ok(store) => store,
+            Err(err) => return store_failure(&err),
+        };
+        let shutdown = async {
+            if let Err(err) = stop_signal().await {
+                tracing::error!(%err, "cannot listen for stop signals");
+                std::future::pending::<()>().await;
+            }
+            tracing::info!("stopping: finishing the requests in flight");
+        };
+        match spillway_rules::bind_and_serve(listen, store.clone(), shutdown).await {
+            Ok(()) => {
+                store.close().await;
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("spillway rules serve: {listen}: {err}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
+
+/// Waits for SIGTERM or SIGINT (Ctrl-C).
+async fn stop_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        interrupted = tokio::signal::ctrl_c() => interrupted,
+    }
+}
+
+fn admin_create(name: &str, role: RoleArg, database: &str) -> ExitCode {
+    let role = match role {
+        RoleArg::Admin => Role::Admin,
+        RoleArg::Viewer => Role::Viewer,
+        RoleArg::Service => Role::Service,
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        let store = match Store::connect(database).await {
+            Ok(store) => store,
+            Err(err) => return store_failure(&err),
+        };
+        let created = store.create_user(name, role).await;
+        store.close().await;
+        match created {
+            Ok((user, token)) => {
+                eprintln!(
+                    "created {} {} (id {}); its token is shown once, here:",
+                    user.role, user.name, user.id
+                );
+                println!("{token}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("spillway rules admin create: {err}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
+
+fn client(args: &RulesClientArgs) -> Client {
+    Client::new(&args.server, args.token.clone())
+}
+
+/// Prints a failed call: an invalid rule or file is bad configuration (2), the rest runtime (1).
+fn failed(command: &str, err: &ClientError) -> ExitCode {
+    eprintln!("spillway rules {command}: {err}");
+    match err {
+        ClientError::Status { status: 422, .. } | ClientError::Status { status: 400, .. } => {
+            ExitCode::from(2)
+        }
+        _ => ExitCode::from(1),
+    }
+}
+
+fn call(command: &str, answer: Result<Answer, ClientError>) -> Result<Value, ExitCode> {
+    answer
+        .and_then(Answer::ok)
+        .map(|a| a.body)
+        .map_err(|err| failed(command, &err))
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn describe(rule: &Value) -> String {
+    let matching =
+        rule["match"]
+            .as_object()
+            .filter(|m| !m.is_empty())
+            .map_or("everything".to_owned(), |m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", text(v)))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+    format!(
+        "{}/{}  {}  {}  {}",
+        text(&rule["service"]),
+        text(&rule["name"]),
+        matching,
+        text(&rule["limit"]),
+        text(&rule["algorithm"]),
+    )
+}
+
+/// The keys whose value differs between two versions of a rule, as `key: old -> new`.
+fn changes(before: &Value, after: &Value) -> Vec<String> {
+    let (Some(before), Some(after)) = (before.as_object(), after.as_object()) else {
+        return Vec::new();
+    };
+    let owned = [
+        "id",
+        "version",
+        "created_by",
+        "created_at",
+        "updated_at",
+        "service",
+    ];
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| !owned.contains(&k.as_str()) && before.get(*k) != after.get(*k))
+        .map(|k| {
+            format!(
+                "{k}: {} -> {}",
+                before.get(k).map_or("-".to_owned(), text),
+                after.get(k).map_or("-".to_owned(), text)
+            )
+        })
+        .collect()
+}
+
+fn print_diff(diff: &Value) {
+    let list = |key: &str| diff[key].as_array().cloned().unwrap_or_default();
+    for rule in list("created") {
+        println!("+ {}", describe(&rule));
+    }
+    for pair in list("updated") {
+        println!("~ {}", describe(&pair["after"]));
+        for change in changes(&pair["before"], &pair["after"]) {
+            println!("    {change}");
+        }
+    }
+    for rule in list("deleted") {
+        println!("- {}", describe(&rule));
+    }
+    println!(
+        "{} to create, {} to update, {} to delete, {} unchanged",
+        list("created").len(),
+        list("updated").len(),
+        list("deleted").len(),
+        text(&diff["unchanged"])
+    );
+}
+
+fn apply(args: &RulesClientArgs, file: &Path, dry_run: bool) -> ExitCode {
+    let body = match std::fs::read_to_string(file) {
+        Ok(body) => body,
+        Err(err) => {
+            eprintln!("{}: cannot read the file: {err}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let client = client(args);
+    let plan = match call("apply", client.post("/v1/rules:apply?dry_run=true", &body)) {
+        Ok(plan) => plan,
+        Err(code) => return code,
+    };
+    print_diff(&plan);
+    let nothing = ["created", "updated", "deleted"]
+        .iter()
+        .all(|k| plan[k].as_array().is_none_or(Vec::is_empty));
+    if dry_run {
+        println!(
+            "dry run: nothing changed (rules version {})",
+            plan["version"]
+        );
+        return ExitCode::SUCCESS;
+    }
+    if nothing {
+        println!("nothing to apply (rules version {})", plan["version"]);
+        return ExitCode::SUCCESS;
+    }
+    match call("apply", client.post("/v1/rules:apply", &body)) {
+        Ok(done) => {
+            println!("applied: rules version {}", done["version"]);
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn list(args: &RulesClientArgs, service: Option<&str>) -> ExitCode {
+    let path = match service {
+        Some(service) => format!("/v1/rules?service={}", encode(service)),
+        None => "/v1/rules".to_owned(),
+    };
+    match call("list", client(args).get(&path)) {
+        Ok(rules) => {
+            for rule in rules.as_array().into_iter().flatten() {
+                let expires = rule["expires_at"]
+                    .as_str()
+                    .map_or(String::new(), |at| format!("  until {at}"));
+                println!(
+                    "{}  v{}  {}{expires}",
+                    text(&rule["id"]),
+                    text(&rule["version"]),
+                    describe(rule)
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn get(args: &RulesClientArgs, id: &str) -> ExitCode {
+    match call(
+        "get",
+        client(args).get(&format!("/v1/rules/{}", encode(id))),
+    ) {
+        Ok(rule) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&rule).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn delete(args: &RulesClientArgs, id: &str) -> ExitCode {
+    let answer = client(args).send("DELETE", &format!("/v1/rules/{}", encode(id)), None, None);
+    match call("delete", answer) {
+        Ok(_) => {
+            println!("deleted {id}");
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn history(args: &RulesClientArgs) -> ExitCode {
+    match call("history", client(args).get("/v1/audit")) {
+        Ok(entries) => {
+            for entry in entries.as_array().into_iter().flatten() {
+                let subject = if entry["after"].is_object() {
+                    describe(&entry["after"])
+                } else if entry["before"].is_object() {
+                    describe(&entry["before"])
+                } else {
+                    format!(
+                        "{} rules in, {} out",
+                        entry["after"].as_array().map_or(0, Vec::len),
+                        entry["before"].as_array().map_or(0, Vec::len)
+                    )
+                };
+                let reason = entry["reason"]
+                    .as_str()
+                    .map_or(String::new(), |r| format!("  ({r})"));
+                println!(
+                    "v{} <- v{}  {}  {}  {}  {subject}{reason}",
+                    text(&entry["version"]),
+                    text(&entry["from_version"]),
+                    text(&entry["at"]),
+                    text(&entry["actor"]),
+                    text(&entry["action"]),
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// Percent-encodes what is not unreserved in a URL component.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
