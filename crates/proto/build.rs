@@ -1,0 +1,13 @@
+//! Generates `spillway.v1` at build time with the vendored `protoc`, so no system protoc is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure().compile_with_config(
+        config,
+        &["proto/spillway/v1/control.proto"],
+        &["proto"],
+    )?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}
