@@ -390,12 +390,14 @@ async fn apply(
 
 #[derive(Debug, Deserialize, IntoParams)]
 struct AuditQuery {
-    /// The newest entries first, at most this many (default 100, at most 1000).
+    /// The newest entries first, at most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
 #[utoipa::path(get, path = "/v1/audit", security(("bearer" = [])), params(AuditQuery), responses(
     (status = 200, description = "Who changed what, when, from which version to which; newest first", body = Vec<AuditAnswer>),
+    (status = 400, description = "A limit out of range", body = Problem, content_type = "application/problem+json"),
     (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
 ))]
 async fn audit(
@@ -404,7 +406,12 @@ async fn audit(
     Query(query): Query<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
     state.user(&headers).await?;
-    let limit = query.limit.unwrap_or(100).min(1000);
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit {limit}: ask for 1 to 1000 entries"
+        )));
+    }
     let entries = state.store.audit(i64::from(limit)).await?;
     Ok(Json(json!(entries)))
 }
@@ -438,33 +445,49 @@ struct RuleBody {
     #[schema(example = "100/s")]
     limit: String,
     #[schema(minimum = 1)]
+    #[schema(nullable = false)]
     burst: Option<u64>,
+    #[schema(nullable = false)]
     burst_window: Option<String>,
     #[schema(example = "global")]
+    #[schema(nullable = false)]
     scope: Option<String>,
     #[schema(example = "enforce")]
+    #[schema(nullable = false)]
     mode: Option<String>,
     #[schema(example = "token-bucket")]
+    #[schema(nullable = false)]
     algorithm: Option<String>,
     #[schema(example = "local")]
+    #[schema(nullable = false)]
     store: Option<String>,
     /// A whole number, or `{ "header": "x-cost", "default": 1 }`.
+    #[schema(nullable = false)]
     cost: Option<Value>,
+    #[schema(nullable = false)]
     on_store_failure: Option<String>,
     /// Makes the rule an incident override that ends after this long, like `15m`.
+    #[schema(nullable = false)]
     ttl: Option<String>,
     /// Why, for the audit log.
+    #[schema(nullable = false)]
     reason: Option<String>,
 }
 
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct MatchBody {
+    #[schema(nullable = false)]
     caller: Option<String>,
+    #[schema(nullable = false)]
     procedure: Option<String>,
+    #[schema(nullable = false)]
     user: Option<String>,
+    #[schema(nullable = false)]
     org: Option<String>,
+    #[schema(nullable = false)]
     api_key: Option<String>,
+    #[schema(nullable = false)]
     ip: Option<String>,
 }
 
