@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 use spillway_rules::client::{Answer, Client, ClientError};
-use spillway_rules::{Role, Store, StoreError};
+use spillway_rules::{Budgets, Role, Store, StoreError};
 
 use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
 
@@ -54,13 +54,37 @@ fn store_failure(err: &StoreError) -> ExitCode {
     })
 }
 
+/// Modifications per UTC day: 10 for an admin (S3) and 1000 for a service account unless
+/// `SPILLWAY_RULES_ADMIN_BUDGET` or `SPILLWAY_RULES_SERVICE_BUDGET` say otherwise.
+fn budgets() -> Result<Budgets, ExitCode> {
+    let mut budgets = Budgets::default();
+    for (name, slot) in [
+        ("SPILLWAY_RULES_ADMIN_BUDGET", &mut budgets.admin),
+        ("SPILLWAY_RULES_SERVICE_BUDGET", &mut budgets.service),
+    ] {
+        if let Ok(text) = std::env::var(name) {
+            *slot = text.trim().parse().map_err(|_| {
+                eprintln!(
+                    "spillway rules serve: {name}={text:?} is not a whole number of modifications per day"
+                );
+                ExitCode::from(2)
+            })?;
+        }
+    }
+    Ok(budgets)
+}
+
 fn serve(listen: SocketAddr, database: &str) -> ExitCode {
+    let budgets = match budgets() {
+        Ok(budgets) => budgets,
+        Err(code) => return code,
+    };
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
     runtime.block_on(async {
-        let store = match Store::connect(database).await {
+        let store = match Store::connect_with(database, budgets).await {
             Ok(store) => store,
             Err(err) => return store_failure(&err),
         };
