@@ -145,6 +145,13 @@ pub enum RulesCommand {
         /// `sqlite://PATH` (embedded) or `postgres://...`.
         #[arg(long, default_value = "sqlite://spillway-rules.db")]
         database: String,
+        /// Modifications each admin may make per UTC day (S3).
+        #[arg(long, env = "SPILLWAY_RULES_ADMIN_BUDGET", default_value_t = 10)]
+        admin_budget: u32,
+        /// Modifications each service account (automation such as the configurator) may make per
+        /// UTC day; it applies whole files, so it gets more.
+        #[arg(long, env = "SPILLWAY_RULES_SERVICE_BUDGET", default_value_t = 1000)]
+        service_budget: u32,
     },
     /// Apply a whole configuration declaratively (one modification).
     Apply {

@@ -13,7 +13,19 @@ use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
 
 pub fn rules(command: RulesCommand) -> ExitCode {
     match command {
-        RulesCommand::Serve { listen, database } => serve(listen, &database),
+        RulesCommand::Serve {
+            listen,
+            database,
+            admin_budget,
+            service_budget,
+        } => serve(
+            listen,
+            &database,
+            Budgets {
+                admin: admin_budget,
+                service: service_budget,
+            },
+        ),
         RulesCommand::Apply {
             client,
             file,
@@ -54,31 +66,7 @@ fn store_failure(err: &StoreError) -> ExitCode {
     })
 }
 
-/// Modifications per UTC day: 10 for an admin (S3) and 1000 for a service account unless
-/// `SPILLWAY_RULES_ADMIN_BUDGET` or `SPILLWAY_RULES_SERVICE_BUDGET` say otherwise.
-fn budgets() -> Result<Budgets, ExitCode> {
-    let mut budgets = Budgets::default();
-    for (name, slot) in [
-        ("SPILLWAY_RULES_ADMIN_BUDGET", &mut budgets.admin),
-        ("SPILLWAY_RULES_SERVICE_BUDGET", &mut budgets.service),
-    ] {
-        if let Ok(text) = std::env::var(name) {
-            *slot = text.trim().parse().map_err(|_| {
-                eprintln!(
-                    "spillway rules serve: {name}={text:?} is not a whole number of modifications per day"
-                );
-                ExitCode::from(2)
-            })?;
-        }
-    }
-    Ok(budgets)
-}
-
-fn serve(listen: SocketAddr, database: &str) -> ExitCode {
-    let budgets = match budgets() {
-        Ok(budgets) => budgets,
-        Err(code) => return code,
-    };
+fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
