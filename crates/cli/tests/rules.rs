@@ -1,0 +1,234 @@
+//! `spillway rules ...` end to end through the real binary: bootstrap users in an SQLite store,
+//! serve the REST API on a loopback port, and drive it with the admin client commands.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SPILLWAY: &str = env!("CARGO_BIN_EXE_spillway");
+
+fn workspace_file(relative: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative)
+        .display()
+        .to_string()
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(SPILLWAY)
+        .args(args)
+        .env_remove("SPILLWAY_TOKEN")
+        .output()
+        .expect("spillway runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn create_user(database: &str, name: &str, role: &str) -> String {
+    let output = run(&[
+        "rules",
+        "admin",
+        "create",
+        name,
+        "--role",
+        role,
+        "--database",
+        database,
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let token = stdout(&output).trim().to_owned();
+    assert!(
+        token.starts_with("spw_"),
+        "a token, printed once: {token:?}"
+    );
+    assert!(
+        !stderr(&output).contains(&token),
+        "the token goes to stdout only"
+    );
+    token
+}
+
+/// The rules service as a child process, stopped with SIGTERM when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(database: &str) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new(SPILLWAY)
+            .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database", database])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rules serve starts");
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !healthy(port) {
+            assert!(
+                Instant::now() < deadline,
+                "rules serve never became healthy"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn client(&self, token: Option<&str>, args: &[&str]) -> Output {
+        let mut command = Command::new(SPILLWAY);
+        command
+            .arg("rules")
+            .args(args)
+            .args(["--server", &self.url]);
+        command.env_remove("SPILLWAY_TOKEN");
+        if let Some(token) = token {
+            command.env("SPILLWAY_TOKEN", token);
+        }
+        command.output().expect("spillway runs")
+    }
+
+    /// SIGTERM, then the exit status (bounded wait).
+    fn stop(mut self) -> std::process::ExitStatus {
+        terminate(&self.child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "rules serve ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn terminate(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("rules.db").display());
+    let admin = create_user(&database, "alice", "admin");
+    let viewer = create_user(&database, "victor", "viewer");
+    let server = Server::start(&database);
+    let minimal = workspace_file("examples/minimal.yaml");
+
+    // A dry run shows what would be created and changes nothing.
+    let dry = server.client(Some(&admin), &["apply", "-f", &minimal, "--dry-run"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert!(
+        stdout(&dry).contains("+ orders/all-callers"),
+        "{}",
+        stdout(&dry)
+    );
+    assert!(stdout(&dry).contains("dry run: nothing changed"));
+    let listed = server.client(Some(&admin), &["list"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert_eq!(stdout(&listed).trim(), "", "the dry run stored nothing");
+
+    let applied = server.client(Some(&admin), &["apply", "-f", &minimal]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    assert!(stdout(&applied).contains("applied: rules version"));
+
+    // Applying the same file again is not a modification.
+    let again = server.client(Some(&admin), &["apply", "-f", &minimal]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(stdout(&again).contains("nothing to apply"));
+
+    // The viewer reads but may not write.
+    let listed = server.client(Some(&viewer), &["list", "--service", "orders"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let line = stdout(&listed);
+    assert!(line.contains("orders/all-callers"), "{line}");
+    assert!(line.contains("1000/s"), "{line}");
+    let id = line.split_whitespace().next().unwrap().to_owned();
+    let refused = server.client(Some(&viewer), &["delete", &id]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("403"), "{}", stderr(&refused));
+
+    // No token at all.
+    let anonymous = server.client(None, &["list"]);
+    assert_eq!(anonymous.status.code(), Some(1));
+    assert!(stderr(&anonymous).contains("401"), "{}", stderr(&anonymous));
+
+    // A broken file is bad configuration: exit 2 with core's message.
+    let broken = workspace_file("crates/core/tests/broken/limit-zero.yaml");
+    let rejected = server.client(Some(&admin), &["apply", "-f", &broken]);
+    assert_eq!(rejected.status.code(), Some(2), "{}", stderr(&rejected));
+    assert!(
+        stderr(&rejected).contains("the count must be at least 1"),
+        "{}",
+        stderr(&rejected)
+    );
+
+    let shown = server.client(Some(&admin), &["get", &id]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let rule: serde_json::Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(rule["id"], id.as_str());
+    assert_eq!(rule["name"], "all-callers");
+
+    let deleted = server.client(Some(&admin), &["delete", &id]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    let listed = server.client(Some(&admin), &["list"]);
+    assert_eq!(stdout(&listed).trim(), "");
+
+    // The audit log names who did what: one apply, one delete, nothing for the refusals.
+    let history = server.client(Some(&viewer), &["history"]);
+    assert!(history.status.success(), "{}", stderr(&history));
+    let lines: Vec<String> = stdout(&history).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("alice") && l.contains("apply"))
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("alice") && l.contains("delete"))
+    );
+
+    assert!(server.stop().success(), "SIGTERM stops the service cleanly");
+}
