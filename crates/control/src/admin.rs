@@ -1,0 +1,104 @@
+//! The admin listener of aggregators and controllers: `/healthz`, `/readyz`, `/metrics`
+//! (Prometheus text) and, on a controller, `/v1/hosts` (which host runs which rules version).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::error::ControlError;
+use crate::net::Stop;
+
+/// What a component shows on its admin listener.
+pub(crate) trait AdminView: Send + Sync + 'static {
+    /// `Ok(detail)` when ready to serve, `Err(why not)` otherwise.
+    fn ready(&self) -> Result<String, String>;
+    /// The Prometheus text exposition.
+    fn metrics(&self) -> String;
+    /// A JSON document for another path, if the component serves one there.
+    fn json(&self, path: &str) -> Option<String>;
+}
+
+/// Binds `addr` and serves until `stop` fires.
+pub(crate) async fn start(
+    addr: SocketAddr,
+    view: Arc<dyn AdminView>,
+    mut stop: Stop,
+) -> Result<(SocketAddr, JoinHandle<()>), ControlError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ControlError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ControlError::Bind { addr, source })?;
+    let task = tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => continue,
+                },
+                _ = stop.changed() => return,
+            };
+            let view = view.clone();
+            let service = service_fn(move |request| {
+                let view = view.clone();
+                async move { Ok::<_, Infallible>(route(view.as_ref(), &request)) }
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        }
+    });
+    Ok((local, task))
+}
+
+fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let answer = |status: StatusCode, body: String, content_type: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        response
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET\n".into(),
+            "text/plain",
+        );
+    }
+    match request.uri().path() {
+        "/healthz" => answer(StatusCode::OK, "ok\n".into(), "text/plain"),
+        "/readyz" => match view.ready() {
+            Ok(detail) => answer(StatusCode::OK, format!("ready: {detail}\n"), "text/plain"),
+            Err(why) => answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+                "text/plain",
+            ),
+        },
+        "/metrics" => answer(
+            StatusCode::OK,
+            view.metrics(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        path => match view.json(path) {
+            Some(body) => answer(StatusCode::OK, body, "application/json"),
+            None => answer(
+                StatusCode::NOT_FOUND,
+                "not found; try /healthz, /readyz, /metrics or /v1/hosts\n".into(),
+                "text/plain",
+            ),
+        },
+    }
+}

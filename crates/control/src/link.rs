@@ -1,0 +1,381 @@
+//! The client side of the control plane: a rate-limit client (the sidecar, or any embedder of
+//! `spillway-client`) reports to its zone's aggregator and applies what comes back.
+//!
+//! [`ClientLink`] owns the stream. Every interval, at the wall-clock boundary, it asks a
+//! [`ReportSource`] for the counts since the previous call and sends them; every instruction set
+//! and every new rules snapshot it receives goes to an [`InstructionSink`]. When the aggregator
+//! is gone it reconnects with capped, jittered backoff; meanwhile nothing renews the
+//! instructions, so the sink's expiry makes the client fail open (G9).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use spillway_core::algo::{Ratio, Share};
+use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::error::ControlError;
+use crate::net::{self, Stop, sleep_or_stop};
+use crate::timing::{Backoff, Interval, now_ms};
+
+/// One bucket's counts since the previous report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketReport {
+    pub service: String,
+    pub bucket: String,
+    /// Everything that arrived, dropped or not.
+    pub offered: u64,
+    pub allowed: u64,
+    pub shadow_dropped: u64,
+}
+
+/// Where the link gets its counts (the sidecar: its client's striped counters).
+pub trait ReportSource: Send + Sync + 'static {
+    /// Counts of every control-plane bucket since the previous call. The link calls it once when
+    /// a stream opens (to start counting afresh) and then once per interval.
+    fn report(&self) -> Vec<BucketReport>;
+}
+
+/// What the controller says about one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instruction<'a> {
+    pub service: &'a str,
+    pub bucket: &'a str,
+    /// For drop-ratio buckets: drop this share of requests (G8).
+    pub drop_ratio: Ratio,
+    /// For adaptive-token-bucket buckets: this host's share of the limit (G10).
+    pub share: Option<Share>,
+}
+
+/// Where the link delivers what it receives (the sidecar: its client's instruction table).
+pub trait InstructionSink: Send + Sync + 'static {
+    /// New rules (the YAML of SPEC §2) as version `version`. On an error the client keeps its
+    /// rules and the link keeps reporting the old version, which the controller shows.
+    fn apply_rules(
+        &self,
+        version: u64,
+        yaml: &str,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    /// One instruction, valid for `ttl` from now; after that the client fails open unless a
+    /// newer one came.
+    fn apply(&self, instruction: Instruction<'_>, ttl: Duration);
+}
+
+/// Who the client is and where it reports.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// The zone's aggregator, for example `http://127.0.0.1:7101`.
+    pub aggregator: String,
+    pub host_id: String,
+    pub region: String,
+    pub zone: String,
+    /// The interval to report at until the controller says otherwise.
+    pub interval: Duration,
+    /// The rules version the client starts with (its last good rules from disk), 0 for none.
+    pub rules_version: u64,
+    pub backoff: Backoff,
+}
+
+impl LinkOptions {
+    /// Options with a 1 s interval, no rules yet and the default backoff.
+    pub fn new(
+        aggregator: impl Into<String>,
+        host_id: impl Into<String>,
+        region: impl Into<String>,
+        zone: impl Into<String>,
+    ) -> Self {
+        Self {
+            aggregator: aggregator.into(),
+            host_id: host_id.into(),
+            region: region.into(),
+            zone: zone.into(),
+            interval: Duration::from_secs(1),
+            rules_version: 0,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// The link's state, readable from anywhere (metrics, readiness).
+#[derive(Debug, Default)]
+pub struct LinkStatus {
+    connected: AtomicBool,
+    rules_version: AtomicU64,
+    interval_ms: AtomicU64,
+    last_instructions_ms: AtomicU64,
+    connects: AtomicU64,
+    reports: AtomicU64,
+}
+
+impl LinkStatus {
+    /// True while a stream to the aggregator is open (`spillway_control_plane_connected`).
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The rules version the client runs, as reported upward.
+    pub fn rules_version(&self) -> u64 {
+        self.rules_version.load(Ordering::Relaxed)
+    }
+
+    /// The report interval in force.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Relaxed))
+    }
+
+    /// When instructions last arrived, Unix milliseconds (0: never).
+    pub fn last_instructions_ms(&self) -> u64 {
+        self.last_instructions_ms.load(Ordering::Relaxed)
+    }
+
+    /// Streams opened so far (the first connection included).
+    pub fn connects(&self) -> u64 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    /// Reports sent so far.
+    pub fn reports(&self) -> u64 {
+        self.reports.load(Ordering::Relaxed)
+    }
+}
+
+/// A running link; dropping it without [`ClientLink::shutdown`] aborts it.
+pub struct ClientLink {
+    status: Arc<LinkStatus>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ClientLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientLink")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientLink {
+    /// Starts the link on the current tokio runtime. Fails only on an unusable URL; an
+    /// unreachable aggregator is retried forever.
+    pub fn spawn(
+        options: LinkOptions,
+        source: Arc<dyn ReportSource>,
+        sink: Arc<dyn InstructionSink>,
+    ) -> Result<Self, ControlError> {
+        let endpoint = net::endpoint(&options.aggregator)?;
+        let status = Arc::new(LinkStatus::default());
+        status
+            .rules_version
+            .store(options.rules_version, Ordering::Relaxed);
+        status
+            .interval_ms
+            .store(Interval::new(options.interval).ms(), Ordering::Relaxed);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(
+            Link {
+                options,
+                endpoint,
+                status: status.clone(),
+                source,
+                sink,
+            },
+            stop_rx,
+        ));
+        Ok(Self {
+            status,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub fn status(&self) -> Arc<LinkStatus> {
+        self.status.clone()
+    }
+
+    pub fn connected(&self) -> bool {
+        self.status.connected()
+    }
+
+    /// Sends what was counted since the last report and closes the stream.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ClientLink {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+struct Link {
+    options: LinkOptions,
+    endpoint: Endpoint,
+    status: Arc<LinkStatus>,
+    source: Arc<dyn ReportSource>,
+    sink: Arc<dyn InstructionSink>,
+}
+
+async fn run(link: Link, mut stop: Stop) {
+    let mut backoff = link.options.backoff.clone();
+    loop {
+        match link.session(&mut stop, &mut backoff).await {
+            Ok(()) => return,
+            Err(reason) => {
+                link.status.connected.store(false, Ordering::Relaxed);
+                tracing::warn!(aggregator = %link.options.aggregator, "control-plane link down: {reason}");
+            }
+        }
+        if sleep_or_stop(backoff.next_delay(), &mut stop).await {
+            return;
+        }
+    }
+}
+
+impl Link {
+    /// One stream, from connecting to its end: `Ok` when stopped, `Err` when lost.
+    async fn session(&self, stop: &mut Stop, backoff: &mut Backoff) -> Result<(), String> {
+        if net::stopped(stop) {
+            return Ok(());
+        }
+        let channel = tokio::select! {
+            c = self.endpoint.connect() => c.map_err(|e| format!("cannot connect: {e}"))?,
+            _ = stop.changed() => return Ok(()),
+        };
+        let mut client = v1::aggregator_client::AggregatorClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel::<v1::Report>(4);
+        let mut inbound = client
+            .link(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| format!("the aggregator refused the stream: {}", s.message()))?
+            .into_inner();
+        self.status.connected.store(true, Ordering::Relaxed);
+        self.status.connects.fetch_add(1, Ordering::Relaxed);
+        backoff.reset();
+        tracing::info!(aggregator = %self.options.aggregator, "control-plane link up");
+
+        // Whatever was counted while disconnected is no rate of any one interval: start afresh.
+        self.source.report();
+        let mut counted_since = Instant::now();
+        let mut interval = self.interval();
+        let mut due = interval.sequence_at(now_ms());
+        loop {
+            let wait = interval.end_of(due).saturating_sub(now_ms());
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(wait)) => {
+                    let report = self.report(due, interval, counted_since.elapsed());
+                    counted_since = Instant::now();
+                    tx.send(report).await.map_err(|_| "the stream closed".to_owned())?;
+                    self.status.reports.fetch_add(1, Ordering::Relaxed);
+                    due = (due + 1).max(interval.sequence_at(now_ms()));
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(instructions)) => {
+                        self.receive(instructions);
+                        let now = self.interval();
+                        if now != interval {
+                            interval = now;
+                            due = interval.sequence_at(now_ms());
+                        }
+                    }
+                    Ok(None) => return Err("the aggregator ended the stream".into()),
+                    Err(status) => return Err(format!("stream error: {}", status.message())),
+                },
+                _ = stop.changed() => {
+                    // Flush the partial interval so a stopping host's last requests are counted.
+                    let report = self.report(due, interval, counted_since.elapsed());
+                    let _ = tx.try_send(report);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn interval(&self) -> Interval {
+        Interval::from_ms(self.status.interval_ms.load(Ordering::Relaxed))
+    }
+
+    /// The report of interval `sequence`, its counts scaled from the `elapsed` time they cover
+    /// to one interval: the aggregator sums rates, and a stream that opened 300 ms before a 1 s
+    /// boundary covered only 300 ms.
+    fn report(&self, sequence: u64, interval: Interval, elapsed: Duration) -> v1::Report {
+        let elapsed = elapsed.as_secs_f64().max(0.001);
+        let scale = |n: u64| (n as f64 * interval.secs() / elapsed).round() as u64;
+        v1::Report {
+            host_id: self.options.host_id.clone(),
+            zone: self.options.zone.clone(),
+            region: self.options.region.clone(),
+            rules_version: self.status.rules_version(),
+            sequence,
+            interval_ms: interval.ms(),
+            buckets: self
+                .source
+                .report()
+                .into_iter()
+                .map(|b| v1::BucketCounts {
+                    service: b.service,
+                    bucket: b.bucket,
+                    offered: scale(b.offered),
+                    allowed: scale(b.allowed),
+                    shadow_dropped: scale(b.shadow_dropped),
+                })
+                .collect(),
+        }
+    }
+
+    fn receive(&self, instructions: v1::Instructions) {
+        // Rules first: the instructions may name buckets that only the new rules have.
+        if let Some(rules) = &instructions.rules
+            && rules.version != self.status.rules_version()
+        {
+            match self.sink.apply_rules(rules.version, &rules.yaml) {
+                Ok(()) => {
+                    self.status
+                        .rules_version
+                        .store(rules.version, Ordering::Relaxed);
+                    tracing::info!(
+                        version = rules.version,
+                        "rules from the control plane applied"
+                    );
+                }
+                Err(err) => tracing::error!(
+                    version = rules.version,
+                    "rules from the control plane refused, keeping version {}: {err}",
+                    self.status.rules_version()
+                ),
+            }
+        }
+        let ttl = Duration::from_millis(instructions.ttl_ms);
+        for b in &instructions.buckets {
+            self.sink.apply(
+                Instruction {
+                    service: &b.service,
+                    bucket: &b.bucket,
+                    drop_ratio: Ratio::from_raw(b.drop_ratio),
+                    share: b.share.map(Ratio::from_raw),
+                },
+                ttl,
+            );
+        }
+        if instructions.interval_ms > 0 {
+            self.status.interval_ms.store(
+                Interval::from_ms(instructions.interval_ms).ms(),
+                Ordering::Relaxed,
+            );
+        }
+        self.status
+            .last_instructions_ms
+            .store(now_ms(), Ordering::Relaxed);
+    }
+}
