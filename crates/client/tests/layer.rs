@@ -1,0 +1,57 @@
+//! The tower layer: admitted requests reach the inner service, dropped ones come back as
+//! `Limited` without reaching it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use spillway_client::{Client, Limited, RateLimitLayer};
+use spillway_core::config::load_str;
+use tower_layer::Layer;
+use tower_service::Service;
+
+#[tokio::test]
+async fn the_layer_passes_admitted_requests_and_refuses_dropped_ones() {
+    let config = load_str(
+        "version: 1\nservices:\n  api:\n    buckets:\n      - { name: per-user, match: { user: \"*\" }, limit: 2/h, algorithm: token-bucket }\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let client = Arc::new(Client::new(config).unwrap());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut service = RateLimitLayer::new(client).layer(Counting(calls.clone()));
+    let request = |user: &str| {
+        http::Request::get("/search")
+            .header("x-user-id", user)
+            .body(())
+            .unwrap()
+    };
+    assert_eq!(service.call(request("alice")).await.unwrap(), "handled");
+    assert_eq!(service.call(request("alice")).await.unwrap(), "handled");
+    let err = service.call(request("alice")).await.unwrap_err();
+    let limited = err.downcast_ref::<Limited>().expect("a Limited error");
+    assert_eq!(limited.bucket, "per-user");
+    assert_eq!(service.call(request("bob")).await.unwrap(), "handled");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// The inner service: counts the requests that reach it.
+struct Counting(Arc<AtomicUsize>);
+
+impl Service<http::Request<()>> for Counting {
+    type Response = &'static str;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<&'static str, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<()>) -> Self::Future {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok("handled"))
+    }
+}
