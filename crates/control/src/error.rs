@@ -6,6 +6,8 @@ use std::path::PathBuf;
 pub enum ControlError {
     #[error("{0}")]
     Config(#[from] spillway_core::config::ConfigError),
+    #[error("cannot render the rules as YAML: {0}")]
+    Render(String),
     #[error("cannot read {}: {source}", path.display())]
     Read {
         path: PathBuf,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use spillway_core::config::{self, Config};
+use spillway_core::config::{self, Config, ConfigFile};
 use tokio::sync::watch;
 
 use crate::error::ControlError;
@@ -32,6 +32,15 @@ impl RulesSnapshot {
             yaml: yaml.into(),
             config: Arc::new(config),
         })
+    }
+}
+
+impl RulesSnapshot {
+    /// The rules of a store (the rules service's), given as the file model, as version
+    /// `version`: rendered to YAML once, so clients receive the same text they would from a file.
+    pub fn from_model(version: u64, file: &ConfigFile) -> Result<Self, ControlError> {
+        let yaml = yaml_serde::to_string(file).map_err(|e| ControlError::Render(e.to_string()))?;
+        Self::parse(version, &yaml, "the rules store")
     }
 }
 
@@ -164,6 +173,14 @@ mod tests {
         let err = rules.poll().unwrap_err().to_string();
         assert!(err.contains("rules.yaml:2:11"), "{err}");
         assert_eq!(rules.current().version, second.version);
+    }
+
+    #[test]
+    fn a_model_renders_to_the_yaml_it_came_from() {
+        let file: ConfigFile = yaml_serde::from_str(ONE).unwrap();
+        let rules = RulesSnapshot::from_model(7, &file).unwrap();
+        assert_eq!(rules.version, 7);
+        assert_eq!(*rules.config, config::load_str(ONE, "one.yaml").unwrap());
     }
 
     /// Moves the file's modification time forward so the edit is seen even on coarse clocks.

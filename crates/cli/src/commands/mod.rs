@@ -2,6 +2,7 @@
 //! usage or bad configuration.
 
 mod check;
+mod control;
 mod proxy;
 mod rules;
 
@@ -30,8 +31,8 @@ pub fn run(command: Command) -> ExitCode {
         Command::Demo { .. } => not_available("demo", "the control-plane issue"),
         Command::Up { .. } => not_available("up", "the control-plane issue"),
         Command::Proxy(args) => proxy::proxy(args),
-        Command::Aggregator(_) => not_available("aggregator", "the control-plane issue"),
-        Command::Controller(_) => not_available("controller", "the control-plane issue"),
+        Command::Aggregator(args) => control::aggregator(args),
+        Command::Controller(args) => control::controller(args),
         Command::Rules { command } => rules::rules(command),
         Command::Sim(_) => not_available("sim", "the simulator issue"),
     }
