@@ -298,6 +298,36 @@ async fn a_rule_change_reaches_every_client_and_the_controllers_show_it_live_eve
     fleet.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_token_bucket_shares_follow_each_hosts_part_of_the_global_load() {
+    let yaml = config(
+        200,
+        1000,
+        &["{ name: adaptive, limit: 1000/s, scope: global, algorithm: adaptive-token-bucket }"],
+    );
+    let fleet = Fleet::start(&yaml, INTERVAL, 2, 2, 1).await;
+    fleet.wait_linked().await;
+    // 500/s in all: each host's share is its part of it (G10).
+    let rates = [250.0, 125.0, 75.0, 50.0];
+    for (client, rate) in fleet.clients.iter().zip(rates) {
+        client.set_rate("adaptive", rate);
+    }
+    wait_for(
+        3 * INTERVAL,
+        "every host's share is its offered / global offered",
+        || {
+            fleet.clients.iter().zip(rates).all(|(c, rate)| {
+                c.share("adaptive")
+                    .is_some_and(|share| close(share, rate / 500.0, 0.02))
+            })
+        },
+    )
+    .await;
+    // An adaptive bucket is never sent a drop ratio: its shares do the limiting.
+    assert!(fleet.clients.iter().all(|c| c.ratio("adaptive") == 0.0));
+    fleet.shutdown().await;
+}
+
 /// Polls `/v1/hosts` until `accept` holds (at most 2 s) and returns the document.
 async fn wait_json(
     admin: std::net::SocketAddr,
