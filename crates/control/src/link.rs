@@ -6,6 +6,16 @@
 //! and every new rules snapshot it receives goes to an [`InstructionSink`]. When the aggregator
 //! is gone it reconnects with capped, jittered backoff; meanwhile nothing renews the
 //! instructions, so the sink's expiry makes the client fail open (G9).
+//!
+//! How a `spillway-client` embedder plugs in:
+//! ```text
+//! ReportSource::report   -> Client::stats(), minus the counters of the previous call, for the
+//!                           drop-ratio and adaptive-token-bucket buckets
+//! InstructionSink::apply -> Client::set_drop_ratio(service, bucket, drop_ratio, ttl), and the
+//!                           bucket's AdaptiveTokenBucket::set_share for a share
+//! apply_rules            -> config::load_str(yaml) then Client::reload, persisted to disk
+//! LinkStatus::connected  -> spillway_control_plane_connected
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
