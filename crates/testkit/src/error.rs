@@ -40,6 +40,9 @@ pub enum Error {
     /// The sentinels give an answer the harness cannot use.
     #[error("the sentinels {0}")]
     Sentinels(String),
+    /// A cluster could not be formed.
+    #[error("redis cluster: {0}")]
+    Cluster(String),
     /// Something the harness waits for (a failover, say) did not happen in time.
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout { what: String, after: Duration },

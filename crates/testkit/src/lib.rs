@@ -1,4 +1,4 @@
-//! Test support: private Redis, Sentinel and PostgreSQL instances on free loopback ports.
+//! Test support: private Redis, Sentinel, Cluster and PostgreSQL instances on free loopback ports.
 //!
 //! Every instance lives in its own temporary folder, listens on `127.0.0.1` on a port picked
 //! free, and is killed and its folder removed when the value is dropped, so a test may crash or
@@ -12,6 +12,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod error;
 mod postgres;
 mod process;
@@ -19,6 +20,7 @@ mod redis;
 mod resp;
 mod sentinel;
 
+pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::{Error, Result};
 pub use postgres::{Postgres, PostgresOptions};
 pub use process::STARTUP_TIMEOUT;

@@ -8,13 +8,16 @@ use std::process::Command;
 use tempfile::TempDir;
 
 use crate::error::{Error, Result};
-use crate::process::{Process, STARTUP_TIMEOUT, StartFailure, find_on_path, on_free_port};
+use crate::process::{
+    Process, STARTUP_TIMEOUT, StartFailure, find_on_path, free_port, on_free_port,
+};
 use crate::resp::{self, Reply};
 
 /// How a [`RedisServer`] is started.
 #[derive(Debug, Clone, Default)]
 pub struct RedisOptions {
     replica_of: Option<SocketAddr>,
+    cluster: bool,
     args: Vec<String>,
 }
 
@@ -22,6 +25,14 @@ impl RedisOptions {
     /// Starts the server as a replica of `primary` (`--replicaof`).
     pub fn replica_of(mut self, primary: SocketAddr) -> Self {
         self.replica_of = Some(primary);
+        self
+    }
+
+    /// Starts the server in cluster mode (`--cluster-enabled yes`), with its cluster bus on a
+    /// second free port rather than the default port + 10000, which may be taken or above 65535.
+    /// It starts with no slots: [`crate::RedisCluster`] assigns them and introduces the nodes.
+    pub fn cluster(mut self) -> Self {
+        self.cluster = true;
         self
     }
 
@@ -36,6 +47,7 @@ impl RedisOptions {
 /// and the folder removed on drop.
 pub struct RedisServer {
     port: u16,
+    bus_port: Option<u16>,
     options: RedisOptions,
     program: PathBuf,
     process: Process,
@@ -56,11 +68,18 @@ impl RedisServer {
             .prefix("spillway-redis-")
             .tempdir()
             .map_err(|e| Error::io("creating a temporary folder for redis-server", e))?;
-        let (port, process) = on_free_port(|port| {
-            spawn_ready(&program, dir.path(), port, &options).map(|process| (port, process))
+        let (port, bus_port, process) = on_free_port(|port| {
+            let bus_port = if options.cluster {
+                Some(other_free_port(port)?)
+            } else {
+                None
+            };
+            spawn_ready(&program, dir.path(), port, bus_port, &options)
+                .map(|process| (port, bus_port, process))
         })?;
         Ok(RedisServer {
             port,
+            bus_port,
             options,
             program,
             process,
@@ -71,6 +90,11 @@ impl RedisServer {
     /// The port the server listens on, which stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The cluster bus port, for a server started in cluster mode.
+    pub fn cluster_bus_port(&self) -> Option<u16> {
+        self.bus_port
     }
 
     /// `127.0.0.1:PORT`.
@@ -102,8 +126,14 @@ impl RedisServer {
     /// is still running. Fails if another process took the port meanwhile.
     pub fn restart(&mut self) -> Result<()> {
         self.process.kill();
-        self.process = spawn_ready(&self.program, self.dir.path(), self.port, &self.options)
-            .map_err(|failure| failure.error)?;
+        self.process = spawn_ready(
+            &self.program,
+            self.dir.path(),
+            self.port,
+            self.bus_port,
+            &self.options,
+        )
+        .map_err(|failure| failure.error)?;
         Ok(())
     }
 
@@ -127,11 +157,23 @@ pub(crate) fn pings(addr: SocketAddr) -> bool {
     matches!(resp::command(addr, &["PING"]), Ok(Reply::Status(pong)) if pong == "PONG")
 }
 
-/// Spawns `redis-server` on `port` and waits until it answers `PING`.
+/// A free port other than `taken`, which was free a moment ago too.
+fn other_free_port(taken: u16) -> Result<u16> {
+    loop {
+        let port = free_port()?;
+        if port != taken {
+            return Ok(port);
+        }
+    }
+}
+
+/// Spawns `redis-server` on `port` (and its cluster bus on `bus_port`, in cluster mode) and
+/// waits until it answers `PING`.
 fn spawn_ready(
     program: &Path,
     dir: &Path,
     port: u16,
+    bus_port: Option<u16>,
     options: &RedisOptions,
 ) -> std::result::Result<Process, StartFailure> {
     let mut command = Command::new(program);
@@ -151,10 +193,21 @@ fn spawn_ready(
             &primary.port().to_string(),
         ]);
     }
+    if let Some(bus_port) = bus_port {
+        // The node writes its identity and view of the cluster to nodes.conf in its own folder,
+        // so a restarted node rejoins as itself. A short node timeout lets a test see a killed
+        // node marked failed within seconds (Redis's default is 15 s).
+        command
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-port", &bus_port.to_string()])
+            .args(["--cluster-config-file", "nodes.conf"])
+            .args(["--cluster-node-timeout", "2000"]);
+    }
     command.args(&options.args).current_dir(dir);
-    let what = match options.replica_of {
-        Some(primary) => format!("redis-server on port {port} (replica of {primary})"),
-        None => format!("redis-server on port {port}"),
+    let what = match (options.replica_of, bus_port) {
+        (Some(primary), _) => format!("redis-server on port {port} (replica of {primary})"),
+        (None, Some(bus)) => format!("redis-server on port {port} (cluster bus on {bus})"),
+        (None, None) => format!("redis-server on port {port}"),
     };
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     Process::spawn(command, what, &dir.join("redis.log"))?.started(STARTUP_TIMEOUT, || pings(addr))
