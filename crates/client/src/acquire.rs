@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::identity::Headers;
+use crate::rules::Step;
 
 /// Why [`Client::acquire`] gave up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,7 +39,10 @@ impl Client {
     ) -> Result<Decision, AcquireError> {
         loop {
             let rules = self.rules();
-            let decision = rules.decide(self.now(), attrs, headers);
+            let decision = match rules.begin(self.now(), attrs, headers) {
+                Step::Done(decision) => decision,
+                Step::Redis(pending) => rules.finish(pending).await,
+            };
             let Decision::Drop {
                 bucket,
                 retry_after,

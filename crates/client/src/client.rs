@@ -13,10 +13,11 @@ use spillway_core::counters::Snapshot;
 use spillway_core::decision::{Decision, Mode};
 use spillway_core::limit::Limit;
 use spillway_core::pattern::RequestAttrs;
+use spillway_redis::BreakerStats;
 
 use crate::error::{ClientError, InstructionError};
 use crate::identity::Headers;
-use crate::rules::{self, Limiters, Rules};
+use crate::rules::{self, Limiters, Rules, Step};
 use crate::subjects::DEFAULT_MAX_SUBJECTS;
 
 /// The rate-limit client of one process: decides requests against the rules in force.
@@ -97,9 +98,31 @@ impl Client {
         self.clock.now()
     }
 
-    /// Decides a request now, against the rules in force.
+    /// Decides a request now, against the rules in force, without waiting: a `store: redis`
+    /// bucket is decided by its `on_store_failure` (see [`Rules::decide`]); use
+    /// [`Client::decide_async`] when the rules have such buckets.
     pub fn decide<H: Headers + ?Sized>(&self, attrs: &RequestAttrs<'_>, headers: &H) -> Decision {
         self.rules.load().decide(self.clock.now(), attrs, headers)
+    }
+
+    /// Decides a request now, against the rules in force, asking Redis for the `store: redis`
+    /// buckets it matches. Waits only for those; any other request is decided at once.
+    pub async fn decide_async<H: Headers + ?Sized>(
+        &self,
+        attrs: &RequestAttrs<'_>,
+        headers: &H,
+    ) -> Decision {
+        let rules = self.rules.load_full();
+        match rules.begin(self.clock.now(), attrs, headers) {
+            Step::Done(decision) => decision,
+            Step::Redis(pending) => rules.finish(pending).await,
+        }
+    }
+
+    /// The Redis store's circuit breaker (`spillway_circuit_state`, `spillway_store_errors_total`),
+    /// when the rules have a `redis` section.
+    pub fn store_stats(&self) -> Option<BreakerStats> {
+        self.rules.load().store().map(|store| store.stats())
     }
 
     /// Replaces the rules with `config`, keeping the state of unchanged buckets. On an error the

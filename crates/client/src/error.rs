@@ -3,6 +3,7 @@
 
 use spillway_core::algo::ParamError;
 use spillway_core::config::ConfigError;
+use spillway_redis::{StoreError, UnsupportedAlgorithm};
 
 /// Why rules were not loaded or compiled. The old rules, if any, stay in force.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +19,22 @@ pub enum ClientError {
         #[source]
         source: ParamError,
     },
+    /// A `store: redis` bucket uses an algorithm that has no Redis script.
+    #[error("service {service}, bucket {bucket}: {source}")]
+    ExactAlgorithm {
+        service: String,
+        bucket: String,
+        #[source]
+        source: UnsupportedAlgorithm,
+    },
+    /// The `redis` section names a server that cannot be addressed.
+    #[error("redis: {0}")]
+    Redis(#[source] StoreError),
+    /// Redis Cluster is not supported by the store yet.
+    #[error(
+        "redis: cluster is not supported yet; use `url: redis://HOST:PORT` or `sentinel: {{ master: NAME, nodes: [...] }}`"
+    )]
+    RedisCluster,
 }
 
 /// Why an instruction from the control plane was not applied.

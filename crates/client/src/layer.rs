@@ -5,6 +5,11 @@
 //! the application maps it to its own 429 or `RESOURCE_EXHAUSTED` (with axum, in a
 //! `HandleErrorLayer`). The peer address is not known at this layer, so `identity` sources of
 //! `peer` find nothing; read the client address from a header (`ip: header:x-forwarded-for`).
+//!
+//! A request that matches only in-memory buckets is decided in `call` and costs no allocation;
+//! one that matches a `store: redis` bucket waits for Redis in the response future, then calls
+//! the inner service (which is why the service must be `Clone`, as tower's own buffering layers
+//! ask).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,11 +17,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use spillway_core::decision::Decision;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::client::Client;
+use crate::rules::{Rules, Step};
 
 /// The error type of [`RateLimit`]: the inner service's errors and [`Limited`], boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -62,12 +69,12 @@ pub struct RateLimit<S> {
 
 impl<S, B> Service<http::Request<B>> for RateLimit<S>
 where
-    S: Service<http::Request<B>>,
+    S: Service<http::Request<B>> + Clone,
     S::Error: Into<BoxError>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, http::Request<B>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -78,49 +85,102 @@ where
         let attrs = rules
             .identity()
             .attrs(request.uri().path(), request.headers(), None);
-        match rules.decide(self.client.now(), &attrs, request.headers()) {
-            Decision::Drop {
-                bucket,
-                retry_after,
-            } => {
-                let (service, bucket) = rules
-                    .bucket(bucket)
-                    .map(|b| (b.service().to_owned(), b.name().to_owned()))
-                    .unwrap_or_default();
-                ResponseFuture::Limited(Some(Limited {
-                    service,
-                    bucket,
-                    retry_after,
-                }))
-            }
-            Decision::Allow | Decision::ShadowDrop { .. } => {
-                ResponseFuture::Inner(Box::pin(self.inner.call(request)))
+        match rules.begin(self.client.now(), &attrs, request.headers()) {
+            Step::Done(decision) => match limited(&rules, decision) {
+                Some(limited) => ResponseFuture::Limited {
+                    limited: Some(limited),
+                },
+                None => ResponseFuture::Inner {
+                    future: self.inner.call(request),
+                },
+            },
+            Step::Redis(pending) => {
+                // The service polled ready is the one to call; a clone takes its place here.
+                let clone = self.inner.clone();
+                let service = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::Checking {
+                    check: Box::pin(async move {
+                        let decision = rules.finish(pending).await;
+                        limited(&rules, decision)
+                    }),
+                    call: Some((service, request)),
+                }
             }
         }
     }
 }
 
-/// The future of [`RateLimit`]: the inner service's, or an immediate [`Limited`].
-pub enum ResponseFuture<F> {
-    // Boxed so the future can be polled without pin projection (and without unsafe).
-    Inner(Pin<Box<F>>),
-    Limited(Option<Limited>),
+/// The [`Limited`] error of a decision that drops.
+fn limited(rules: &Rules, decision: Decision) -> Option<Limited> {
+    let Decision::Drop {
+        bucket,
+        retry_after,
+    } = decision
+    else {
+        return None;
+    };
+    let (service, bucket) = rules
+        .bucket(bucket)
+        .map(|b| (b.service().to_owned(), b.name().to_owned()))
+        .unwrap_or_default();
+    Some(Limited {
+        service,
+        bucket,
+        retry_after,
+    })
 }
 
-impl<F, T, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<T, BoxError>;
+/// A pending Redis check: the only state that is boxed, so only requests that match a
+/// `store: redis` bucket allocate.
+type Check = Pin<Box<dyn Future<Output = Option<Limited>> + Send>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Both variants are Unpin (a box, an option), so the enum is too.
-        match self.get_mut() {
-            ResponseFuture::Inner(future) => future.as_mut().poll(cx).map_err(Into::into),
-            ResponseFuture::Limited(limited) => Poll::Ready(Err(Box::new(
-                limited.take().expect("polled after completion"),
-            ))),
+pin_project! {
+    /// The future of [`RateLimit`]: the inner service's, an immediate [`Limited`], or a Redis
+    /// check that ends in one of the two.
+    #[project = Projection]
+    pub enum ResponseFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        Inner { #[pin] future: S::Future },
+        Limited { limited: Option<Limited> },
+        Checking { check: Check, call: Option<(S, R)> },
+    }
+}
+
+impl<S, R> Future for ResponseFuture<S, R>
+where
+    S: Service<R>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                Projection::Inner { future } => return future.poll(cx).map_err(Into::into),
+                Projection::Limited { limited } => {
+                    return Poll::Ready(Err(Box::new(
+                        limited.take().expect("polled after completion"),
+                    )));
+                }
+                Projection::Checking { check, call } => {
+                    let outcome = std::task::ready!(check.as_mut().poll(cx));
+                    let next = match outcome {
+                        Some(limited) => ResponseFuture::Limited {
+                            limited: Some(limited),
+                        },
+                        None => {
+                            let (mut service, request) =
+                                call.take().expect("polled after completion");
+                            ResponseFuture::Inner {
+                                future: service.call(request),
+                            }
+                        }
+                    };
+                    self.set(next);
+                }
+            }
         }
     }
 }

@@ -29,6 +29,7 @@ mod error;
 mod identity;
 mod layer;
 mod rules;
+mod store;
 mod subjects;
 mod watch;
 
@@ -37,6 +38,7 @@ pub use client::{BucketStats, Client};
 pub use error::{ClientError, InstructionError};
 pub use identity::{Headers, Identity, NoHeaders};
 pub use layer::{BoxError, Limited, RateLimit, RateLimitLayer, ResponseFuture};
-pub use rules::{CompiledBucket, Rules};
+pub use rules::{CompiledBucket, RedisChecks, Rules, Step};
+pub use spillway_redis::{BreakerStats, CircuitState};
 pub use subjects::{DEFAULT_MAX_SUBJECTS, SUBJECT_BYTES_BOUND};
 pub use watch::{DEFAULT_POLL, watch_file};

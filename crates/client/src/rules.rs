@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use http::HeaderName;
 use spillway_core::algo::{AdaptiveTokenBucket, DropRatio, Limiter, Rate};
 use spillway_core::clock::Nanos;
-use spillway_core::config::{self, Algorithm, Bucket, Config, Cost, Store};
+use spillway_core::config::{self, Algorithm, Bucket, Config, Cost, FailurePolicy, Store};
 use spillway_core::counters::{BucketCounters, Outcome};
 use spillway_core::decision::{BucketId, Decision, Mode, Verdict};
 use spillway_core::limit::Limit;
@@ -18,6 +18,7 @@ use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
 
 use crate::error::ClientError;
 use crate::identity::{Headers, Identity};
+use crate::store::{ExactBucket, ExactStore};
 use crate::subjects::SubjectMap;
 
 /// Where a bucket's state lives: one limiter, or one per subject value.
@@ -25,9 +26,8 @@ use crate::subjects::SubjectMap;
 pub(crate) enum Limiters {
     Shared(Limiter),
     PerSubject(SubjectKind, SubjectMap),
-    /// `store: redis` buckets are decided by the Redis store, which the proxy does not wire yet;
-    /// until it does they admit everything rather than turn our gap into drops.
-    External,
+    /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies.
+    Exact(ExactBucket),
 }
 
 /// A bucket's state, shared between snapshots while its definition does not change, so a reload
@@ -101,8 +101,20 @@ impl CompiledBucket {
                 // The matcher only returns a `*` bucket for requests that carry the subject.
                 None => Verdict::Allow,
             },
-            Limiters::External => Verdict::Allow,
+            // Decided by `Rules::finish`; `decide_with` never asks a Redis bucket for a verdict.
+            Limiters::Exact(_) => Verdict::Allow,
         }
+    }
+
+    /// The bucket's `on_store_failure`.
+    pub fn on_store_failure(&self) -> FailurePolicy {
+        self.bucket.on_store_failure
+    }
+
+    /// Counts `verdict` and turns it into this bucket's decision.
+    fn record(&self, id: u32, verdict: Verdict) -> Decision {
+        self.counters.record(Outcome::of(verdict, self.mode), 1);
+        verdict.into_decision(BucketId(id), self.mode)
     }
 
     /// Subjects held, for per-subject buckets.
@@ -138,6 +150,34 @@ pub struct Rules {
     identity: Identity,
     matcher: Matcher,
     buckets: Box<[CompiledBucket]>,
+    /// The Redis of `store: redis` buckets, kept across reloads that leave `redis` unchanged so
+    /// its connection and circuit breaker survive them.
+    store: Option<Arc<ExactStore>>,
+}
+
+/// A decision that is complete, or that still needs Redis for its `store: redis` buckets.
+#[derive(Debug)]
+pub enum Step {
+    /// Every bucket the request matched was decided in memory.
+    Done(Decision),
+    /// The request matched `store: redis` buckets: finish it with [`Rules::finish`].
+    Redis(RedisChecks),
+}
+
+/// The `store: redis` buckets a request still has to pass, and what the in-memory ones said.
+#[derive(Debug)]
+pub struct RedisChecks {
+    local: Decision,
+    checks: Vec<Check>,
+}
+
+#[derive(Debug)]
+struct Check {
+    id: u32,
+    /// The key of a per-subject bucket, which holds the request's subject value; `None` for a
+    /// bucket with one key, which the bucket keeps.
+    key: Option<spillway_redis::BucketKey>,
+    cost: u64,
 }
 
 thread_local! {
@@ -164,6 +204,7 @@ impl Rules {
         previous: Option<&Rules>,
         max_subjects: usize,
     ) -> Result<Self, ClientError> {
+        let store = ExactStore::for_config(&config, previous.and_then(|p| p.store.as_ref()))?;
         let mut buckets = Vec::new();
         for service in &config.services {
             let service_name: Arc<str> = service.name.as_str().into();
@@ -172,23 +213,10 @@ impl Rules {
                 let state = match old {
                     Some(old) if same_definition(&old.bucket, bucket) => old.state.clone(),
                     _ => Arc::new(BucketState {
-                        limiters: build(bucket, max_subjects).map_err(|source| {
-                            ClientError::Bucket {
-                                service: service.name.clone(),
-                                bucket: bucket.name.clone(),
-                                source,
-                            }
-                        })?,
+                        limiters: build(&service.name, bucket, max_subjects)?,
                         instruction_expires: AtomicU64::new(0),
                     }),
                 };
-                if bucket.store == Store::Redis && old.is_none() {
-                    tracing::warn!(
-                        service = %service.name,
-                        bucket = %bucket.name,
-                        "store: redis is not wired into this client yet; the bucket admits everything"
-                    );
-                }
                 let counters = old.map_or_else(Default::default, |old| old.counters.clone());
                 buckets.push(CompiledBucket {
                     service: service_name.clone(),
@@ -213,7 +241,13 @@ impl Rules {
             config: Arc::new(config),
             matcher,
             buckets: buckets.into(),
+            store,
         })
+    }
+
+    /// The Redis store of `store: redis` buckets, when the configuration has a `redis` section.
+    pub(crate) fn store(&self) -> Option<&Arc<ExactStore>> {
+        self.store.as_ref()
     }
 
     /// Counts up by one with every successful load.
@@ -249,20 +283,73 @@ impl Rules {
     /// bucket drops it, shadow-dropped (forwarded, counted as a virtual drop) if only shadow
     /// buckets would. Every matching bucket counts the request.
     ///
-    /// Buckets are charged in order, and one that admits is not refunded when a later one drops:
-    /// the overlap is usually a broad bucket and a narrow one, and the broad one then counts
-    /// traffic that was offered to it, which is what the control plane wants to see.
+    /// This never waits, so it cannot ask Redis: a request that matches a `store: redis` bucket
+    /// is decided there by the bucket's `on_store_failure`, as if Redis were down. Use
+    /// [`Rules::begin`] and [`Rules::finish`] (or [`crate::Client::decide_async`]) to decide
+    /// such buckets exactly.
     pub fn decide<H: Headers + ?Sized>(
         &self,
         now: Nanos,
         attrs: &RequestAttrs<'_>,
         headers: &H,
     ) -> Decision {
+        match self.begin(now, attrs, headers) {
+            Step::Done(decision) => decision,
+            Step::Redis(pending) => {
+                let mut decision = pending.local;
+                for check in pending.checks {
+                    let bucket = &self.buckets[check.id as usize];
+                    let verdict = match &self.store {
+                        Some(store) => store.policy_verdict(bucket.on_store_failure()),
+                        None => Verdict::Allow,
+                    };
+                    decision = decision.combine(bucket.record(check.id, verdict));
+                }
+                decision
+            }
+        }
+    }
+
+    /// Decides a request at `now` against every in-memory bucket it matches, and returns either
+    /// the decision or the `store: redis` buckets it still has to pass. Allocates nothing unless
+    /// the request matches a `store: redis` bucket.
+    ///
+    /// Buckets are charged in order, and one that admits is not refunded when a later one drops:
+    /// the overlap is usually a broad bucket and a narrow one, and the broad one then counts
+    /// traffic that was offered to it, which is what the control plane wants to see.
+    pub fn begin<H: Headers + ?Sized>(
+        &self,
+        now: Nanos,
+        attrs: &RequestAttrs<'_>,
+        headers: &H,
+    ) -> Step {
         MATCHES.with(|cell| match cell.try_borrow_mut() {
             Ok(mut matches) => self.decide_with(now, attrs, headers, &mut matches),
             // Only reachable if a decision re-entered itself; a fresh buffer keeps it correct.
             Err(_) => self.decide_with(now, attrs, headers, &mut Matches::new()),
         })
+    }
+
+    /// Asks Redis for each `store: redis` bucket of `pending`, through the store's circuit
+    /// breaker; a bucket whose Redis cannot answer in time is decided by its
+    /// `on_store_failure` (S8). Every such bucket counts the request.
+    pub async fn finish(&self, pending: RedisChecks) -> Decision {
+        let mut decision = pending.local;
+        for check in pending.checks {
+            let bucket = &self.buckets[check.id as usize];
+            let verdict = match (&self.store, &bucket.state.limiters) {
+                (Some(store), Limiters::Exact(exact)) => {
+                    let key = check.key.as_ref().unwrap_or_else(|| exact.key());
+                    store
+                        .decide(key, exact.algo(), check.cost, bucket.on_store_failure())
+                        .await
+                }
+                // `compile` gives every `store: redis` bucket an exact limiter and a store.
+                _ => Verdict::Allow,
+            };
+            decision = decision.combine(bucket.record(check.id, verdict));
+        }
+        decision
     }
 
     fn decide_with<H: Headers + ?Sized>(
@@ -271,16 +358,39 @@ impl Rules {
         attrs: &RequestAttrs<'_>,
         headers: &H,
         matches: &mut Matches,
-    ) -> Decision {
+    ) -> Step {
         self.matcher.find(attrs, matches);
         let mut decision = Decision::Allow;
+        let mut checks = Vec::new();
         for id in matches.iter() {
             let bucket = &self.buckets[id as usize];
+            if let Limiters::Exact(exact) = &bucket.state.limiters {
+                let key = match exact.subject() {
+                    None => None,
+                    Some(kind) => match attrs.subject(kind) {
+                        Some(value) => Some(exact.subject_key(value)),
+                        // The matcher only returns a `*` bucket for requests that carry it.
+                        None => continue,
+                    },
+                };
+                checks.push(Check {
+                    id,
+                    key,
+                    cost: bucket.cost(headers),
+                });
+                continue;
+            }
             let verdict = bucket.verdict(now, attrs, bucket.cost(headers));
-            bucket.counters.record(Outcome::of(verdict, bucket.mode), 1);
-            decision = decision.combine(verdict.into_decision(BucketId(id), bucket.mode));
+            decision = decision.combine(bucket.record(id, verdict));
         }
-        decision
+        if checks.is_empty() {
+            Step::Done(decision)
+        } else {
+            Step::Redis(RedisChecks {
+                local: decision,
+                checks,
+            })
+        }
     }
 
     /// Evicts idle subjects where a sweep is due; returns how many.
@@ -295,15 +405,33 @@ impl Rules {
     }
 }
 
-fn build(
+fn build(service: &str, bucket: &Bucket, max_subjects: usize) -> Result<Limiters, ClientError> {
+    let param = |source| ClientError::Bucket {
+        service: service.to_owned(),
+        bucket: bucket.name.clone(),
+        source,
+    };
+    let rate = Rate::new(bucket.limit.count.get(), bucket.limit.period).map_err(param)?;
+    let burst = bucket.burst.map(NonZeroU64::get);
+    if bucket.store == Store::Redis {
+        let exact = ExactBucket::new(bucket, rate, burst).map_err(|source| {
+            ClientError::ExactAlgorithm {
+                service: service.to_owned(),
+                bucket: bucket.name.clone(),
+                source,
+            }
+        })?;
+        return Ok(Limiters::Exact(exact));
+    }
+    build_local(bucket, rate, burst, max_subjects).map_err(param)
+}
+
+fn build_local(
     bucket: &Bucket,
+    rate: Rate,
+    burst: Option<u64>,
     max_subjects: usize,
 ) -> Result<Limiters, spillway_core::algo::ParamError> {
-    if bucket.store == Store::Redis {
-        return Ok(Limiters::External);
-    }
-    let rate = Rate::new(bucket.limit.count.get(), bucket.limit.period)?;
-    let burst = bucket.burst.map(NonZeroU64::get);
     if let Some(subject) = &bucket.match_spec.subject
         && subject.value == SubjectValue::Each
         && let Some(map) = SubjectMap::new(bucket.algorithm, rate, burst, max_subjects)?

@@ -35,7 +35,44 @@ async fn the_layer_passes_admitted_requests_and_refuses_dropped_ones() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+#[tokio::test]
+async fn the_layer_waits_for_redis_on_store_redis_buckets() {
+    let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(Arc::new(Client::new(per_user_in(&redis.url())).unwrap()));
+    let mut service = layer.layer(Counting(calls.clone()));
+    let request = |user: &str| {
+        http::Request::get("/search")
+            .header("x-user-id", user)
+            .body(())
+            .unwrap()
+    };
+    assert_eq!(service.call(request("alice")).await.unwrap(), "handled");
+    assert_eq!(service.call(request("alice")).await.unwrap(), "handled");
+    let err = service.call(request("alice")).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<Limited>().unwrap().bucket, "per-user");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // A second client on the same Redis sees the same count: alice is out of quota there too.
+    let other = RateLimitLayer::new(Arc::new(Client::new(per_user_in(&redis.url())).unwrap()));
+    let mut second = other.layer(Counting(calls.clone()));
+    assert!(second.call(request("alice")).await.is_err());
+    assert_eq!(second.call(request("bob")).await.unwrap(), "handled");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// Two requests an hour per user, counted in the Redis at `url`.
+fn per_user_in(url: &str) -> spillway_core::config::Config {
+    load_str(
+        &format!(
+            "version: 1\nredis: {{ url: \"{url}\", timeout: 1s }}\nservices:\n  api:\n    buckets:\n      - {{ name: per-user, match: {{ user: \"*\" }}, limit: 2/h, algorithm: token-bucket, store: redis }}\n"
+        ),
+        "test.yaml",
+    )
+    .unwrap()
+}
+
 /// The inner service: counts the requests that reach it.
+#[derive(Clone)]
 struct Counting(Arc<AtomicUsize>);
 
 impl Service<http::Request<()>> for Counting {

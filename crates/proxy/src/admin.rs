@@ -183,6 +183,35 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         "Requests answered 502 because the upstream could not be reached",
         upstream,
     );
+    // One Redis endpoint per configuration, so no labels: the breaker and its failures.
+    if let Some(store) = client.store_stats() {
+        let state = Gauge::<i64>::default();
+        state.set(store.state.gauge());
+        registry.register(
+            "spillway_circuit_state",
+            "Circuit breaker of the Redis store: 0 closed, 1 half-open (probing), 2 open (on_store_failure decides)",
+            state,
+        );
+        let errors = Family::<Labels, Counter>::default();
+        errors
+            .get_or_create(&vec![("kind", "error".to_owned())])
+            .inc_by(store.errors);
+        errors
+            .get_or_create(&vec![("kind", "timeout".to_owned())])
+            .inc_by(store.timeouts);
+        registry.register(
+            "spillway_store_errors",
+            "Redis calls that failed (error) or hit the redis timeout (timeout)",
+            errors,
+        );
+        let short = Counter::<u64>::default();
+        short.inc_by(store.short_circuited);
+        registry.register(
+            "spillway_store_short_circuited",
+            "Requests of store: redis buckets decided by on_store_failure without asking Redis, the circuit being open",
+            short,
+        );
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &registry);

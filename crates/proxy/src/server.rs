@@ -17,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use spillway_client::{Client, DEFAULT_POLL, watch_file};
+use spillway_client::{Client, DEFAULT_POLL, Step, watch_file};
 use spillway_core::decision::Decision;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -204,22 +204,27 @@ async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let grpc = answer::is_grpc(request.headers());
-    {
-        let rules = shared.client.rules();
-        let now = shared.client.now();
+    let rules = shared.client.rules();
+    let step = {
         let attrs = rules
             .identity()
             .attrs(request.uri().path(), request.headers(), Some(&peer));
-        let decision = rules.decide(now, &attrs, request.headers());
-        if let Decision::Drop {
-            bucket,
-            retry_after,
-        } = decision
-            && let Some(bucket) = rules.bucket(bucket)
-        {
-            return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
-        }
+        rules.begin(shared.client.now(), &attrs, request.headers())
+    };
+    // Only requests that match a `store: redis` bucket wait here, for one Redis call each.
+    let decision = match step {
+        Step::Done(decision) => decision,
+        Step::Redis(pending) => rules.finish(pending).await,
+    };
+    if let Decision::Drop {
+        bucket,
+        retry_after,
+    } = decision
+        && let Some(bucket) = rules.bucket(bucket)
+    {
+        return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
     }
+    drop(rules);
     match shared.upstream.forward(request).await {
         Ok(response) => Ok(response.map(|body| body.boxed())),
         Err(err) => {

@@ -1,0 +1,196 @@
+//! `store: redis` buckets (S5, S8): their keys and algorithms, and the one Redis endpoint they
+//! share, behind its circuit breaker.
+//!
+//! Every exact bucket of a configuration counts in the Redis of its `redis` section, through one
+//! [`GuardedLimiter`]: one multiplexed connection and one breaker for the endpoint, since when
+//! Redis is down it is down for every bucket. Each request costs one `EVALSHA` per matching
+//! exact bucket, so the limit holds exactly across every proxy that shares the Redis. Token
+//! batching ([`spillway_redis::BatchingLimiter`]) is not used: it trades that exactness for fewer
+//! calls, which a configuration should choose per bucket, and it has no key for that yet.
+
+use spillway_core::algo::Rate;
+use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
+use spillway_core::decision::Verdict;
+use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
+use spillway_redis::{
+    BreakerConfig, BreakerStats, BucketKey, ExactAlgo, GuardedLimiter, RedisLimiter, StoreOptions,
+    Target, UnsupportedAlgorithm,
+};
+
+use crate::error::ClientError;
+
+/// The Redis endpoint of a configuration and its breaker.
+pub(crate) struct ExactStore {
+    redis: Redis,
+    guarded: GuardedLimiter,
+}
+
+impl std::fmt::Debug for ExactStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExactStore")
+            .field("redis", &self.redis)
+            .field("circuit", &self.guarded.breaker().state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExactStore {
+    /// The store of `config`: `previous`'s when the `redis` section did not change (so a reload
+    /// keeps the connection and the breaker's state), a new one when it did, none without one.
+    pub(crate) fn for_config(
+        config: &Config,
+        previous: Option<&std::sync::Arc<ExactStore>>,
+    ) -> Result<Option<std::sync::Arc<Self>>, ClientError> {
+        let Some(redis) = &config.redis else {
+            return Ok(None);
+        };
+        if let Some(previous) = previous
+            && previous.redis == *redis
+        {
+            return Ok(Some(previous.clone()));
+        }
+        let target = match &redis.target {
+            RedisTarget::Single { url } => Target::single(url.clone()),
+            RedisTarget::Sentinel { master, nodes } => Target::sentinel(master, nodes.clone()),
+            RedisTarget::Cluster { .. } => return Err(ClientError::RedisCluster),
+        };
+        let limiter = RedisLimiter::new(
+            target,
+            StoreOptions {
+                timeout: redis.timeout,
+            },
+        )
+        .map_err(ClientError::Redis)?;
+        Ok(Some(std::sync::Arc::new(Self {
+            redis: redis.clone(),
+            guarded: GuardedLimiter::new(limiter, BreakerConfig::default()),
+        })))
+    }
+
+    /// Decides a request of `cost` in Redis, or by `on_failure` when Redis cannot answer.
+    pub(crate) async fn decide(
+        &self,
+        key: &BucketKey,
+        algo: &ExactAlgo,
+        cost: u64,
+        on_failure: FailurePolicy,
+    ) -> Verdict {
+        self.guarded
+            .decide(key, algo, cost, on_failure)
+            .await
+            .verdict
+    }
+
+    /// What `policy` answers without asking Redis.
+    pub(crate) fn policy_verdict(&self, policy: FailurePolicy) -> Verdict {
+        self.guarded.policy_verdict(policy)
+    }
+
+    /// The breaker's state and counters.
+    pub(crate) fn stats(&self) -> BreakerStats {
+        self.guarded.breaker().stats()
+    }
+}
+
+/// One `store: redis` bucket: its algorithm and where its key comes from.
+#[derive(Debug)]
+pub(crate) struct ExactBucket {
+    algo: ExactAlgo,
+    /// S5's `{scope}`: the bucket's subject, or `caller` when it has none (SPEC §4).
+    scope: &'static str,
+    /// S5's `{api}`: the bucket's procedure, `*` for every procedure.
+    api: Box<str>,
+    /// `Some` for per-subject buckets (`user: "*"`), whose key holds the request's value.
+    each: Option<SubjectKind>,
+    /// The key of a bucket that is one counter for every request it matches.
+    key: BucketKey,
+}
+
+impl ExactBucket {
+    pub(crate) fn new(
+        bucket: &Bucket,
+        rate: Rate,
+        burst: Option<u64>,
+    ) -> Result<Self, UnsupportedAlgorithm> {
+        let algo = ExactAlgo::new(bucket.algorithm, rate, burst)?;
+        let spec = &bucket.match_spec;
+        let (scope, value, each) = match &spec.subject {
+            Some(subject) => (
+                subject.kind.key(),
+                subject.value.as_str(),
+                (subject.value == SubjectValue::Each).then_some(subject.kind),
+            ),
+            None => (
+                "caller",
+                spec.caller.as_ref().map_or("*", Pattern::as_str),
+                None,
+            ),
+        };
+        let api: Box<str> = spec.procedure.as_ref().map_or("*", Pattern::as_str).into();
+        Ok(Self {
+            algo,
+            scope,
+            key: BucketKey::new(scope, value, &api),
+            api,
+            each,
+        })
+    }
+
+    pub(crate) fn algo(&self) -> &ExactAlgo {
+        &self.algo
+    }
+
+    /// The subject whose every value has its own key, for per-subject buckets.
+    pub(crate) fn subject(&self) -> Option<SubjectKind> {
+        self.each
+    }
+
+    /// The key of a bucket without per-subject keys.
+    pub(crate) fn key(&self) -> &BucketKey {
+        &self.key
+    }
+
+    /// The key of subject value `value` of a per-subject bucket: `rl:{user:alice:/search}`.
+    pub(crate) fn subject_key(&self, value: &str) -> BucketKey {
+        BucketKey::new(self.scope, value, &self.api)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(yaml: &str) -> ExactBucket {
+        let config = spillway_core::config::load_str(
+            &format!(
+                "version: 1\nredis: {{ url: redis://127.0.0.1:1 }}\nservices:\n  api:\n    buckets:\n      - {yaml}\n"
+            ),
+            "test.yaml",
+        )
+        .unwrap();
+        let b = &config.services[0].buckets[0];
+        let rate = Rate::new(b.limit.count.get(), b.limit.period).unwrap();
+        ExactBucket::new(b, rate, b.burst.map(|n| n.get())).unwrap()
+    }
+
+    #[test]
+    fn keys_follow_s5() {
+        let per_user = bucket(
+            "{ name: q, match: { user: \"*\", procedure: /search }, limit: 5/s, algorithm: token-bucket, store: redis }",
+        );
+        assert_eq!(per_user.subject(), Some(SubjectKind::User));
+        assert_eq!(
+            per_user.subject_key("alice").as_str(),
+            "rl:{user:alice:/search}"
+        );
+        let one_org = bucket(
+            "{ name: q, match: { org: acme }, limit: 5/s, algorithm: fixed-window, store: redis }",
+        );
+        assert_eq!(one_org.subject(), None);
+        assert_eq!(one_org.key().as_str(), "rl:{org:acme:*}");
+        let caller = bucket(
+            "{ name: q, match: { caller: gw, procedure: /pay }, limit: 5/s, algorithm: sliding-window-log, store: redis }",
+        );
+        assert_eq!(caller.key().as_str(), "rl:{caller:gw:/pay}");
+    }
+}
