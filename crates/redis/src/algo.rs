@@ -9,7 +9,7 @@ use crate::script::ScriptKind;
 /// A `Kind` that has no Redis script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{} cannot use store: redis; use token-bucket, leaky-bucket, fixed-window or sliding-window-log",
+    "{} cannot use store: redis; use token-bucket, leaky-bucket, fixed-window, sliding-window-log, sliding-window-counter or gcra",
     .0.name()
 )]
 pub struct UnsupportedAlgorithm(pub Kind);
@@ -29,11 +29,18 @@ pub enum ExactAlgo {
     FixedWindow { rate: Rate },
     /// At most `rate.count()` units in any window of `rate.period()` (W1).
     SlidingWindowLog { rate: Rate },
+    /// At most `rate.count()` units per aligned window of `rate.period()`, and about that many in
+    /// any sliding window, estimated from two counters like
+    /// `spillway_core::algo::SlidingWindowCounter`.
+    SlidingWindowCounter { rate: Rate },
+    /// GCRA at `rate` with bursts of up to `burst` units, like `spillway_core::algo::Gcra`.
+    Gcra { rate: Rate, burst: NonZeroU64 },
 }
 
 impl ExactAlgo {
-    /// The algorithm `kind` at `rate`; `burst` is the token bucket's capacity (default: the
-    /// rate's count) or the leaky bucket's tolerance (default 0), as in the configuration.
+    /// The algorithm `kind` at `rate`; `burst` is the token bucket's capacity and GCRA's burst
+    /// (default: the rate's count) or the leaky bucket's tolerance (default 0), as in the
+    /// configuration.
     pub fn new(kind: Kind, rate: Rate, burst: Option<u64>) -> Result<Self, UnsupportedAlgorithm> {
         Ok(match kind {
             Kind::TokenBucket => {
@@ -48,6 +55,13 @@ impl ExactAlgo {
             },
             Kind::FixedWindow => ExactAlgo::FixedWindow { rate },
             Kind::SlidingWindowLog => ExactAlgo::SlidingWindowLog { rate },
+            Kind::SlidingWindowCounter => ExactAlgo::SlidingWindowCounter { rate },
+            Kind::Gcra => ExactAlgo::Gcra {
+                rate,
+                burst: burst
+                    .and_then(NonZeroU64::new)
+                    .unwrap_or(nonzero(rate.count())),
+            },
             other => return Err(UnsupportedAlgorithm(other)),
         })
     }
@@ -67,6 +81,8 @@ impl ExactAlgo {
             ExactAlgo::LeakyBucket { .. } => Kind::LeakyBucket,
             ExactAlgo::FixedWindow { .. } => Kind::FixedWindow,
             ExactAlgo::SlidingWindowLog { .. } => Kind::SlidingWindowLog,
+            ExactAlgo::SlidingWindowCounter { .. } => Kind::SlidingWindowCounter,
+            ExactAlgo::Gcra { .. } => Kind::Gcra,
         }
     }
 
@@ -76,7 +92,9 @@ impl ExactAlgo {
             ExactAlgo::TokenBucket { rate, .. }
             | ExactAlgo::LeakyBucket { rate, .. }
             | ExactAlgo::FixedWindow { rate }
-            | ExactAlgo::SlidingWindowLog { rate } => rate,
+            | ExactAlgo::SlidingWindowLog { rate }
+            | ExactAlgo::SlidingWindowCounter { rate }
+            | ExactAlgo::Gcra { rate, .. } => rate,
         }
     }
 
@@ -86,6 +104,8 @@ impl ExactAlgo {
             ExactAlgo::LeakyBucket { .. } => ScriptKind::LeakyBucket,
             ExactAlgo::FixedWindow { .. } => ScriptKind::FixedWindow,
             ExactAlgo::SlidingWindowLog { .. } => ScriptKind::SlidingWindowLog,
+            ExactAlgo::SlidingWindowCounter { .. } => ScriptKind::SlidingWindowCounter,
+            ExactAlgo::Gcra { .. } => ScriptKind::Gcra,
         }
     }
 
@@ -93,6 +113,11 @@ impl ExactAlgo {
     /// (only the token bucket takes more than `cost`, for batching).
     pub(crate) fn args(&self, cost: u64, want: u64) -> Vec<String> {
         let period_us = |rate: Rate| rate.period_ns().div_ceil(1_000).to_string();
+        // Microseconds per unit, exact as a decimal of the nanosecond interval.
+        let interval_us = |rate: Rate| {
+            let ns = rate.emission_interval_ns();
+            format!("{}.{:03}", ns / 1_000, ns % 1_000)
+        };
         match *self {
             ExactAlgo::TokenBucket { rate, capacity } => vec![
                 capacity.to_string(),
@@ -102,12 +127,14 @@ impl ExactAlgo {
                 want.max(cost).to_string(),
             ],
             ExactAlgo::LeakyBucket { rate, burst } => {
-                // Microseconds per unit, exact as a decimal of the nanosecond interval.
-                let interval_ns = rate.emission_interval_ns();
-                let interval_us = format!("{}.{:03}", interval_ns / 1_000, interval_ns % 1_000);
-                vec![interval_us, burst.to_string(), cost.to_string()]
+                vec![interval_us(rate), burst.to_string(), cost.to_string()]
             }
-            ExactAlgo::FixedWindow { rate } | ExactAlgo::SlidingWindowLog { rate } => {
+            ExactAlgo::Gcra { rate, burst } => {
+                vec![interval_us(rate), burst.to_string(), cost.to_string()]
+            }
+            ExactAlgo::FixedWindow { rate }
+            | ExactAlgo::SlidingWindowLog { rate }
+            | ExactAlgo::SlidingWindowCounter { rate } => {
                 vec![rate.count().to_string(), period_us(rate), cost.to_string()]
             }
         }
@@ -126,9 +153,38 @@ mod tests {
     #[test]
     fn kinds_without_a_script_are_refused_by_name() {
         let rate = Rate::per_second(10).unwrap();
-        let err = ExactAlgo::new(Kind::Gcra, rate, None).unwrap_err();
-        assert_eq!(err, UnsupportedAlgorithm(Kind::Gcra));
-        assert!(err.to_string().starts_with("gcra cannot use store: redis"));
+        let err = ExactAlgo::new(Kind::DropRatio, rate, None).unwrap_err();
+        assert_eq!(err, UnsupportedAlgorithm(Kind::DropRatio));
+        assert!(
+            err.to_string()
+                .starts_with("drop-ratio cannot use store: redis")
+        );
+        assert!(ExactAlgo::new(Kind::AdaptiveTokenBucket, rate, None).is_err());
+    }
+
+    #[test]
+    fn every_exact_kind_has_a_script() {
+        let rate = Rate::per_second(10).unwrap();
+        for kind in Kind::ALL {
+            if let Ok(algo) = ExactAlgo::new(kind, rate, None) {
+                assert_eq!(algo.kind(), kind);
+                assert!(!algo.script().source().is_empty());
+            }
+        }
+        let exact = Kind::ALL
+            .iter()
+            .filter(|&&k| ExactAlgo::new(k, rate, None).is_ok())
+            .count();
+        assert_eq!(exact, 6, "every kind but the control plane's two");
+    }
+
+    #[test]
+    fn gcra_burst_defaults_to_the_count_and_takes_the_interval() {
+        let rate = Rate::per_second(3).unwrap();
+        let algo = ExactAlgo::new(Kind::Gcra, rate, None).unwrap();
+        assert_eq!(algo.args(2, 2), ["333333.334", "3", "2"]);
+        let algo = ExactAlgo::new(Kind::Gcra, rate, Some(100)).unwrap();
+        assert_eq!(algo.args(1, 1), ["333333.334", "100", "1"]);
     }
 
     #[test]

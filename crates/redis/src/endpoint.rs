@@ -1,7 +1,10 @@
-//! One Redis endpoint: a single node or the primary that Sentinel names, reconnected on errors.
+//! One Redis endpoint: a single node, the primary that Sentinel names, or a Redis Cluster,
+//! reconnected on errors.
 //!
-//! The connection is multiplexed, so every concurrent decision shares one socket and clones of
-//! it are cheap. When a call fails in a way that says the connection or the node is gone (I/O
+//! The connection is multiplexed, so every concurrent decision shares one socket (one per node
+//! for a cluster) and clones of it are cheap. A cluster connection routes each script call to
+//! the node serving its keys' slot, and follows `MOVED` and `ASK` redirections itself; every
+//! key of one bucket carries the same hash tag, so one call never spans two slots. When a call fails in a way that says the connection or the node is gone (I/O
 //! errors, timeouts, `READONLY` from a demoted primary), the connection is dropped and the next
 //! call connects again; for Sentinel that means asking the sentinels for the primary anew,
 //! which is how a failover is followed (redis-rs does not follow one by itself, S9).
@@ -10,9 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
 use tokio::sync::Mutex;
 
 /// Where a limiter finds Redis.
@@ -25,6 +33,9 @@ pub enum Target {
         master: String,
         sentinels: Vec<String>,
     },
+    /// A Redis Cluster, found from any of `nodes` (`redis://HOST:PORT` each); the client learns
+    /// the slot map from the first that answers and follows it as it changes.
+    Cluster { nodes: Vec<String> },
 }
 
 impl Target {
@@ -40,15 +51,59 @@ impl Target {
             sentinels,
         }
     }
+
+    /// The Redis Cluster that `nodes` (some or all of its nodes) belong to.
+    pub fn cluster(nodes: Vec<String>) -> Self {
+        Target::Cluster { nodes }
+    }
+}
+
+/// Redirections and retries a cluster call may take; the limiter's deadline bounds them all.
+const CLUSTER_RETRIES: u32 = 3;
+
+/// A live connection of any kind of endpoint.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Node(con) => con.req_packed_command(cmd),
+            Connection::Cluster(con) => con.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Node(con) => con.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Node(con) => con.get_db(),
+            Connection::Cluster(con) => con.get_db(),
+        }
+    }
 }
 
 enum Connector {
     Single(Client),
     Sentinel(SentinelClient),
+    Cluster(ClusterClient),
 }
 
 impl Connector {
-    fn new(target: &Target) -> RedisResult<Self> {
+    fn new(target: &Target, timeout: Duration) -> RedisResult<Self> {
         Ok(match target {
             Target::Single { url } => Connector::Single(Client::open(url.as_str())?),
             Target::Sentinel { master, sentinels } => Connector::Sentinel(SentinelClient::build(
@@ -57,28 +112,35 @@ impl Connector {
                 None,
                 SentinelServerType::Master,
             )?),
+            Target::Cluster { nodes } => Connector::Cluster(
+                ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(CLUSTER_RETRIES)
+                    .build()?,
+            ),
         })
     }
 
-    async fn connect(
-        &mut self,
-        config: &AsyncConnectionConfig,
-    ) -> RedisResult<MultiplexedConnection> {
-        match self {
-            Connector::Single(client) => {
+    async fn connect(&mut self, config: &AsyncConnectionConfig) -> RedisResult<Connection> {
+        Ok(match self {
+            Connector::Single(client) => Connection::Node(
                 client
                     .get_multiplexed_async_connection_with_config(config)
-                    .await
+                    .await?,
+            ),
+            Connector::Sentinel(client) => {
+                Connection::Node(client.get_async_connection_with_config(config).await?)
             }
-            Connector::Sentinel(client) => client.get_async_connection_with_config(config).await,
-        }
+            Connector::Cluster(client) => Connection::Cluster(client.get_async_connection().await?),
+        })
     }
 }
 
 /// A lazily connected endpoint. Connecting happens inside the caller's deadline, so it is never
 /// slower than the limiter's timeout.
 pub(crate) struct Endpoint {
-    current: ArcSwapOption<MultiplexedConnection>,
+    current: ArcSwapOption<Connection>,
     // Serializes reconnection, so that a burst of decisions after a failure opens one
     // connection, not one each.
     connector: Mutex<Connector>,
@@ -92,13 +154,13 @@ impl Endpoint {
             .set_response_timeout(Some(timeout));
         Ok(Self {
             current: ArcSwapOption::empty(),
-            connector: Mutex::new(Connector::new(target)?),
+            connector: Mutex::new(Connector::new(target, timeout)?),
             config,
         })
     }
 
     /// The live connection, connecting first when there is none.
-    pub(crate) async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+    pub(crate) async fn connection(&self) -> RedisResult<Connection> {
         if let Some(con) = self.current.load_full() {
             return Ok((*con).clone());
         }

@@ -2,9 +2,12 @@
 //!
 //! Buckets with `store: redis` (S5, W1) are decided here instead of in the proxy's memory, so a
 //! per-user quota holds exactly across every proxy. [`RedisLimiter`] runs one Lua script per
-//! algorithm ([`ExactAlgo`]) against a single node or a Sentinel-managed primary ([`Target`]),
-//! with time from Redis `TIME` (W2), weighted costs (W3) and our own `EVALSHA`-then-`EVAL` path
-//! (W5). [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
+//! algorithm ([`ExactAlgo`]: token bucket, leaky bucket, fixed window, sliding-window log,
+//! sliding-window counter and GCRA, every algorithm the configuration allows with
+//! `store: redis`) against a single node, a Sentinel-managed primary or a Redis Cluster
+//! ([`Target`]), with time from Redis `TIME` (W2), weighted costs (W3) and our own
+//! `EVALSHA`-then-`EVAL` path (W5). A bucket's keys share one hash tag ([`BucketKey`]), so on a
+//! cluster each decision is one call to the node that owns the bucket's slot. [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
 //! `on_store_failure` when Redis cannot answer in time (S8).
 //!
 //! ```no_run

@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 
 /// One script per algorithm.
@@ -16,6 +16,8 @@ pub enum ScriptKind {
     LeakyBucket,
     FixedWindow,
     SlidingWindowLog,
+    SlidingWindowCounter,
+    Gcra,
 }
 
 struct Loaded {
@@ -23,7 +25,7 @@ struct Loaded {
     sha: String,
 }
 
-static SCRIPTS: LazyLock<[Loaded; 4]> = LazyLock::new(|| {
+static SCRIPTS: LazyLock<[Loaded; 6]> = LazyLock::new(|| {
     let load = |source: &'static str| Loaded {
         source,
         sha: redis::Script::new(source).get_hash().to_owned(),
@@ -33,6 +35,8 @@ static SCRIPTS: LazyLock<[Loaded; 4]> = LazyLock::new(|| {
         load(include_str!("lua/leaky_bucket.lua")),
         load(include_str!("lua/fixed_window.lua")),
         load(include_str!("lua/sliding_log.lua")),
+        load(include_str!("lua/sliding_counter.lua")),
+        load(include_str!("lua/gcra.lua")),
     ]
 });
 
@@ -54,7 +58,7 @@ impl ScriptKind {
     /// Runs the script on `keys` with `args` and returns its reply, an array of integers.
     pub(crate) async fn run(
         self,
-        con: &mut MultiplexedConnection,
+        con: &mut (impl ConnectionLike + Send),
         keys: &[&str],
         args: &[String],
     ) -> RedisResult<Vec<i64>> {

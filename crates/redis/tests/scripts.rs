@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway_core::algo::Rate;
+use spillway_core::algo::{Kind, Rate};
 use spillway_core::decision::{NEVER, Verdict};
 use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter};
 use spillway_testkit::RedisServer;
@@ -102,6 +102,19 @@ async fn sliding_window_log_is_exact_under_eight_concurrent_clients() {
     .await;
 }
 
+#[tokio::test]
+async fn sliding_window_counter_is_exact_under_eight_concurrent_clients() {
+    // A day-long window, as for the fixed window: within one window the counter is exact.
+    let rate = Rate::new(100, Duration::from_secs(86_400)).unwrap();
+    assert_exact_under_concurrency(ExactAlgo::SlidingWindowCounter { rate }, 100).await;
+}
+
+#[tokio::test]
+async fn gcra_is_exact_under_eight_concurrent_clients() {
+    let algo = ExactAlgo::new(Kind::Gcra, per_hour(1), Some(100)).unwrap();
+    assert_exact_under_concurrency(algo, 100).await;
+}
+
 /// Sends `n` requests of cost 1 and counts the admitted ones.
 async fn burst(limiter: &RedisLimiter, key: &BucketKey, algo: &ExactAlgo, n: u64) -> u64 {
     let mut admitted = 0;
@@ -119,7 +132,9 @@ async fn fixed_window_admits_twice_its_limit_across_a_boundary_and_the_sliding_l
     let rate = Rate::per_second(10).unwrap();
     let fixed = ExactAlgo::FixedWindow { rate };
     let sliding = ExactAlgo::SlidingWindowLog { rate };
+    let counter = ExactAlgo::SlidingWindowCounter { rate };
     let (fixed_key, sliding_key) = (BucketKey::named("fixed"), BucketKey::named("sliding"));
+    let counter_key = BucketKey::named("counter");
 
     // Both bursts fall within 0.4 s: 300 ms before a second boundary and 100 ms after it.
     let now = server_micros(&mut con).await;
@@ -128,6 +143,7 @@ async fn fixed_window_admits_twice_its_limit_across_a_boundary_and_the_sliding_l
     let before = (
         burst(&limiter, &fixed_key, &fixed, 10).await,
         burst(&limiter, &sliding_key, &sliding, 10).await,
+        burst(&limiter, &counter_key, &counter, 10).await,
     );
     let now = server_micros(&mut con).await;
     assert!(now < boundary, "the first bursts took more than 300 ms");
@@ -135,13 +151,21 @@ async fn fixed_window_admits_twice_its_limit_across_a_boundary_and_the_sliding_l
     let after = (
         burst(&limiter, &fixed_key, &fixed, 10).await,
         burst(&limiter, &sliding_key, &sliding, 10).await,
+        burst(&limiter, &counter_key, &counter, 10).await,
     );
 
-    assert_eq!(before, (10, 10));
+    assert_eq!(before, (10, 10, 10));
     assert_eq!(after.0, 10, "the fixed window starts afresh: 20 in 0.4 s");
     assert_eq!(
         after.1, 0,
         "the sliding log still holds the 10 of 0.4 s ago"
+    );
+    // The counter weighs the previous window by the share of it still inside the sliding
+    // window: about 0.9 of 10 a tenth of a second in, so it admits one or two, never ten.
+    assert!(
+        after.2 <= 5,
+        "the sliding counter admitted {} just after the boundary",
+        after.2
     );
 }
 
@@ -158,6 +182,10 @@ async fn decisions_go_on_after_script_flush_through_eval() {
             rate: Rate::new(3, Duration::from_secs(86_400)).unwrap(),
         },
         ExactAlgo::SlidingWindowLog { rate },
+        ExactAlgo::SlidingWindowCounter {
+            rate: Rate::new(3, Duration::from_secs(86_400)).unwrap(),
+        },
+        ExactAlgo::new(Kind::Gcra, rate, Some(3)).unwrap(),
     ];
     for (i, algo) in algos.iter().enumerate() {
         let key = BucketKey::named(&format!("flushed-{i}"));
@@ -174,7 +202,7 @@ async fn decisions_go_on_after_script_flush_through_eval() {
     }
     assert_eq!(
         command_calls(&mut con, "eval").await,
-        16,
+        4 * algos.len() as u64,
         "every call after a flush fell back to EVAL"
     );
     assert_eq!(command_calls(&mut con, "script|load").await, 0);
@@ -264,6 +292,52 @@ async fn sliding_window_log_retry_after_is_correct() {
 }
 
 #[tokio::test]
+async fn sliding_window_counter_retry_after_is_correct() {
+    // Windows of 1 s, started early in one: after 3 units, the 4th waits for the next window and
+    // a third of it, until the 3 weigh 2 (about 1.3 s).
+    let server_clock = RedisServer::start().expect("private redis-server");
+    let mut con = raw(&server_clock.url()).await;
+    let now = server_micros(&mut con).await;
+    let window = 1_000_000;
+    let next = (now / window + 1) * window;
+    tokio::time::sleep(Duration::from_micros(next - now + 10_000)).await;
+    let rate = Rate::new(3, Duration::from_micros(window)).unwrap();
+    assert_retry_after_is_correct(ExactAlgo::SlidingWindowCounter { rate }, 3, 1).await;
+}
+
+#[tokio::test]
+async fn gcra_retry_after_is_correct() {
+    // A burst of 5 at 2/s: after 5 requests, a cost of 2 waits 1 s.
+    let algo = ExactAlgo::new(Kind::Gcra, Rate::per_second(2).unwrap(), Some(5)).unwrap();
+    assert_retry_after_is_correct(algo, 5, 2).await;
+}
+
+#[tokio::test]
+async fn gcra_paces_at_its_interval_after_the_burst() {
+    // 3 per 3 s (one a second) with a burst of 3: an idle key admits 3 at once, then the next
+    // waits about one interval, less the time the burst took.
+    let server = RedisServer::start().expect("private redis-server");
+    let limiter = limiter(&server.url());
+    let algo = ExactAlgo::new(
+        Kind::Gcra,
+        Rate::new(3, Duration::from_secs(3)).unwrap(),
+        None,
+    )
+    .unwrap();
+    let key = BucketKey::named("paced");
+    assert_eq!(burst(&limiter, &key, &algo, 3).await, 3);
+    let Verdict::Deny { retry_after } = limiter.decide(&key, &algo, 1).await.unwrap() else {
+        panic!("admitted a 4th request within its burst of 3");
+    };
+    assert!(
+        retry_after <= Duration::from_secs(1) && retry_after > Duration::from_millis(500),
+        "{retry_after:?}"
+    );
+    let answer = limiter.decide_detailed(&key, &algo, 4).await.unwrap();
+    assert_eq!(answer.verdict, Verdict::Deny { retry_after: NEVER });
+}
+
+#[tokio::test]
 async fn sliding_log_retry_after_waits_for_enough_weight_to_leave() {
     let server = RedisServer::start().expect("private redis-server");
     let limiter = limiter(&server.url());
@@ -299,6 +373,8 @@ async fn costs_larger_than_the_limit_are_never_admitted() {
         ExactAlgo::token_bucket(rate, 10),
         ExactAlgo::FixedWindow { rate },
         ExactAlgo::SlidingWindowLog { rate },
+        ExactAlgo::SlidingWindowCounter { rate },
+        ExactAlgo::new(Kind::Gcra, rate, Some(10)).unwrap(),
     ] {
         let key = BucketKey::named(algo.kind().name());
         assert_eq!(

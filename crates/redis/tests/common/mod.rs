@@ -17,6 +17,17 @@ pub fn limiter(url: &str) -> RedisLimiter {
     .expect("a valid URL")
 }
 
+/// A limiter on the Redis Cluster that `nodes` belong to, as generous as [`limiter`].
+pub fn cluster_limiter(nodes: Vec<String>) -> RedisLimiter {
+    RedisLimiter::new(
+        Target::cluster(nodes),
+        StoreOptions {
+            timeout: Duration::from_secs(2),
+        },
+    )
+    .expect("valid URLs")
+}
+
 /// A raw connection, for commands the tests send themselves.
 pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
