@@ -10,6 +10,34 @@
 //! cluster each decision is one call to the node that owns the bucket's slot. [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
 //! `on_store_failure` when Redis cannot answer in time (S8).
 //!
+//! # Memory of the sliding-window log (W6)
+//!
+//! W6 asks for about 100 bytes per logged request, so that a 10,000-unit daily quota takes about
+//! 1 MB. A log of more than 128 entries is a skiplist-encoded sorted set, and on Redis 7.0 with
+//! its jemalloc (measured with `MEMORY USAGE`, see `sliding_log_memory_per_logged_request`) each
+//! entry costs:
+//!
+//! | part | bytes |
+//! | --- | --- |
+//! | skiplist node: 24 + 16 per level, levels geometric with p = 1/4, allocated as 40, 56, 80, 96, ... | 45.8 on average |
+//! | hash-table entry (member to score) | 24 |
+//! | the member, an sds string | 8 |
+//! | hash-table buckets: 8 bytes each, a power of two at least the entry count | 8 to 16 |
+//! | while the table grows, the old buckets too, until incremental rehashing has moved them | up to 8 more |
+//!
+//! That is 86 bytes fixed plus 8 to 24 for the table: 94 to 110, depending only on where the
+//! table stands in its growth. At 10,000 entries the table has just doubled to 16,384 buckets
+//! and still holds the old 8,192 (105 bytes each); once rehashing ends it is 98.6, at 16,000
+//! entries 93.6. So the log is at about 100 bytes, but not always under it, and no member
+//! encoding changes that: a member is a base-62 sequence number of at most 4 characters
+//! (`:cost` is appended only for a weighted request), and every member of up to 6 characters is
+//! already the smallest allocation, 8 bytes (measured: 4, 5 and 6 characters cost the same, 7
+//! cost 8 bytes more); packing the sequence number into 2 or 4 binary bytes saves nothing. The remaining 86 bytes are the sorted set's own structure, which exactness
+//! needs (one entry per request, W1). What would go well below 100 is a different layout: the
+//! log split into chunks of at most 128 entries, each a sorted set small enough to stay in
+//! Redis's compact listpack encoding (about 14 bytes per entry measured), at the price of a
+//! script that walks several keys of the bucket's slot.
+//!
 //! ```no_run
 //! # async fn example() -> Result<(), spillway_redis::StoreError> {
 //! use spillway_core::algo::Rate;

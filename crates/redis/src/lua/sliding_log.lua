@@ -16,8 +16,9 @@ local t = redis.call('TIME') -- W2
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local cutoff = now - window
 
--- Members of at most 4 characters fit Redis's smallest string allocation (8 bytes), which keeps
--- a logged request near 100 bytes (W6). The sequence wraps after 62^4 = 14,776,336 requests; a
+-- Members of at most 6 characters fit Redis's smallest string allocation (8 bytes: a 1-byte
+-- header, the text and a NUL), which keeps a logged request near 100 bytes (W6); see the crate
+-- docs for where the rest goes. The sequence wraps after 62^4 = 14,776,336 requests; a
 -- log never holds more than `limit` entries, so members stay unique for any limit below that.
 local digits = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 local function base62(n)
