@@ -7,7 +7,7 @@
 //! still leave at 250 ms past the second, and with all clients healthy they leave the moment the
 //! last report arrives, so the loop's delay is the network's, not a sum of timers.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::admin::{self, AdminView};
 use crate::error::ControlError;
 use crate::net::{self, Stop, sleep_or_stop};
-use crate::sums::{BucketKey, Sums};
+use crate::sums::{BucketKey, Intervals, Sums};
 use crate::timing::{Backoff, Interval, now_ms};
 
 /// Where an aggregator listens, and whom it reports to.
@@ -193,9 +193,8 @@ struct ZoneState {
     interval: Interval,
     interval_from_controller: bool,
     clients: HashMap<String, ClientEntry>,
-    pending: BTreeMap<u64, Pending>,
-    /// Intervals up to this one are closed; later reports for them are too late.
-    closed_through: u64,
+    /// The zone's sums of the intervals still open, by reporting host.
+    window: Intervals<String, Sums>,
     upstream: Option<Upstream>,
     rules: Option<v1::Rules>,
     /// The zone's sums of the last closed interval, to split shares among hosts.
@@ -210,12 +209,6 @@ struct ClientEntry {
     last: Sums,
     /// The rules version last sent on this stream.
     sent_rules: u64,
-}
-
-#[derive(Default)]
-struct Pending {
-    sums: Sums,
-    reported: HashSet<String>,
 }
 
 struct Upstream {
@@ -234,8 +227,7 @@ impl Zone {
                 interval,
                 interval_from_controller: false,
                 clients: HashMap::new(),
-                pending: BTreeMap::new(),
-                closed_through: interval.sequence_at(now_ms()).saturating_sub(1),
+                window: Intervals::new(interval.sequence_at(now_ms()).saturating_sub(1)),
                 upstream: None,
                 rules: None,
                 last_sums: Sums::default(),
@@ -262,8 +254,9 @@ impl Zone {
             let interval = Interval::from_ms(report.interval_ms);
             if interval != state.interval {
                 state.interval = interval;
-                state.closed_through = interval.sequence_at(now_ms()).saturating_sub(1);
-                state.pending.clear();
+                state
+                    .window
+                    .reset(interval.sequence_at(now_ms()).saturating_sub(1));
             }
         }
         let sums = Sums::from_wire(&report.buckets);
@@ -293,13 +286,16 @@ impl Zone {
             // A host that joins between two instruction sets gets the rules at once.
             self.send_rules(&mut state, &report.host_id);
         }
-        if report.interval_ms != state.interval.ms() || report.sequence <= state.closed_through {
+        let accepted = report.interval_ms == state.interval.ms()
+            && state
+                .window
+                .accept(report.sequence, report.host_id)
+                .map(|pending| pending.add(&sums))
+                .is_some();
+        if !accepted {
             self.late_reports.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let pending = state.pending.entry(report.sequence).or_default();
-        pending.sums.add(&sums);
-        pending.reported.insert(report.host_id);
         self.close_ready(&mut state, now_ms());
     }
 
@@ -333,47 +329,32 @@ impl Zone {
         }
     }
 
-    /// Closes, in order, every interval that is complete or past its grace; and makes sure an
-    /// interval with no report at all is still forwarded, so the controller keeps answering.
+    /// Closes, in order, every interval that every client reported or whose grace passed, and
+    /// forwards each; an interval with no report at all is still forwarded, so the controller
+    /// keeps answering.
     fn close_ready(&self, state: &mut ZoneState, now: u64) {
         let interval = state.interval;
-        let grace = interval.grace_ms();
-        let ended = interval
-            .sequence_at(now.saturating_sub(grace))
-            .saturating_sub(1);
-        if ended > state.closed_through && !state.pending.contains_key(&ended) {
-            state.pending.insert(ended, Pending::default());
-        }
-        while let Some((&sequence, pending)) = state.pending.first_key_value() {
-            let complete = !state.clients.is_empty()
-                && state
-                    .clients
-                    .keys()
-                    .all(|host| pending.reported.contains(host));
-            let overdue = now >= interval.end_of(sequence) + grace;
-            if !(complete || overdue) {
-                break;
-            }
-            let Some((sequence, pending)) = state.pending.pop_first() else {
-                break;
-            };
-            state.closed_through = sequence;
-            self.forward(state, sequence, pending);
+        let ZoneState {
+            window, clients, ..
+        } = &mut *state;
+        let closed = window.close_ready(now, interval, interval.grace_ms(), clients.keys());
+        for (sequence, sums, reported) in closed {
+            self.forward(state, sequence, sums, reported);
         }
     }
 
-    fn forward(&self, state: &mut ZoneState, sequence: u64, pending: Pending) {
+    fn forward(&self, state: &mut ZoneState, sequence: u64, sums: Sums, reported: usize) {
         let report = v1::ZoneReport {
             zone: self.zone.clone(),
             region: self.region.clone(),
             sequence,
             interval_ms: state.interval.ms(),
-            buckets: pending.sums.to_wire(),
-            clients: u32::try_from(pending.reported.len()).unwrap_or(u32::MAX),
+            buckets: sums.to_wire(),
+            clients: u32::try_from(reported).unwrap_or(u32::MAX),
             hosts: Vec::new(),
             gone: Vec::new(),
         };
-        state.last_sums = pending.sums;
+        state.last_sums = sums;
         let ZoneState {
             clients, upstream, ..
         } = state;
@@ -420,8 +401,9 @@ impl Zone {
             let interval = Interval::from_ms(instructions.interval_ms);
             if interval != state.interval {
                 state.interval = interval;
-                state.closed_through = interval.sequence_at(now_ms()).saturating_sub(1);
-                state.pending.clear();
+                state
+                    .window
+                    .reset(interval.sequence_at(now_ms()).saturating_sub(1));
             }
             state.interval_from_controller = true;
         }
@@ -434,23 +416,11 @@ impl Zone {
             last_sums,
             ..
         } = &mut *state;
-        let hosts = clients.len().max(1) as f64;
+        let hosts = clients.len();
         for client in clients.values_mut() {
             let mut message = instructions.clone();
             message.rules = None;
-            for b in &mut message.buckets {
-                if let Some(zone_share) = b.share {
-                    let key = BucketKey::new(&b.service, &b.bucket);
-                    let zone_share = Ratio::from_raw(zone_share).as_f64();
-                    let zone_offered = last_sums.offered(&key) as f64;
-                    let share = if zone_offered > 0.0 {
-                        zone_share * client.last.offered(&key) as f64 / zone_offered
-                    } else {
-                        zone_share / hosts
-                    };
-                    b.share = Some(Ratio::from_f64(share).raw());
-                }
-            }
+            host_shares(&mut message.buckets, last_sums, &client.last, hosts);
             if let Some(rules) = rules
                 && client.rules_version != rules.version
                 && client.sent_rules != rules.version
@@ -465,6 +435,34 @@ impl Zone {
             {
                 client.sent_rules = version;
             }
+        }
+    }
+}
+
+/// Splits the zone's adaptive-token-bucket shares among its hosts, in place: each host gets the
+/// zone's share times its part of the zone's offered load in the last closed interval (an equal
+/// part of `hosts` when the zone offered nothing). Drop ratios pass through unchanged.
+///
+/// A zone holding 0.5 of a global bucket, whose 400 req/s came 300 from host A and 100 from host
+/// B, gives A a share of 0.375 and B 0.125.
+pub fn host_shares(
+    buckets: &mut [v1::BucketInstruction],
+    zone_last: &Sums,
+    host_last: &Sums,
+    hosts: usize,
+) {
+    let hosts = hosts.max(1) as f64;
+    for b in buckets {
+        if let Some(zone_share) = b.share {
+            let key = BucketKey::new(&b.service, &b.bucket);
+            let zone_share = Ratio::from_raw(zone_share).as_f64();
+            let zone_offered = zone_last.offered(&key) as f64;
+            let share = if zone_offered > 0.0 {
+                zone_share * host_last.offered(&key) as f64 / zone_offered
+            } else {
+                zone_share / hosts
+            };
+            b.share = Some(Ratio::from_f64(share).raw());
         }
     }
 }

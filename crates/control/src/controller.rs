@@ -14,14 +14,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use spillway_core::algo::{Kind, Ratio};
-use spillway_core::config::Scope;
+use spillway_core::config::{Config, Scope};
 use spillway_core::control::{Smoother, target_drop};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use tokio::net::TcpListener;
@@ -37,7 +37,7 @@ use crate::admin::{self, AdminView};
 use crate::error::ControlError;
 use crate::net::{self, Stop, sleep_or_stop};
 use crate::rules::RulesSnapshot;
-use crate::sums::{BucketKey, Sums};
+use crate::sums::{BucketKey, Intervals, Sums};
 use crate::timing::{Backoff, Interval, now_ms};
 
 /// Where a controller listens, its peers and its rules.
@@ -191,7 +191,7 @@ impl Controller {
 
     /// Every control-plane bucket as last computed.
     pub fn buckets(&self) -> HashMap<BucketKey, BucketView> {
-        self.region.lock().view.clone()
+        self.region.lock().core.view().clone()
     }
 
     /// Hosts of this region with the rules version each runs.
@@ -203,14 +203,7 @@ impl Controller {
     pub fn live_peers(&self) -> Vec<String> {
         let state = self.region.lock();
         let ttl = state.rules.config.control.instruction_ttl;
-        let mut live: Vec<String> = state
-            .peers
-            .iter()
-            .filter(|(_, p)| p.last_heard.elapsed() < ttl)
-            .map(|(r, _)| r.clone())
-            .collect();
-        live.sort();
-        live
+        state.core.live_peers(now_ms(), ttl)
     }
 
     /// Stops accepting, ends every stream and waits (at most 5 s) for the tasks.
@@ -238,14 +231,9 @@ struct Region {
 struct RegionState {
     rules: Arc<RulesSnapshot>,
     zones: HashMap<u64, ZoneConn>,
-    pending: BTreeMap<u64, Pending>,
-    closed_through: u64,
-    /// Closed intervals waiting for the peers' sums, with their deadline (Unix ms).
-    awaiting: BTreeMap<u64, (HashMap<String, Sums>, u64)>,
-    peers: HashMap<String, Peer>,
     peer_txs: HashMap<u64, mpsc::Sender<Result<v1::RegionSums, Status>>>,
-    smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
-    view: HashMap<BucketKey, BucketView>,
+    /// Everything that decides what to send, without I/O.
+    core: RegionCore,
 }
 
 struct ZoneConn {
@@ -255,16 +243,298 @@ struct ZoneConn {
     sent_rules: u64,
 }
 
-#[derive(Default)]
-struct Pending {
-    /// Sums per zone name.
-    zones: HashMap<String, Sums>,
-    reported: HashSet<u64>,
+/// What the controller's state machine asks its owner to send.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// This region's sums of its global buckets, for every peer controller.
+    Announce(v1::RegionSums),
+    /// The instructions of one computed interval, per zone name.
+    Instruct {
+        sequence: u64,
+        per_zone: HashMap<String, Vec<v1::BucketInstruction>>,
+    },
 }
 
+/// A peer region as this controller knows it.
+#[derive(Debug, Clone)]
 struct Peer {
-    last_heard: Instant,
+    /// When its sums last arrived, in the owner's milliseconds.
+    last_heard_ms: u64,
     sums: BTreeMap<u64, Sums>,
+}
+
+/// The regional controller as a sans-IO state machine: zone sums and peer sums go in with the
+/// time, [`Step`]s come out. The gRPC server drives it with Unix milliseconds, the simulator
+/// with simulated ones, so both run the same closing rules and the same drop-ratio math.
+///
+/// An interval closes when every zone reported it or two graces after its end (aggregators wait
+/// up to one grace for their clients); its global sums are then announced to the peers, and it
+/// is computed when every live peer's sums for it are in, or three graces after its end. With 1 s
+/// intervals: interval 7 is computed at 8.750 s at the latest.
+#[derive(Debug, Clone)]
+pub struct RegionCore {
+    region: String,
+    window: Intervals<u64, HashMap<String, Sums>>,
+    /// Closed intervals waiting for the peers' sums, with their deadline (ms).
+    awaiting: BTreeMap<u64, (HashMap<String, Sums>, u64)>,
+    peers: HashMap<String, Peer>,
+    smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
+    view: HashMap<BucketKey, BucketView>,
+}
+
+impl RegionCore {
+    /// A controller for `region` that counts intervals up to `closed_through` as closed.
+    pub fn new(region: impl Into<String>, closed_through: u64) -> Self {
+        Self {
+            region: region.into(),
+            window: Intervals::new(closed_through),
+            awaiting: BTreeMap::new(),
+            peers: HashMap::new(),
+            smoothers: HashMap::new(),
+            view: HashMap::new(),
+        }
+    }
+
+    /// Every control-plane bucket as last computed.
+    pub fn view(&self) -> &HashMap<BucketKey, BucketView> {
+        &self.view
+    }
+
+    /// Peer regions heard from within `ttl` of `now_ms`, sorted.
+    pub fn live_peers(&self, now_ms: u64, ttl: Duration) -> Vec<String> {
+        let mut live: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| is_live(p, now_ms, ttl))
+            .map(|(r, _)| r.clone())
+            .collect();
+        live.sort();
+        live
+    }
+
+    /// The interval length changed: forget every open interval.
+    pub fn reset(&mut self, closed_through: u64) {
+        self.window.reset(closed_through);
+        self.awaiting.clear();
+    }
+
+    /// Zone `zone`'s sums of interval `sequence`, from member `member` (one aggregator stream).
+    /// False when the interval is already closed.
+    pub fn on_zone_sums(
+        &mut self,
+        member: u64,
+        zone: &str,
+        sequence: u64,
+        buckets: &[v1::BucketCounts],
+    ) -> bool {
+        match self.window.accept(sequence, member) {
+            Some(zones) => {
+                zones.entry(zone.to_owned()).or_default().add_wire(buckets);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A peer's sums, at `now_ms`. Keeps enough intervals per peer to cover the TTL.
+    pub fn on_peer_sums(&mut self, config: &Config, sums: v1::RegionSums, now_ms: u64) {
+        if sums.region == self.region || sums.region.is_empty() {
+            return;
+        }
+        let interval = Interval::new(config.control.report_interval);
+        let ttl = config.control.instruction_ttl;
+        let keep = (ttl.as_millis() as u64 / interval.ms()).max(1) + 2;
+        let peer = self.peers.entry(sums.region).or_insert_with(|| Peer {
+            last_heard_ms: now_ms,
+            sums: BTreeMap::new(),
+        });
+        peer.last_heard_ms = now_ms;
+        if sums.interval_ms == interval.ms() {
+            peer.sums
+                .insert(sums.sequence, Sums::from_wire(&sums.buckets));
+            while peer.sums.len() as u64 > keep {
+                peer.sums.pop_first();
+            }
+        }
+    }
+
+    /// Moves intervals along at `now_ms`: closes the region's intervals that every one of
+    /// `members` reported or that are overdue (announcing their global sums), then computes
+    /// those whose live peers' sums are all in or whose deadline passed. `zones` are the names of
+    /// the connected zones: each gets instructions, even one that reported nothing.
+    pub fn poll<'a>(
+        &mut self,
+        config: &Config,
+        members: impl Iterator<Item = &'a u64> + Clone,
+        zones: impl Iterator<Item = &'a str> + Clone,
+        now_ms: u64,
+    ) -> Vec<Step> {
+        let interval = Interval::new(config.control.report_interval);
+        let grace = interval.grace_ms();
+        let mut steps = Vec::new();
+        for (sequence, zone_sums, _) in
+            self.window
+                .close_ready(now_ms, interval, 2 * grace, members)
+        {
+            steps.push(Step::Announce(v1::RegionSums {
+                region: self.region.clone(),
+                sequence,
+                interval_ms: interval.ms(),
+                buckets: global_sums(config, &zone_sums).to_wire(),
+            }));
+            self.awaiting
+                .insert(sequence, (zone_sums, interval.end_of(sequence) + 3 * grace));
+        }
+        let ttl = config.control.instruction_ttl;
+        while let Some((&sequence, &(_, deadline))) = self.awaiting.first_key_value() {
+            let all_in = self
+                .peers
+                .values()
+                .filter(|p| is_live(p, now_ms, ttl))
+                .all(|p| p.sums.contains_key(&sequence));
+            if !(all_in || now_ms >= deadline) {
+                break;
+            }
+            let Some((sequence, (mut zone_sums, _))) = self.awaiting.pop_first() else {
+                break;
+            };
+            for zone in zones.clone().filter(|z| !z.is_empty()) {
+                zone_sums.entry(zone.to_owned()).or_default();
+            }
+            let mut peers = Sums::default();
+            for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
+                // This interval's sums, or the latest before it when the peer was late.
+                if let Some((_, sums)) = peer.sums.range(..=sequence).next_back() {
+                    peers.add(sums);
+                }
+            }
+            let per_zone = self.compute(config, &zone_sums, &peers, interval);
+            steps.push(Step::Instruct { sequence, per_zone });
+        }
+        steps
+    }
+
+    /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
+    /// smoothed drop ratio per bucket and scope (G8), and each zone's share of the scope's load
+    /// for adaptive token buckets (G10).
+    fn compute(
+        &mut self,
+        config: &Config,
+        zone_sums: &HashMap<String, Sums>,
+        peers: &Sums,
+        interval: Interval,
+    ) -> HashMap<String, Vec<v1::BucketInstruction>> {
+        let secs = interval.secs();
+        let mut region = Sums::default();
+        for sums in zone_sums.values() {
+            region.add(sums);
+        }
+        let mut per_zone: HashMap<String, Vec<v1::BucketInstruction>> = HashMap::new();
+        let mut view = HashMap::new();
+        let mut live_keys = HashSet::new();
+        for (service, bucket) in config.buckets() {
+            if !matches!(
+                bucket.algorithm,
+                Kind::DropRatio | Kind::AdaptiveTokenBucket
+            ) {
+                continue;
+            }
+            let key = BucketKey::new(&service.name, &bucket.name);
+            let limit = bucket.limit.per_second();
+            let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
+            let mut instruction = |zone: &str, ratio: f64, share: f64, scope_offered: f64| {
+                per_zone
+                    .entry(zone.to_owned())
+                    .or_default()
+                    .push(v1::BucketInstruction {
+                        service: key.service.clone(),
+                        bucket: key.bucket.clone(),
+                        drop_ratio: if adaptive {
+                            0
+                        } else {
+                            Ratio::from_f64(ratio).raw()
+                        },
+                        share: adaptive.then(|| Ratio::from_f64(share).raw()),
+                        scope_offered_rps: scope_offered,
+                    });
+            };
+            let mut smoother = |zone: Option<&str>, target: f64| {
+                live_keys.insert((key.clone(), zone.map(str::to_owned)));
+                self.smoothers
+                    .entry((key.clone(), zone.map(str::to_owned)))
+                    .or_default()
+                    .update(target)
+            };
+            let zones_count = zone_sums.len().max(1) as f64;
+            match bucket.scope {
+                Scope::Zone => {
+                    let mut observed = 0.0;
+                    let mut highest: f64 = 0.0;
+                    for (zone, sums) in zone_sums {
+                        let offered = sums.offered(&key) as f64 / secs;
+                        let ratio = smoother(Some(zone), target_drop(limit, offered));
+                        instruction(zone, ratio, 1.0, offered);
+                        observed += offered;
+                        highest = highest.max(ratio);
+                    }
+                    view.insert(
+                        key.clone(),
+                        BucketView {
+                            limit_rps: limit,
+                            observed_rps: observed,
+                            drop_ratio: highest,
+                        },
+                    );
+                }
+                Scope::Region | Scope::Global => {
+                    let mut scope = region.offered(&key) as f64 / secs;
+                    if bucket.scope == Scope::Global {
+                        scope += peers.offered(&key) as f64 / secs;
+                    }
+                    let ratio = smoother(None, target_drop(limit, scope));
+                    for (zone, sums) in zone_sums {
+                        let share = if scope > 0.0 {
+                            sums.offered(&key) as f64 / secs / scope
+                        } else {
+                            1.0 / zones_count
+                        };
+                        instruction(zone, ratio, share, scope);
+                    }
+                    view.insert(
+                        key.clone(),
+                        BucketView {
+                            limit_rps: limit,
+                            observed_rps: scope,
+                            drop_ratio: ratio,
+                        },
+                    );
+                }
+            }
+        }
+        // Buckets that left the rules take their smoothing state with them.
+        self.smoothers.retain(|k, _| live_keys.contains(k));
+        self.view = view;
+        per_zone
+    }
+}
+
+fn is_live(peer: &Peer, now_ms: u64, ttl: Duration) -> bool {
+    (now_ms.saturating_sub(peer.last_heard_ms) as u128) < ttl.as_millis()
+}
+
+/// The region's sums of its global buckets only: what peers need, and all they get.
+pub fn global_sums(config: &Config, zones: &HashMap<String, Sums>) -> Sums {
+    let mut region = Sums::default();
+    for sums in zones.values() {
+        region.add(sums);
+    }
+    let global: HashSet<BucketKey> = config
+        .buckets()
+        .filter(|(_, b)| b.scope == Scope::Global)
+        .map(|(s, b)| BucketKey::new(&s.name, &b.name))
+        .collect();
+    region.0.retain(|k, _| global.contains(k));
+    region
 }
 
 impl Region {
@@ -275,13 +545,8 @@ impl Region {
             state: Mutex::new(RegionState {
                 rules,
                 zones: HashMap::new(),
-                pending: BTreeMap::new(),
-                closed_through: interval.sequence_at(now_ms()).saturating_sub(1),
-                awaiting: BTreeMap::new(),
-                peers: HashMap::new(),
                 peer_txs: HashMap::new(),
-                smoothers: HashMap::new(),
-                view: HashMap::new(),
+                core: RegionCore::new(region, interval.sequence_at(now_ms()).saturating_sub(1)),
             }),
             next_conn: AtomicU64::new(1),
             computed: AtomicU64::new(0),
@@ -321,236 +586,58 @@ impl Region {
             }
         }
         let interval = Interval::new(state.rules.config.control.report_interval);
-        if report.interval_ms != interval.ms() || report.sequence <= state.closed_through {
+        if report.interval_ms != interval.ms()
+            || !state
+                .core
+                .on_zone_sums(conn, &report.zone, report.sequence, &report.buckets)
+        {
             return;
         }
-        let pending = state.pending.entry(report.sequence).or_default();
-        pending
-            .zones
-            .entry(report.zone)
-            .or_default()
-            .add_wire(&report.buckets);
-        pending.reported.insert(conn);
         self.poll(&mut state, now_ms());
     }
 
     fn on_peer_sums(&self, sums: v1::RegionSums) {
-        if sums.region == self.region || sums.region.is_empty() {
-            return;
-        }
         let mut state = self.lock();
-        let interval = Interval::new(state.rules.config.control.report_interval);
-        let ttl = state.rules.config.control.instruction_ttl;
-        let keep = (ttl.as_millis() as u64 / interval.ms()).max(1) + 2;
-        let peer = state.peers.entry(sums.region).or_insert_with(|| Peer {
-            last_heard: Instant::now(),
-            sums: BTreeMap::new(),
-        });
-        peer.last_heard = Instant::now();
-        if sums.interval_ms == interval.ms() {
-            peer.sums
-                .insert(sums.sequence, Sums::from_wire(&sums.buckets));
-            while peer.sums.len() as u64 > keep {
-                peer.sums.pop_first();
-            }
-        }
+        let RegionState { rules, core, .. } = &mut *state;
+        core.on_peer_sums(&rules.config, sums, now_ms());
         self.poll(&mut state, now_ms());
     }
 
-    /// Moves intervals along: closes the region's intervals that are complete or overdue (and
-    /// sends their global sums to the peers), then computes and pushes those whose peers' sums
-    /// are all in or whose deadline passed.
+    /// Runs the state machine at `now` and sends what it asks for.
     fn poll(&self, state: &mut RegionState, now: u64) {
-        let interval = Interval::new(state.rules.config.control.report_interval);
-        let grace = interval.grace_ms();
-        let ended = interval
-            .sequence_at(now.saturating_sub(grace))
-            .saturating_sub(1);
-        if ended > state.closed_through && !state.pending.contains_key(&ended) {
-            state.pending.insert(ended, Pending::default());
-        }
-        while let Some((&sequence, pending)) = state.pending.first_key_value() {
-            let complete =
-                !state.zones.is_empty() && state.zones.keys().all(|c| pending.reported.contains(c));
-            // Aggregators wait up to one grace for their clients: wait up to two for them.
-            let overdue = now >= interval.end_of(sequence) + 2 * grace;
-            if !(complete || overdue) {
-                break;
+        let RegionState {
+            rules, zones, core, ..
+        } = &mut *state;
+        let steps = core.poll(
+            &rules.config,
+            zones.keys(),
+            zones.values().map(|z| z.zone.as_str()),
+            now,
+        );
+        for step in steps {
+            match step {
+                Step::Announce(message) => {
+                    for tx in state.peer_txs.values() {
+                        let _ = tx.try_send(Ok(message.clone()));
+                    }
+                }
+                Step::Instruct { sequence, per_zone } => {
+                    self.send_instructions(state, sequence, &per_zone, now);
+                }
             }
-            let Some((sequence, pending)) = state.pending.pop_first() else {
-                break;
-            };
-            state.closed_through = sequence;
-            self.announce(state, sequence, interval, &pending.zones);
-            state.awaiting.insert(
-                sequence,
-                (pending.zones, interval.end_of(sequence) + 3 * grace),
-            );
-        }
-        let ttl = state.rules.config.control.instruction_ttl;
-        while let Some((&sequence, &(_, deadline))) = state.awaiting.first_key_value() {
-            let all_in = state
-                .peers
-                .values()
-                .filter(|p| p.last_heard.elapsed() < ttl)
-                .all(|p| p.sums.contains_key(&sequence));
-            if !(all_in || now >= deadline) {
-                break;
-            }
-            let Some((sequence, (zones, _))) = state.awaiting.pop_first() else {
-                break;
-            };
-            self.compute(state, sequence, interval, &zones, now);
         }
     }
 
-    /// Sends this region's sums of its global buckets for `sequence` to every peer.
-    fn announce(
+    fn send_instructions(
         &self,
         state: &mut RegionState,
         sequence: u64,
-        interval: Interval,
-        zones: &HashMap<String, Sums>,
-    ) {
-        let mut region = Sums::default();
-        for sums in zones.values() {
-            region.add(sums);
-        }
-        let global: HashSet<BucketKey> = state
-            .rules
-            .config
-            .buckets()
-            .filter(|(_, b)| b.scope == Scope::Global)
-            .map(|(s, b)| BucketKey::new(&s.name, &b.name))
-            .collect();
-        region.0.retain(|k, _| global.contains(k));
-        let message = v1::RegionSums {
-            region: self.region.clone(),
-            sequence,
-            interval_ms: interval.ms(),
-            buckets: region.to_wire(),
-        };
-        for tx in state.peer_txs.values() {
-            let _ = tx.try_send(Ok(message.clone()));
-        }
-    }
-
-    fn compute(
-        &self,
-        state: &mut RegionState,
-        sequence: u64,
-        interval: Interval,
-        zones: &HashMap<String, Sums>,
+        per_zone: &HashMap<String, Vec<v1::BucketInstruction>>,
         now: u64,
     ) {
-        let secs = interval.secs();
-        let ttl = state.rules.config.control.instruction_ttl;
         let rules = state.rules.clone();
-        // Every connected zone gets instructions, even one that reported nothing this time.
-        let mut zone_sums: HashMap<String, Sums> = zones.clone();
-        for z in state.zones.values().filter(|z| !z.zone.is_empty()) {
-            zone_sums.entry(z.zone.clone()).or_default();
-        }
-        let mut region = Sums::default();
-        for sums in zone_sums.values() {
-            region.add(sums);
-        }
-        let mut peers = Sums::default();
-        for peer in state.peers.values() {
-            if peer.last_heard.elapsed() >= ttl {
-                continue;
-            }
-            // This interval's sums, or the latest before it when the peer was late.
-            if let Some((_, sums)) = peer.sums.range(..=sequence).next_back() {
-                peers.add(sums);
-            }
-        }
-        let mut per_zone: HashMap<String, Vec<v1::BucketInstruction>> = HashMap::new();
-        let mut view = HashMap::new();
-        let mut live_keys = HashSet::new();
-        for (service, bucket) in rules.config.buckets() {
-            if !matches!(
-                bucket.algorithm,
-                Kind::DropRatio | Kind::AdaptiveTokenBucket
-            ) {
-                continue;
-            }
-            let key = BucketKey::new(&service.name, &bucket.name);
-            let limit = bucket.limit.per_second();
-            let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
-            let mut instruction = |zone: &str, ratio: f64, share: f64, scope_offered: f64| {
-                per_zone
-                    .entry(zone.to_owned())
-                    .or_default()
-                    .push(v1::BucketInstruction {
-                        service: key.service.clone(),
-                        bucket: key.bucket.clone(),
-                        drop_ratio: if adaptive {
-                            0
-                        } else {
-                            Ratio::from_f64(ratio).raw()
-                        },
-                        share: adaptive.then(|| Ratio::from_f64(share).raw()),
-                        scope_offered_rps: scope_offered,
-                    });
-            };
-            let mut smoother = |zone: Option<&str>, target: f64| {
-                live_keys.insert((key.clone(), zone.map(str::to_owned)));
-                state
-                    .smoothers
-                    .entry((key.clone(), zone.map(str::to_owned)))
-                    .or_default()
-                    .update(target)
-            };
-            let zones_count = zone_sums.len().max(1) as f64;
-            match bucket.scope {
-                Scope::Zone => {
-                    let mut observed = 0.0;
-                    let mut highest: f64 = 0.0;
-                    for (zone, sums) in &zone_sums {
-                        let offered = sums.offered(&key) as f64 / secs;
-                        let ratio = smoother(Some(zone), target_drop(limit, offered));
-                        instruction(zone, ratio, 1.0, offered);
-                        observed += offered;
-                        highest = highest.max(ratio);
-                    }
-                    view.insert(
-                        key.clone(),
-                        BucketView {
-                            limit_rps: limit,
-                            observed_rps: observed,
-                            drop_ratio: highest,
-                        },
-                    );
-                }
-                Scope::Region | Scope::Global => {
-                    let mut scope = region.offered(&key) as f64 / secs;
-                    if bucket.scope == Scope::Global {
-                        scope += peers.offered(&key) as f64 / secs;
-                    }
-                    let ratio = smoother(None, target_drop(limit, scope));
-                    for (zone, sums) in &zone_sums {
-                        let share = if scope > 0.0 {
-                            sums.offered(&key) as f64 / secs / scope
-                        } else {
-                            1.0 / zones_count
-                        };
-                        instruction(zone, ratio, share, scope);
-                    }
-                    view.insert(
-                        key.clone(),
-                        BucketView {
-                            limit_rps: limit,
-                            observed_rps: scope,
-                            drop_ratio: ratio,
-                        },
-                    );
-                }
-            }
-        }
-        // Buckets that left the rules take their smoothing state with them.
-        state.smoothers.retain(|k, _| live_keys.contains(k));
-        state.view = view;
+        let interval = Interval::new(rules.config.control.report_interval);
+        let ttl = rules.config.control.instruction_ttl;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         for zone in state.zones.values_mut() {
             let send_rules = zone.sent_rules != rules.version;
@@ -580,9 +667,9 @@ impl Region {
         let old = Interval::new(state.rules.config.control.report_interval);
         let new = Interval::new(rules.config.control.report_interval);
         if old != new {
-            state.pending.clear();
-            state.awaiting.clear();
-            state.closed_through = new.sequence_at(now_ms()).saturating_sub(1);
+            state
+                .core
+                .reset(new.sequence_at(now_ms()).saturating_sub(1));
         }
         state.rules = rules;
     }
@@ -607,7 +694,7 @@ impl AdminView for Region {
         let limit = Family::<Labels, FloatGauge>::default();
         let observed = Family::<Labels, FloatGauge>::default();
         let ratio = Family::<Labels, FloatGauge>::default();
-        for (key, view) in &state.view {
+        for (key, view) in state.core.view() {
             let labels = vec![
                 ("service", key.service.clone()),
                 ("bucket", key.bucket.clone()),
@@ -647,16 +734,7 @@ impl AdminView for Region {
         );
         let ttl = state.rules.config.control.instruction_ttl;
         let peers = Gauge::<i64>::default();
-        peers.set(
-            i64::try_from(
-                state
-                    .peers
-                    .values()
-                    .filter(|p| p.last_heard.elapsed() < ttl)
-                    .count(),
-            )
-            .unwrap_or(i64::MAX),
-        );
+        peers.set(i64::try_from(state.core.live_peers(now_ms(), ttl).len()).unwrap_or(i64::MAX));
         registry.register(
             "spillway_controller_live_peers",
             "Peer regions heard from within the instruction TTL",

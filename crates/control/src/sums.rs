@@ -1,6 +1,8 @@
-//! Per-bucket counts and their sums: what aggregators and controllers add up every interval.
+//! Per-bucket counts and their sums: what aggregators and controllers add up every interval,
+//! and the sans-IO bookkeeping of which intervals are still open ([`Intervals`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
 
 use spillway_proto::v1;
 
@@ -93,6 +95,90 @@ impl Sums {
     }
 }
 
+/// Open intervals and what has arrived for each, from a set of members (an aggregator's hosts, a
+/// controller's zones): the rule both tiers use to decide when an interval is closed.
+///
+/// An interval closes when every member has reported it, or `wait` milliseconds after its end,
+/// whichever comes first; intervals close in order, and a report for a closed interval is late.
+/// With 1 s intervals and a 250 ms wait, interval 7 (7.000 s to 8.000 s) closes the moment its
+/// last member reports, and at 8.250 s at the latest. Time is passed in (Unix or simulated
+/// milliseconds), so the servers and the simulator run the same code.
+#[derive(Debug, Clone)]
+pub struct Intervals<K, P> {
+    pending: BTreeMap<u64, (P, HashSet<K>)>,
+    closed_through: u64,
+}
+
+impl<K: Eq + Hash, P: Default> Intervals<K, P> {
+    /// Nothing open; intervals up to `closed_through` count as closed.
+    pub fn new(closed_through: u64) -> Self {
+        Self {
+            pending: BTreeMap::new(),
+            closed_through,
+        }
+    }
+
+    /// Forgets every open interval and starts afresh after `closed_through` (the interval length
+    /// changed, so sequence numbers mean something else now).
+    pub fn reset(&mut self, closed_through: u64) {
+        self.pending.clear();
+        self.closed_through = closed_through;
+    }
+
+    /// The last closed interval.
+    pub fn closed_through(&self) -> u64 {
+        self.closed_through
+    }
+
+    /// The payload of interval `sequence` for `member` to add into, or `None` when the interval
+    /// is already closed (the report is late).
+    pub fn accept(&mut self, sequence: u64, member: K) -> Option<&mut P> {
+        if sequence <= self.closed_through {
+            return None;
+        }
+        let (payload, reported) = self.pending.entry(sequence).or_default();
+        reported.insert(member);
+        Some(payload)
+    }
+
+    /// Closes, in order, every interval that every one of `members` reported (when there is at
+    /// least one member) or whose wait has passed at `now_ms`, and returns each with its payload
+    /// and how many members reported it. An interval nobody reported is still closed (empty)
+    /// once its wait passed, so the tier above keeps hearing from this one.
+    pub fn close_ready<'a>(
+        &mut self,
+        now_ms: u64,
+        interval: crate::timing::Interval,
+        wait_ms: u64,
+        members: impl Iterator<Item = &'a K> + Clone,
+    ) -> Vec<(u64, P, usize)>
+    where
+        K: 'a,
+    {
+        let ended = interval
+            .sequence_at(now_ms.saturating_sub(wait_ms))
+            .saturating_sub(1);
+        if ended > self.closed_through && !self.pending.contains_key(&ended) {
+            self.pending.insert(ended, Default::default());
+        }
+        let mut closed = Vec::new();
+        while let Some((&sequence, (_, reported))) = self.pending.first_key_value() {
+            let mut all = members.clone().peekable();
+            let complete = all.peek().is_some() && all.all(|m| reported.contains(m));
+            let overdue = now_ms >= interval.end_of(sequence) + wait_ms;
+            if !(complete || overdue) {
+                break;
+            }
+            let Some((sequence, (payload, reported))) = self.pending.pop_first() else {
+                break;
+            };
+            self.closed_through = sequence;
+            closed.push((sequence, payload, reported.len()));
+        }
+        closed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +206,40 @@ mod tests {
         assert_eq!(zone.0[&a].shadow_dropped, 2);
         assert_eq!(zone.offered(&BucketKey::new("api", "c")), 0);
         assert_eq!(Sums::from_wire(&zone.to_wire()), zone);
+    }
+
+    #[test]
+    fn an_interval_closes_when_complete_or_overdue_and_late_reports_are_refused() {
+        let interval = crate::timing::Interval::from_ms(1000);
+        let members = ["a", "b"];
+        let mut open: Intervals<&str, u64> = Intervals::new(6);
+        *open.accept(7, "a").unwrap() += 10;
+        // Interval 7 ends at 8,000 ms: at 8,100 only "a" reported and the wait runs to 8,250.
+        assert!(
+            open.close_ready(8_100, interval, 250, members.iter())
+                .is_empty()
+        );
+        *open.accept(7, "b").unwrap() += 5;
+        assert_eq!(
+            open.close_ready(8_100, interval, 250, members.iter()),
+            vec![(7, 15, 2)]
+        );
+        assert!(open.accept(7, "a").is_none(), "7 is closed");
+        // Only "a" reports 8; it closes at 9,250 without "b".
+        *open.accept(8, "a").unwrap() += 1;
+        assert!(
+            open.close_ready(9_249, interval, 250, members.iter())
+                .is_empty()
+        );
+        assert_eq!(
+            open.close_ready(9_250, interval, 250, members.iter()),
+            vec![(8, 1, 1)]
+        );
+        // Nobody reported 9: it still closes, empty, once its wait passed.
+        assert_eq!(
+            open.close_ready(10_300, interval, 250, members.iter()),
+            vec![(9, 0, 0)]
+        );
+        assert_eq!(open.closed_through(), 9);
     }
 }
