@@ -9,11 +9,26 @@ use spillway_core::pattern::{
     MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
 };
 
-const CALLER_PATTERNS: &[&str] = &["gw", "api", "api-1", "api-2", "api-*", "*", "g*", "*-1", ""];
+// Multi-byte values make sure glob prefixes are compared as bytes, never sliced mid-character.
+const CALLER_PATTERNS: &[&str] = &[
+    "gw", "api", "api-1", "api-2", "api-*", "*", "g*", "*-1", "", "\u{fc}*", "\u{fc}b*",
+];
 const PROCEDURE_PATTERNS: &[&str] = &["/a", "/b", "/a/x", "/a/*", "/*", "*", "/a/x*", "**"];
 const SUBJECT_PATTERNS: &[&str] = &["*", "alice", "bob", "a*", "*e", ""];
 
-const CALLERS: &[&str] = &["gw", "api", "api-1", "api-2", "api-3", "g", "x-1", ""];
+const CALLERS: &[&str] = &[
+    "gw",
+    "api",
+    "api-1",
+    "api-2",
+    "api-3",
+    "g",
+    "x-1",
+    "",
+    "\u{fc}",
+    "\u{fc}ber",
+    "a\u{fc}",
+];
 const PROCEDURES: &[&str] = &["/a", "/b", "/a/x", "/a/xy", "/c", "/", ""];
 const SUBJECTS: &[&str] = &["alice", "bob", "ann", "eve", ""];
 
