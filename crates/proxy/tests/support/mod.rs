@@ -23,7 +23,8 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 
 /// A real upstream: answers `200 upstream saw PATH`, counts requests, holds `/slow` until
-/// released, and answers gRPC calls with one message and `grpc-status: 0` in trailers.
+/// released, and answers gRPC calls by echoing the request message (three times for a method
+/// named `Stream`) with `grpc-status: 0` in trailers.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<AtomicUsize>,
@@ -52,12 +53,17 @@ async fn answer(
     }
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
     if grpc {
-        // Echo the request message back, then trailers: a unary gRPC call.
+        // Echo the request message back, then trailers: a unary gRPC call. A method named
+        // `.../Stream` answers the message three times, like a server-streaming call.
         let message = body.unwrap_or_default();
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
         trailers.insert("grpc-message", "echoed".parse().unwrap());
-        let body = Frames(vec![Frame::data(message), Frame::trailers(trailers)].into_iter());
+        trailers.insert("x-upstream-trailer", "intact".parse().unwrap());
+        let copies = if path.ends_with("/Stream") { 3 } else { 1 };
+        let mut frames: Vec<_> = (0..copies).map(|_| Frame::data(message.clone())).collect();
+        frames.push(Frame::trailers(trailers));
+        let body = Frames(frames.into_iter());
         let mut response = Response::new(BodyExt::boxed(body));
         response
             .headers_mut()
