@@ -25,6 +25,7 @@
 
 mod acquire;
 mod client;
+pub mod control;
 mod error;
 mod identity;
 mod layer;

@@ -24,6 +24,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use spillway_client::control::control_plane_live;
+
 use crate::server::Shared;
 
 type Labels = Vec<(&'static str, String)>;
@@ -157,9 +159,16 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         overflow,
     );
     let connected = Gauge::<i64>::default();
+    let ttl = client.rules().config().control.instruction_ttl;
+    connected.set(
+        shared
+            .link
+            .as_ref()
+            .map_or(0, |l| i64::from(control_plane_live(l, ttl))),
+    );
     registry.register(
         "spillway_control_plane_connected",
-        "1 while a control-plane stream is up; a standalone proxy has none",
+        "1 while instructions from the control plane arrive within their TTL; 0 when they stopped (fail-open) and for a standalone proxy",
         connected,
     );
     let expired = Counter::<u64>::default();
@@ -170,7 +179,12 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         expired,
     );
     let version = Gauge::<i64>::default();
-    version.set(i64::try_from(client.rules().version()).unwrap_or(i64::MAX));
+    // Linked, the control plane's version (what its controller shows for this host).
+    let running = shared
+        .link
+        .as_ref()
+        .map_or(client.rules().version(), |l| l.rules_version());
+    version.set(i64::try_from(running).unwrap_or(i64::MAX));
     registry.register(
         "spillway_rules_version",
         "Version of the rules in force; counts up with every reload",

@@ -14,6 +14,9 @@ pub enum ProxyError {
         "upstream \"{url}\": {problem}; write it like http://127.0.0.1:8080 (TLS to the upstream is not supported)"
     )]
     Upstream { url: String, problem: String },
+    /// The aggregator's URL is unusable (exit status 2).
+    #[error("aggregator: {0}")]
+    Aggregator(#[source] spillway_client::control::ControlError),
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -26,6 +29,9 @@ pub enum ProxyError {
 impl ProxyError {
     /// Bad configuration or usage (exit 2), as opposed to a runtime failure (exit 1).
     pub fn is_usage(&self) -> bool {
-        matches!(self, ProxyError::Config(_) | ProxyError::Upstream { .. })
+        matches!(
+            self,
+            ProxyError::Config(_) | ProxyError::Upstream { .. } | ProxyError::Aggregator(_)
+        )
     }
 }

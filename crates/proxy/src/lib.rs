@@ -9,6 +9,7 @@
 
 mod admin;
 pub mod answer;
+mod control;
 mod error;
 mod forward;
 mod server;

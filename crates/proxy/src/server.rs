@@ -17,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use spillway_client::control::{ControlOptions, ControlPlane, LinkStatus};
 use spillway_client::{Client, DEFAULT_POLL, Step, watch_file};
 use spillway_core::decision::Decision;
 use tokio::net::TcpListener;
@@ -48,6 +49,9 @@ pub struct ProxyOptions {
     pub reload_every: Duration,
     /// How long shutdown waits for requests in flight before closing their connections.
     pub drain_timeout: Duration,
+    /// The control plane to report to and take instructions and rules from; with it the file is
+    /// only the rules to start with when the state directory has none.
+    pub control: Option<ControlOptions>,
 }
 
 impl ProxyOptions {
@@ -59,6 +63,7 @@ impl ProxyOptions {
             admin: None,
             reload_every: DEFAULT_POLL,
             drain_timeout: Duration::from_secs(30),
+            control: None,
         }
     }
 }
@@ -68,6 +73,8 @@ pub(crate) struct Shared {
     pub(crate) client: Arc<Client>,
     upstream: Upstream,
     pub(crate) upstream_errors: AtomicU64,
+    /// The control-plane link's state, when linked.
+    pub(crate) link: Option<Arc<LinkStatus>>,
 }
 
 /// A running proxy.
@@ -77,14 +84,16 @@ pub struct Proxy {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    watcher: JoinHandle<()>,
+    /// The file watcher, standalone only.
+    watcher: Option<JoinHandle<()>>,
+    control: Option<ControlPlane>,
 }
 
 impl Proxy {
     /// Loads the rules, binds the listeners and starts serving on the current tokio runtime.
     pub async fn start(options: ProxyOptions) -> Result<Self, ProxyError> {
         let upstream = Upstream::new(&options.upstream)?;
-        let client = Arc::new(Client::from_file(&options.config)?);
+        let (client, control) = crate::control::start(&options)?;
         let bind = |addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -104,6 +113,7 @@ impl Proxy {
             client: client.clone(),
             upstream,
             upstream_errors: AtomicU64::new(0),
+            link: control.as_ref().map(ControlPlane::status),
         });
         let (stop, stopped) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(serve(
@@ -119,7 +129,9 @@ impl Proxy {
                 stopped,
             )));
         }
-        let watcher = watch_file(client, options.config.clone(), options.reload_every);
+        let watcher = control
+            .is_none()
+            .then(|| watch_file(client, options.config.clone(), options.reload_every));
         tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "proxy listening");
         Ok(Self {
             addr,
@@ -128,6 +140,7 @@ impl Proxy {
             stop,
             tasks,
             watcher,
+            control,
         })
     }
 
@@ -145,12 +158,23 @@ impl Proxy {
         &self.shared.client
     }
 
-    /// Stops accepting, lets the requests in flight finish (up to the drain timeout), and returns.
+    /// The control-plane link's state (connected, rules version), when linked.
+    pub fn link_status(&self) -> Option<Arc<LinkStatus>> {
+        self.shared.link.clone()
+    }
+
+    /// Stops accepting, lets the requests in flight finish (up to the drain timeout), sends the
+    /// last report when linked, and returns.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        self.watcher.abort();
+        if let Some(watcher) = self.watcher {
+            watcher.abort();
+        }
         for task in self.tasks {
             let _ = task.await;
+        }
+        if let Some(control) = self.control {
+            control.shutdown().await;
         }
     }
 }

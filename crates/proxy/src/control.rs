@@ -1,0 +1,39 @@
+//! The sidecar on the control plane (`spillway proxy --aggregator`): which rules it starts with,
+//! and the link that reports its counts and applies drop ratios, shares and rules (G5-G10).
+//!
+//! Linked, the proxy starts from the last good rules the control plane sent (kept in the state
+//! directory), or from its file when there are none yet, and from then on takes its rules from
+//! the control plane only: the file is not watched, so an edit on one host cannot fork it from
+//! the fleet.
+
+use std::sync::Arc;
+
+use spillway_client::Client;
+use spillway_client::control::{ControlPlane, last_good_rules};
+
+use crate::error::ProxyError;
+use crate::server::ProxyOptions;
+
+/// The client the proxy decides with, and its control-plane link when it has an aggregator.
+pub(crate) fn start(
+    options: &ProxyOptions,
+) -> Result<(Arc<Client>, Option<ControlPlane>), ProxyError> {
+    let Some(control) = &options.control else {
+        return Ok((Arc::new(Client::from_file(&options.config)?), None));
+    };
+    let saved = control.state_dir.as_deref().and_then(last_good_rules);
+    let (client, version) = match saved {
+        Some((version, config)) => {
+            tracing::info!(
+                version,
+                "starting with the last good rules from the control plane"
+            );
+            (Client::new(config)?, version)
+        }
+        None => (Client::from_file(&options.config)?, 0),
+    };
+    let client = Arc::new(client);
+    let link = ControlPlane::spawn(client.clone(), control.clone(), version)
+        .map_err(ProxyError::Aggregator)?;
+    Ok((client, Some(link)))
+}
