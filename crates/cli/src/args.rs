@@ -88,6 +88,10 @@ pub struct ProxyArgs {
     /// This host's id in reports (default: the hostname and the listen port).
     #[arg(long)]
     pub host_id: Option<String>,
+    /// Keep the last good rules from the control plane here, so a restart enforces them
+    /// before the control plane answers.
+    #[arg(long, requires = "aggregator")]
+    pub state_dir: Option<PathBuf>,
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,

@@ -1,9 +1,10 @@
-//! `spillway proxy`: the sidecar, standalone from its file (SPEC §1). Wiring only: the work is
-//! in `spillway-proxy`.
+//! `spillway proxy`: the sidecar, standalone from its file or linked to its zone's aggregator
+//! (SPEC §1). Wiring only: the work is in `spillway-proxy`.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
+use spillway_client::control::{ControlOptions, LinkOptions};
 use spillway_proxy::{Proxy, ProxyOptions};
 
 use crate::args::ProxyArgs;
@@ -11,9 +12,15 @@ use crate::args::ProxyArgs;
 /// Runs the proxy until SIGTERM or SIGINT, then drains the requests in flight and exits 0.
 /// Bad configuration or usage exits 2, any other failure 1.
 pub fn proxy(args: ProxyArgs) -> ExitCode {
-    if args.aggregator.is_some() || args.database.is_some() {
+    if args.database.is_some() {
         eprintln!(
-            "spillway proxy: --aggregator and --database are not available yet in this build (they arrive with the control-plane and rules-service issues); run without them to use the file standalone"
+            "spillway proxy: --database is not available yet in this build (it arrives with the rules-service issue); use --aggregator, whose controller follows the store, or the file standalone"
+        );
+        return ExitCode::from(2);
+    }
+    if args.aggregator.is_some() && args.region.is_none() {
+        eprintln!(
+            "spillway proxy: --aggregator needs --region and --zone, for example --region eu-west --zone eu-west-1a"
         );
         return ExitCode::from(2);
     }
@@ -32,11 +39,20 @@ pub fn proxy(args: ProxyArgs) -> ExitCode {
 }
 
 async fn run(args: ProxyArgs) -> ExitCode {
-    if args.region.is_some() || args.host_id.is_some() {
+    if args.aggregator.is_none() && (args.region.is_some() || args.host_id.is_some()) {
         tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
     }
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
+    if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
+    {
+        let host_id = args
+            .host_id
+            .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.port()));
+        let mut control = ControlOptions::new(LinkOptions::new(aggregator, host_id, region, zone));
+        control.state_dir = args.state_dir;
+        options.control = Some(control);
+    }
     let proxy = match Proxy::start(options).await {
         Ok(proxy) => proxy,
         Err(err) => {
@@ -63,4 +79,14 @@ async fn stop_signal() -> anyhow::Result<()> {
         interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
     }
     Ok(())
+}
+
+/// This machine's name, for the default host id.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
