@@ -1,0 +1,31 @@
+//! Times one scenario with every algorithm: `cargo run --release -p spillway-sim --example fleet
+//! -- SCENARIO SECONDS [SEED [OUT]]`, for example `surge-15x 600` (1,000 hosts for 600 simulated
+//! seconds), and prints the table and the wall time.
+
+use std::time::Instant;
+
+use spillway_sim::{Algorithm, Scenario, output, run_all};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let name = args.next().unwrap_or_else(|| "surge-15x".into());
+    let seconds: f64 = args.next().map_or(Ok(60.0), |s| s.parse())?;
+    let seed: u64 = args.next().map_or(Ok(1), |s| s.parse())?;
+    let out = args.next();
+    let scenario = Scenario::named(&name, Some(seconds))?;
+    let started = Instant::now();
+    let results = run_all(&scenario, &Algorithm::ALL, seed, false)?;
+    let took = started.elapsed();
+    println!("{}", output::table(&results));
+    if let Some(dir) = out {
+        output::write(std::path::Path::new(&dir), &results)?;
+    }
+    println!(
+        "{} hosts x {} simulated s x {} algorithms in {:.1} s of wall time",
+        scenario.hosts,
+        scenario.duration_s,
+        results.len(),
+        took.as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! What a simulation prints and writes: the table, the CSV of every sample, the SVG charts.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::engine::{TICK_NS, TICKS_PER_SAMPLE};
+use crate::{RunResult, SimError};
+
+const SAMPLE_S: f64 = (TICK_NS * TICKS_PER_SAMPLE) as f64 / 1e9;
+
+/// The table of one scenario's runs, one row per algorithm, as Markdown (readable in a terminal
+/// and pasted as is into docs).
+pub fn table(results: &[RunResult]) -> String {
+    let mut out = String::new();
+    if let Some(first) = results.first() {
+        let s = &first.scenario;
+        let _ = writeln!(
+            out,
+            "{}: {} ({} s, seed {})\n",
+            s.name, s.about, s.duration_s, first.seed
+        );
+    }
+    out.push_str(
+        "| algorithm | enforcement delay | steady-state error | peak overshoot after 1 s | Jain fairness | wrongful drops | control-plane B/host/s | added latency p50 / p99 |\n",
+    );
+    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_owned(), f);
+    for r in results {
+        let m = &r.metrics;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.1} / {:.1} ms |",
+            r.algorithm.name(),
+            opt(m.enforcement_delay_s, &|v| format!("{v:.1} s")),
+            opt(m.steady_error, &|v| format!("{:.1}%", v * 100.0)),
+            opt(m.peak_overshoot, &|v| format!("{:.1}%", v * 100.0)),
+            opt(m.jain, &|v| format!("{v:.3}")),
+            m.wrongful_drops,
+            m.control_bytes_per_host_s,
+            m.round_trip_p50_ms,
+            m.round_trip_p99_ms,
+        );
+    }
+    out
+}
+
+/// Every sample of every run, one row per (algorithm, sample): `algorithm,t_s,offered_rps,
+/// admitted_rps,limit_rps`.
+pub fn csv(results: &[RunResult]) -> String {
+    let mut out = String::from("algorithm,t_s,offered_rps,admitted_rps,limit_rps\n");
+    for r in results {
+        for s in &r.trace.samples {
+            let _ = writeln!(
+                out,
+                "{},{:.1},{:.0},{:.0},{:.0}",
+                r.algorithm.name(),
+                s.t_s,
+                s.offered as f64 / SAMPLE_S,
+                s.admitted as f64 / SAMPLE_S,
+                r.scenario.limit_rps
+            );
+        }
+    }
+    out
+}
+
+/// Writes `DIR/SCENARIO.csv`, `DIR/SCENARIO.svg` and `DIR/SCENARIO.md` (the table); returns the
+/// paths written.
+pub fn write(dir: &Path, results: &[RunResult]) -> Result<Vec<PathBuf>, SimError> {
+    let Some(first) = results.first() else {
+        return Ok(Vec::new());
+    };
+    let err = |path: &Path, e: &dyn std::fmt::Display| SimError::Write {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, &e))?;
+    let name = first.scenario.name;
+    let csv_path = dir.join(format!("{name}.csv"));
+    std::fs::write(&csv_path, csv(results)).map_err(|e| err(&csv_path, &e))?;
+    let md_path = dir.join(format!("{name}.md"));
+    std::fs::write(&md_path, table(results)).map_err(|e| err(&md_path, &e))?;
+    let svg_path = dir.join(format!("{name}.svg"));
+    chart(&svg_path, results).map_err(|e| err(&svg_path, &e))?;
+    Ok(vec![csv_path, svg_path, md_path])
+}
+
+/// One panel per algorithm: offered, admitted and the limit over time, requests per second on a
+/// shared scale (logarithmic when the offered load dwarfs the limit, as in a 15x surge).
+fn chart(path: &Path, results: &[RunResult]) -> Result<(), Box<dyn std::error::Error>> {
+    let height = 260 * results.len() as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((results.len(), 1));
+    let max = results
+        .iter()
+        .flat_map(|r| r.trace.samples.iter())
+        .map(|s| s.offered.max(s.admitted) as f64 / SAMPLE_S)
+        .fold(1.0_f64, f64::max)
+        * 1.05;
+    for (panel, r) in panels.iter().zip(results) {
+        let duration = r.scenario.duration_s;
+        let limit = r.scenario.limit_rps;
+        let series = |f: &dyn Fn(&crate::Sample) -> f64| -> Vec<(f64, f64)> {
+            r.trace.samples.iter().map(|s| (s.t_s, f(s))).collect()
+        };
+        let offered = series(&|s| s.offered as f64 / SAMPLE_S);
+        let admitted = series(&|s| s.admitted as f64 / SAMPLE_S);
+        let caption = format!("{}: {}", r.scenario.name, r.algorithm.name());
+        let mut builder = ChartBuilder::on(panel);
+        builder
+            .caption(caption, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(70);
+        let style = |c: &RGBColor| ShapeStyle::from(c).stroke_width(2);
+        if max > 8.0 * limit {
+            let mut chart =
+                builder.build_cartesian_2d(0.0..duration, (limit / 20.0..max).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc("simulated seconds")
+                .y_desc("requests/s (log)")
+                .draw()?;
+            chart
+                .draw_series(LineSeries::new(offered, style(&BLUE)))?
+                .label("offered")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+            chart
+                .draw_series(LineSeries::new(admitted, style(&GREEN)))?
+                .label("admitted")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+            chart
+                .draw_series(LineSeries::new(
+                    vec![(0.0, limit), (duration, limit)],
+                    style(&RED),
+                ))?
+                .label("limit")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()?;
+        } else {
+            let mut chart = builder.build_cartesian_2d(0.0..duration, 0.0..max)?;
+            chart
+                .configure_mesh()
+                .x_desc("simulated seconds")
+                .y_desc("requests/s")
+                .draw()?;
+            chart
+                .draw_series(LineSeries::new(offered, style(&BLUE)))?
+                .label("offered")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+            chart
+                .draw_series(LineSeries::new(admitted, style(&GREEN)))?
+                .label("admitted")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+            chart
+                .draw_series(LineSeries::new(
+                    vec![(0.0, limit), (duration, limit)],
+                    style(&RED),
+                ))?
+                .label("limit")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}

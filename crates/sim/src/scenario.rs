@@ -1,0 +1,253 @@
+//! The scenarios: a fleet, a limit, the load over time and what goes wrong when.
+//!
+//! Every scenario is one global bucket (`api/limited`) over caller hosts spread evenly over
+//! regions and zones. The fleet's offered load follows [`Scenario::offered_rps`]; each host takes
+//! a fixed part of it by weight, drawn once from the seed.
+
+use crate::SimError;
+
+/// A burst of one host on top of its usual load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Burst {
+    pub host: usize,
+    pub from_s: f64,
+    pub to_s: f64,
+    /// Extra requests per second from that host while the burst lasts.
+    pub extra_rps: f64,
+}
+
+/// A simulated fleet and what happens to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub regions: usize,
+    pub zones_per_region: usize,
+    pub hosts: usize,
+    pub limit_rps: f64,
+    pub duration_s: f64,
+    /// The fleet's load outside the step.
+    pub base_rps: f64,
+    /// The fleet's load during `[step_from_s, step_to_s)`.
+    pub step_rps: f64,
+    pub step_from_s: f64,
+    pub step_to_s: f64,
+    /// Spread of host weights: each host's weight is `exp(sigma x N(0, 1))`; 0 is an even fleet.
+    pub weight_sigma: f64,
+    pub burst: Option<Burst>,
+    /// Every message between aggregators and controllers, and between controllers, is lost in
+    /// this window (and the central counter's store is unreachable).
+    pub control_down: Option<(f64, f64)>,
+    /// This region (its hosts, aggregators and controller) is lost at this time; its load moves
+    /// to the other regions.
+    pub region_loss: Option<(usize, f64)>,
+    /// The window in which fairness and steady-state error are measured.
+    pub measure: (f64, f64),
+}
+
+/// The names of every scenario, in the order `--scenario all` runs them.
+pub const NAMES: [&str; 6] = [
+    "surge-15x",
+    "overload-1.5x",
+    "many-callers",
+    "host-burst",
+    "control-plane-down",
+    "region-loss",
+];
+
+impl Scenario {
+    /// The scenario called `name`, lasting `duration_s` seconds instead of its default when given
+    /// (phases keep their start and end relative to the end, see each scenario).
+    pub fn named(name: &str, duration_s: Option<f64>) -> Result<Scenario, SimError> {
+        let mut s = match name {
+            // GRL's published case (G16): 22K to 367K RPS, 1,000 caller hosts, 3 regions x 3
+            // zones, against a limit a little above the usual load.
+            "surge-15x" => Scenario {
+                name: "surge-15x",
+                about: "22K to 367K RPS over 1,000 hosts in 3 regions x 3 zones, limit 25K/s",
+                hosts: 1000,
+                limit_rps: 25_000.0,
+                duration_s: 80.0,
+                base_rps: 22_000.0,
+                step_rps: 367_000.0,
+                step_from_s: 20.0,
+                step_to_s: 70.0,
+                measure: (30.0, 70.0),
+                ..Scenario::base()
+            },
+            "overload-1.5x" => Scenario {
+                name: "overload-1.5x",
+                about: "300 hosts step from 8K to 15K RPS against a limit of 10K/s",
+                hosts: 300,
+                limit_rps: 10_000.0,
+                duration_s: 60.0,
+                base_rps: 8_000.0,
+                step_rps: 15_000.0,
+                step_from_s: 20.0,
+                step_to_s: 60.0,
+                measure: (30.0, 60.0),
+                ..Scenario::base()
+            },
+            // More callers than the limit has requests per second: 2,000 hosts of very uneven
+            // sizes share 500/s, most of them sending under one request per second.
+            "many-callers" => Scenario {
+                name: "many-callers",
+                about: "2,000 uneven callers offer 1,500 RPS against a limit of 500/s",
+                hosts: 2000,
+                limit_rps: 500.0,
+                duration_s: 100.0,
+                base_rps: 400.0,
+                step_rps: 1_500.0,
+                step_from_s: 20.0,
+                step_to_s: 100.0,
+                weight_sigma: 1.0,
+                measure: (40.0, 100.0),
+                ..Scenario::base()
+            },
+            // One host bursts 50x for 3 s while the fleet stays under its limit.
+            "host-burst" => Scenario {
+                name: "host-burst",
+                about: "100 hosts offer 6K RPS, limit 10K/s; host 0 adds 3K RPS from 25 s to 28 s",
+                hosts: 100,
+                limit_rps: 10_000.0,
+                duration_s: 40.0,
+                base_rps: 6_000.0,
+                step_rps: 6_000.0,
+                step_from_s: 0.0,
+                step_to_s: 40.0,
+                burst: Some(Burst {
+                    host: 0,
+                    from_s: 25.0,
+                    to_s: 28.0,
+                    extra_rps: 3_000.0,
+                }),
+                measure: (20.0, 35.0),
+                ..Scenario::base()
+            },
+            "control-plane-down" => Scenario {
+                name: "control-plane-down",
+                about: "1.5x overload; aggregators lose their controllers from 35 s to 55 s",
+                hosts: 300,
+                limit_rps: 10_000.0,
+                duration_s: 80.0,
+                base_rps: 8_000.0,
+                step_rps: 15_000.0,
+                step_from_s: 20.0,
+                step_to_s: 80.0,
+                control_down: Some((35.0, 55.0)),
+                measure: (25.0, 35.0),
+                ..Scenario::base()
+            },
+            "region-loss" => Scenario {
+                name: "region-loss",
+                about: "1.5x overload over 900 hosts; region 3 is lost at 35 s, its load fails over",
+                hosts: 900,
+                limit_rps: 10_000.0,
+                duration_s: 70.0,
+                base_rps: 8_000.0,
+                step_rps: 15_000.0,
+                step_from_s: 20.0,
+                step_to_s: 70.0,
+                region_loss: Some((2, 35.0)),
+                measure: (45.0, 70.0),
+                ..Scenario::base()
+            },
+            other => {
+                return Err(SimError::UnknownScenario {
+                    name: other.to_owned(),
+                });
+            }
+        };
+        if let Some(d) = duration_s {
+            if !(d >= 5.0 && d.is_finite()) {
+                return Err(SimError::Duration(d));
+            }
+            s.stretch(d);
+        }
+        Ok(s)
+    }
+
+    fn base() -> Scenario {
+        Scenario {
+            name: "",
+            about: "",
+            regions: 3,
+            zones_per_region: 3,
+            hosts: 0,
+            limit_rps: 0.0,
+            duration_s: 0.0,
+            base_rps: 0.0,
+            step_rps: 0.0,
+            step_from_s: 0.0,
+            step_to_s: 0.0,
+            weight_sigma: 0.5,
+            burst: None,
+            control_down: None,
+            region_loss: None,
+            measure: (0.0, 0.0),
+        }
+    }
+
+    /// Changes the duration: instants in the first half of the default run keep their time,
+    /// those in the second half keep their distance to the end (the surge of `surge-15x`, 20 s
+    /// to 70 s of 80 s, runs from 20 s to 590 s of 600 s).
+    fn stretch(&mut self, duration_s: f64) {
+        let old = self.duration_s;
+        let tail = |t: f64| {
+            if t > old / 2.0 {
+                (duration_s - (old - t)).max(old / 2.0).min(duration_s)
+            } else {
+                t.min(duration_s)
+            }
+        };
+        self.step_to_s = tail(self.step_to_s);
+        self.measure.1 = tail(self.measure.1);
+        self.measure.0 = self.measure.0.min(self.measure.1);
+        self.duration_s = duration_s;
+    }
+
+    /// The fleet's offered load at `t_s` (without the burst).
+    pub fn offered_rps(&self, t_s: f64) -> f64 {
+        if (self.step_from_s..self.step_to_s).contains(&t_s) {
+            self.step_rps
+        } else {
+            self.base_rps
+        }
+    }
+
+    /// The instant the load steps above the limit, when it does.
+    pub fn surge_at(&self) -> Option<f64> {
+        (self.step_rps > self.limit_rps && self.base_rps <= self.limit_rps)
+            .then_some(self.step_from_s)
+    }
+
+    /// Zones in all.
+    pub fn zones(&self) -> usize {
+        self.regions * self.zones_per_region
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_builds_and_unknown_names_are_refused() {
+        for name in NAMES {
+            let s = Scenario::named(name, None).unwrap();
+            assert_eq!(s.name, name);
+            assert!(s.measure.0 < s.measure.1);
+        }
+        assert!(Scenario::named("surge", None).is_err());
+    }
+
+    #[test]
+    fn stretching_keeps_the_surge_to_the_end() {
+        let s = Scenario::named("surge-15x", Some(600.0)).unwrap();
+        assert_eq!(s.step_from_s, 20.0);
+        assert_eq!((s.step_to_s, s.measure.1), (590.0, 590.0));
+        let o = Scenario::named("overload-1.5x", Some(600.0)).unwrap();
+        assert_eq!((o.step_to_s, o.measure.1), (600.0, 600.0));
+        assert_eq!(o.offered_rps(599.0), 15_000.0);
+    }
+}

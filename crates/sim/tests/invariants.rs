@@ -1,0 +1,76 @@
+//! The simulator's invariants on short scenarios (SPEC §6, MISSION G8-G11): bounds that the
+//! seeds' story promises, never exact figures.
+
+use spillway_sim::{Algorithm, RunResult, Scenario, run};
+
+fn sim(name: &str, seconds: f64, algorithm: Algorithm, seed: u64) -> RunResult {
+    let scenario = Scenario::named(name, Some(seconds)).unwrap();
+    run(&scenario, algorithm, seed, &|_| {}).unwrap()
+}
+
+#[test]
+fn drop_ratio_converges_to_the_limit_within_three_seconds_and_is_fair() {
+    let r = sim("overload-1.5x", 40.0, Algorithm::DropRatio, 11);
+    let m = r.metrics;
+    let delay = m.enforcement_delay_s.unwrap();
+    assert!(delay <= 3.0, "enforced after {delay} s (GRL accepts 2-3 s)");
+    let error = m.steady_error.unwrap();
+    assert!(error < 0.03, "steady-state error {error}");
+    let jain = m.jain.unwrap();
+    assert!(jain > 0.98, "Jain {jain}");
+    assert!(m.control_bytes_per_host_s > 0.0);
+    assert_eq!(m.round_trip_p50_ms, 0.0, "decisions are local (G1)");
+}
+
+#[test]
+fn a_host_burst_under_the_limit_is_never_dropped_by_drop_ratio_but_is_by_the_token_bucket() {
+    let drop = sim("host-burst", 35.0, Algorithm::DropRatio, 3);
+    assert_eq!(drop.metrics.wrongful_drops, 0);
+    let total_dropped: u64 = drop.trace.samples.iter().map(|s| s.dropped).sum();
+    assert_eq!(total_dropped, 0, "the fleet never exceeds its limit");
+    let adaptive = sim("host-burst", 35.0, Algorithm::AdaptiveTokenBucket, 3);
+    assert!(
+        adaptive.metrics.wrongful_drops > 100,
+        "the bursting host runs out of its share's tokens: {} drops",
+        adaptive.metrics.wrongful_drops
+    );
+}
+
+#[test]
+fn the_central_counter_is_exact_but_pays_a_round_trip_per_request() {
+    let r = sim("overload-1.5x", 40.0, Algorithm::CentralCounter, 5);
+    let m = r.metrics;
+    assert!(m.steady_error.unwrap() < 0.01, "{m:?}");
+    assert!(m.enforcement_delay_s.unwrap() < 0.5, "{m:?}");
+    // Two thirds of the hosts are in other regions than the store.
+    assert!(m.round_trip_p50_ms > 30.0, "{m:?}");
+}
+
+#[test]
+fn clients_fail_open_when_the_control_plane_is_down() {
+    let r = sim("control-plane-down", 80.0, Algorithm::DropRatio, 9);
+    let (from, to) = r.scenario.control_down.unwrap();
+    let ttl = 5.0;
+    let during: Vec<_> = r
+        .trace
+        .samples
+        .iter()
+        .filter(|s| s.t_s >= from + ttl + 1.5 && s.t_s < to)
+        .collect();
+    assert!(!during.is_empty());
+    for s in during {
+        assert_eq!(s.admitted, s.offered, "at {} s instructions expired", s.t_s);
+    }
+    // And before the outage the limit held.
+    assert!(r.metrics.steady_error.unwrap() < 0.03);
+}
+
+#[test]
+fn a_seed_gives_the_same_run_and_another_seed_another() {
+    let a = sim("host-burst", 30.0, Algorithm::AdaptiveTokenBucket, 42);
+    let b = sim("host-burst", 30.0, Algorithm::AdaptiveTokenBucket, 42);
+    let c = sim("host-burst", 30.0, Algorithm::AdaptiveTokenBucket, 43);
+    assert_eq!(a.trace.samples, b.trace.samples);
+    assert_eq!(a.trace.measured, b.trace.measured);
+    assert_ne!(a.trace.samples, c.trace.samples);
+}
