@@ -27,18 +27,10 @@ pub enum LogFormat {
 pub enum Command {
     /// Everything in one process on embedded defaults: a 15x surge against a limited bucket,
     /// a live view, a summary and a chart.
-    Demo {
-        /// How long the demo runs, in seconds.
-        #[arg(long, default_value_t = 60)]
-        seconds: u64,
-    },
+    Demo(DemoArgs),
     /// A single-node deployment in one process: controller, aggregator, proxy, rules service and
-    /// dashboard.
-    Up {
-        /// The configuration file.
-        #[arg(short, long)]
-        config: PathBuf,
-    },
+    /// their admin endpoints.
+    Up(UpArgs),
     /// The sidecar: a reverse proxy that decides every request in-process (G1).
     Proxy(ProxyArgs),
     /// The zone aggregator: sums its clients' reports (G6).
@@ -60,6 +52,57 @@ pub enum Command {
     Schema,
     /// The fleet simulator: the real decision and control code in simulated time.
     Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long the demo runs, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Write the chart (spillway-demo.svg) here instead of the system's temporary folder.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The report interval of the demo's control loop, in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    pub report_interval_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The configuration file: it seeds the rules store at start and gives the control section.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Where the SQLite rules store and the sidecar's last good rules live.
+    #[arg(long, default_value = "spillway-state")]
+    pub state_dir: PathBuf,
+    /// A rules store to use instead of the state directory's SQLite file
+    /// (`postgres://...` or `sqlite://PATH`).
+    #[arg(long)]
+    pub database: Option<String>,
+    /// Where the sidecar forwards the requests it admits.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub upstream: String,
+    /// The sidecar's listener.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The sidecar's /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// The rules service's REST API.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub rules_listen: SocketAddr,
+    /// The controller's gRPC listener.
+    #[arg(long, default_value = "127.0.0.1:7001")]
+    pub controller_listen: SocketAddr,
+    /// The controller's /healthz, /readyz, /metrics and /v1/hosts.
+    #[arg(long, default_value = "127.0.0.1:9902")]
+    pub controller_admin: SocketAddr,
+    /// The aggregator's gRPC listener.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    pub aggregator_listen: SocketAddr,
+    /// The aggregator's /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9903")]
+    pub aggregator_admin: SocketAddr,
 }
 
 #[derive(Debug, Args)]

@@ -3,8 +3,10 @@
 
 mod check;
 mod control;
+mod demo;
 mod proxy;
 mod rules;
+mod up;
 
 use std::process::ExitCode;
 
@@ -28,8 +30,8 @@ pub fn run(command: Command) -> ExitCode {
     match command {
         Command::Check { config } => check::check(&config),
         Command::Schema => check::schema(),
-        Command::Demo { .. } => not_available("demo", "the control-plane issue"),
-        Command::Up { .. } => not_available("up", "the control-plane issue"),
+        Command::Demo(args) => demo::demo(args),
+        Command::Up(args) => up::up(args),
         Command::Proxy(args) => proxy::proxy(args),
         Command::Aggregator(args) => control::aggregator(args),
         Command::Controller(args) => control::controller(args),

@@ -1,0 +1,42 @@
+//! `spillway demo` (SPEC §1): wiring only, the fleet, the load and the view are in
+//! `spillway-demo`.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use spillway_demo::DemoOptions;
+
+use crate::args::DemoArgs;
+
+/// Runs the demo for `--seconds`, prints the summary on stdout and exits 0.
+pub fn demo(args: DemoArgs) -> ExitCode {
+    if args.seconds < 4 {
+        eprintln!("spillway demo: --seconds must be at least 4 (a base load, then the surge)");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("spillway demo: cannot start the async runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut options = DemoOptions::new(args.seconds);
+    options.out = args.out;
+    options.report_interval = Duration::from_millis(args.report_interval_ms.max(10));
+    options.terminal = std::io::stderr().is_terminal();
+    match runtime.block_on(spillway_demo::run(options)) {
+        Ok(summary) => {
+            print!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("spillway demo: {err}");
+            ExitCode::from(if err.is_usage() { 2 } else { 1 })
+        }
+    }
+}
