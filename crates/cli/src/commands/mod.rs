@@ -6,6 +6,7 @@ mod control;
 mod demo;
 mod proxy;
 mod rules;
+mod sim;
 mod up;
 
 use std::process::ExitCode;
@@ -36,12 +37,6 @@ pub fn run(command: Command) -> ExitCode {
         Command::Aggregator(args) => control::aggregator(args),
         Command::Controller(args) => control::controller(args),
         Command::Rules { command } => rules::rules(command),
-        Command::Sim(_) => not_available("sim", "the simulator issue"),
+        Command::Sim(args) => sim::sim(args),
     }
-}
-
-/// A subcommand whose implementation has not landed: say so and exit 1, never pretend.
-fn not_available(name: &str, arrives_with: &str) -> ExitCode {
-    eprintln!("spillway {name}: not available yet in this build (it arrives with {arrives_with})");
-    ExitCode::from(1)
 }

@@ -1,0 +1,67 @@
+//! `spillway sim`: runs a scenario (or `all`) with the chosen algorithms, prints the table and
+//! writes CSV, SVG and the table under `--out`.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use spillway_sim::{Algorithm, Scenario, output, run_all, scenario};
+
+use crate::args::SimArgs;
+
+pub fn sim(args: SimArgs) -> ExitCode {
+    let names: Vec<&str> = if args.scenario == "all" {
+        scenario::NAMES.to_vec()
+    } else {
+        vec![args.scenario.as_str()]
+    };
+    let algorithms = if args.algorithms.is_empty() {
+        Algorithm::ALL.to_vec()
+    } else {
+        match args
+            .algorithms
+            .iter()
+            .map(|a| Algorithm::from_name(a))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(list) => list,
+            Err(err) => return usage(&err),
+        }
+    };
+    let mut scenarios = Vec::new();
+    for name in names {
+        match Scenario::named(name, None) {
+            Ok(s) => scenarios.push(s),
+            Err(err) => return usage(&err),
+        }
+    }
+    let progress = std::io::stderr().is_terminal();
+    for scenario in &scenarios {
+        let results = match run_all(scenario, &algorithms, args.seed, progress) {
+            Ok(r) => r,
+            Err(err) => {
+                eprintln!("spillway sim: {err}");
+                return ExitCode::from(1);
+            }
+        };
+        println!("{}", output::table(&results));
+        if let Some(dir) = &args.out {
+            match output::write(dir, &results) {
+                Ok(paths) => {
+                    for p in paths {
+                        eprintln!("wrote {}", p.display());
+                    }
+                }
+                Err(err) => {
+                    eprintln!("spillway sim: {err}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn usage(err: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("spillway sim: {err}");
+    ExitCode::from(2)
+}
