@@ -42,13 +42,16 @@ pub fn client_throttle(requests: f64, accepts: f64, k: f64) -> f64 {
     ((requests - k * accepts.max(0.0)) / (requests + 1.0)).clamp(0.0, 1.0)
 }
 
-/// Smooths a drop ratio: a rise acts at once, a fall is released gradually by an EWMA.
+/// Smooths a drop ratio: a rise acts at once, a fall within overload is released gradually by an
+/// EWMA, and a fall to no overload at all is released at once.
 ///
-/// A surge is cut in the first interval that sees it; when it ends the ratio falls by `release`
-/// of the remaining gap each interval, so a brief dip in the measured load does not let a burst
-/// through and a calm does not oscillate. With release 0.3, from 1/3 to 0 takes 17 intervals to
-/// fall below 0.001, where it snaps to the target. The output never leaves the range of the
-/// targets it was given.
+/// A surge is cut in the first interval that sees it. While the load stays over the limit but
+/// eases (15x to 3x), the ratio falls by `release` of the remaining gap each interval, so a brief
+/// dip in the measured load does not let a burst through and a calm does not oscillate: with
+/// release 0.3, from 2/3 towards 1/3 it takes 17 intervals to come within 0.001, where it snaps
+/// to the target. Once the offered load is at or under the limit (target 0) there is nothing left
+/// to protect, and every request still dropped would be a wrongful drop (G8: "else 0"), so the
+/// ratio goes to 0 in one step. The output never leaves the range of the targets it was given.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Smoother {
     current: f64,
@@ -79,7 +82,7 @@ impl Smoother {
         } else {
             target.clamp(0.0, 1.0)
         };
-        if target >= self.current {
+        if target >= self.current || target == 0.0 {
             self.current = target;
         } else {
             let next = self.current - self.release * (self.current - target);
@@ -182,10 +185,26 @@ mod tests {
     }
 
     #[test]
-    fn worked_release_takes_seventeen_intervals() {
+    fn worked_release_within_overload_takes_seventeen_intervals() {
         let mut s = Smoother::default();
-        s.update(1.0 / 3.0);
-        let steps = (1..100).find(|_| s.update(0.0) == 0.0).unwrap();
+        s.update(2.0 / 3.0);
+        let steps = (1..100).find(|_| s.update(1.0 / 3.0) == 1.0 / 3.0).unwrap();
         assert_eq!(steps, 17);
+    }
+
+    #[test]
+    fn a_load_back_under_the_limit_releases_at_once() {
+        let mut s = Smoother::default();
+        assert_eq!(s.update(14.0 / 15.0), 14.0 / 15.0);
+        assert_eq!(
+            s.update(0.0),
+            0.0,
+            "no drops once nothing is over the limit"
+        );
+        assert_eq!(
+            s.update(1.0 / 3.0),
+            1.0 / 3.0,
+            "and a new surge is cut at once"
+        );
     }
 }
