@@ -280,7 +280,7 @@ pub enum Role {
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// The scenario: surge-15x, overload-1.5x, many-callers, host-burst, control-plane-down,
-    /// region-loss.
+    /// region-loss, or `all` of them.
     #[arg(long)]
     pub scenario: String,
     /// Seed of the simulation; the same seed gives the same run.
@@ -292,4 +292,7 @@ pub struct SimArgs {
     /// Algorithms to compare (default: all of them).
     #[arg(long = "algorithm")]
     pub algorithms: Vec<String>,
+    /// Simulated seconds to run (default: the scenario's own length).
+    #[arg(long)]
+    pub duration: Option<f64>,
 }

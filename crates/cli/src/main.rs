@@ -9,6 +9,6 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
-    commands::init_logging(cli.log_format);
+    commands::init_logging(cli.log_format, commands::default_log_level(&cli.command));
     commands::run(cli.command)
 }

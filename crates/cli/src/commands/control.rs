@@ -23,7 +23,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
             AggregatorOptions::new(args.listen, args.region, args.zone, args.controller);
         options.admin = args.admin;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
-        wait_for_stop().await;
+        super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
         aggregator.shutdown().await;
         Ok(())
@@ -53,7 +53,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         options.peers = args.peers;
         options.admin = args.admin;
         let controller = Controller::start(options).await.map_err(failure)?;
-        wait_for_stop().await;
+        super::stop_signal().await;
         tracing::info!("stopping: closing aggregator and peer streams");
         controller.shutdown().await;
         Ok(())
@@ -143,24 +143,6 @@ fn on_runtime(name: &str, work: impl Future<Output = Result<(), Failure>>) -> Ex
         Err(Failure::Runtime(message)) => {
             eprintln!("spillway {name}: {message}");
             ExitCode::from(1)
-        }
-    }
-}
-
-/// Waits for SIGTERM (how orchestrators stop a service) or SIGINT (Ctrl-C); if neither can be
-/// listened for, runs until killed.
-async fn wait_for_stop() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(err) => {
-            tracing::warn!("cannot listen for SIGTERM ({err}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }

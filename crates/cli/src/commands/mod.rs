@@ -15,15 +15,43 @@ use tracing_subscriber::EnvFilter;
 
 use crate::args::{Command, LogFormat};
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs go to stderr, filtered by `RUST_LOG`, or at `default_level` without it.
+pub fn init_logging(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The default log level of a command: the demo draws a live view on the terminal, which info
+/// lines from its many components would scroll away; every other command logs at `info`.
+pub fn default_log_level(command: &Command) -> &'static str {
+    match command {
+        Command::Demo(_) => "warn",
+        _ => "info",
+    }
+}
+
+/// Waits until the process is asked to stop: SIGTERM (how orchestrators stop a service) or SIGINT
+/// (Ctrl-C). Without a SIGTERM handler (it cannot be installed), SIGINT alone.
+pub async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(err) => {
+            tracing::warn!(%err, "cannot listen for SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

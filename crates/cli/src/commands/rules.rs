@@ -77,10 +77,7 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
             Err(err) => return store_failure(&err),
         };
         let shutdown = async {
-            if let Err(err) = stop_signal().await {
-                tracing::error!(%err, "cannot listen for stop signals");
-                std::future::pending::<()>().await;
-            }
+            super::stop_signal().await;
             tracing::info!("stopping: finishing the requests in flight");
         };
         match spillway_rules::bind_and_serve(listen, store.clone(), shutdown).await {
@@ -94,16 +91,6 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
             }
         }
     })
-}
-
-/// Waits for SIGTERM or SIGINT (Ctrl-C).
-async fn stop_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => Ok(()),
-        interrupted = tokio::signal::ctrl_c() => interrupted,
-    }
 }
 
 fn admin_create(name: &str, role: RoleArg, database: &str) -> ExitCode {

@@ -29,7 +29,7 @@ pub fn sim(args: SimArgs) -> ExitCode {
     };
     let mut scenarios = Vec::new();
     for name in names {
-        match Scenario::named(name, None) {
+        match Scenario::named(name, args.duration) {
             Ok(s) => scenarios.push(s),
             Err(err) => return usage(&err),
         }

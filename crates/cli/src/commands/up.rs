@@ -51,26 +51,9 @@ pub fn up(args: UpArgs) -> ExitCode {
             node.controller.local_addr(),
             node.aggregator.local_addr(),
         );
-        wait_for_stop().await;
+        super::stop_signal().await;
         tracing::info!("stopping: draining the sidecar, then the control plane and the rules service");
         node.shutdown().await;
         ExitCode::SUCCESS
     })
-}
-
-/// Waits for SIGTERM or SIGINT.
-async fn wait_for_stop() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(err) => {
-            tracing::warn!("cannot listen for SIGTERM ({err}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
