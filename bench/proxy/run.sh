@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# The proxy benchmark of issue 4: on loopback, in one run, with wrk against one small upstream
-# (nginx answering 200 from memory):
-#   direct            wrk -> upstream
-#   nginx limit_req   wrk -> nginx (reverse proxy, limit_req far above the load) -> upstream
-#   spillway          wrk -> spillway proxy (a local token bucket far above the load) -> upstream
-#   spillway 1.5x     the same proxy with a limit of 2/3 of the load spillway carried above
-# Requests/s and p50/p99/p99.5 latency are reported as ratios to direct, in a Markdown table on
-# stdout (paste it into docs/benchmarks.md, section "Proxy").
+# The proxy benchmark of issue 4: on loopback, in one run, against one small upstream (nginx
+# answering 200 from memory).
+#
+# Closed loop (wrk: as fast as answers come back), for throughput:
+#   direct             wrk -> upstream
+#   nginx limit_req    wrk -> nginx (reverse proxy, limit_req far above the load) -> upstream
+#   spillway           wrk -> spillway proxy (a local token bucket far above the load) -> upstream
+#   redis per request  the same proxy with a store: redis token bucket far above the load: one
+#                      EVALSHA round trip per request, the Redis-per-request limiter of G16
+# Open loop (the `paced` example of spillway-proxy: a fixed offered rate R, bounded count), for
+# latency at a load every path carries, R being half the Redis baseline's closed-loop rate:
+#   the same four paths but nginx, and spillway with a local bucket of R / 1.5 (offered 1.5x).
+# Requests/s and p50/p99/p99.5 latency are reported as ratios to direct (of the same loop), in
+# Markdown on stdout (paste it into docs/benchmarks.md, section "Proxy"), with G16's goal:
+# spillway's added p99.5 at most 10% of the Redis-per-request added p99.5.
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
-# Installs wrk and nginx from Debian when missing; builds spillway in release mode.
+# SPILLWAY_WORKERS sets the proxy's tokio worker threads (default 2, one per core here).
+# Installs wrk, nginx and redis-server from Debian when missing; builds spillway in release mode.
 set -euo pipefail
 
 SECONDS_PER_RUN=${1:-10}
@@ -33,12 +41,19 @@ need() {
 }
 need wrk wrk
 need nginx nginx-light
+need redis-server redis-server
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PROXY=$(free_port); ADMIN=$(free_port)
+REDIS=$(free_port)
+
+redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+  --logfile "$WORK/redis.log" --dir "$WORK" &
+PIDS+=("$!")
+for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$REDIS") 2>/dev/null && break; sleep 0.1; done
 
 # One nginx: the upstream, and the limit_req reverse proxy in front of it.
 mkdir -p "$WORK/nginx"
@@ -49,6 +64,7 @@ error_log $WORK/nginx/error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
+  keepalive_requests 100000000;
   client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx;
   fastcgi_temp_path $WORK/nginx; uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
   limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
@@ -67,19 +83,24 @@ http {
 CONF
 "$NGINX" -c "$WORK/nginx.conf" -p "$WORK/nginx"
 
-echo "building spillway (release)" >&2
-(cd "$ROOT" && cargo build --release -q -p spillway-cli)
+if [ -z "${NO_BUILD:-}" ]; then # NO_BUILD=1 measures the binaries already built
+  echo "building spillway and the paced load generator (release)" >&2
+  (cd "$ROOT" && cargo build --release -q -p spillway-cli \
+    && cargo build --release -q -p spillway-proxy --example paced)
+fi
 SPILLWAY=${CARGO_TARGET_DIR:-$ROOT/target}/release/spillway
+PACED=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/paced
 
-start_spillway() { # $1: limit
+start_spillway() { # $1: limit, $2: store (local or redis), $3: burst (default: the limit's count)
   cat > "$WORK/spillway.yaml" <<YAML
 version: 1
+redis: { url: "redis://127.0.0.1:$REDIS", timeout: 1s }
 services:
   bench:
     buckets:
-      - { name: all, limit: $1, algorithm: token-bucket, store: local }
+      - { name: all, limit: $1, algorithm: token-bucket, store: $2${3:+, burst: $3} }
 YAML
-  RUST_LOG=warn "$SPILLWAY" proxy -c "$WORK/spillway.yaml" --listen "127.0.0.1:$PROXY" \
+  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$SPILLWAY" proxy -c "$WORK/spillway.yaml" --listen "127.0.0.1:$PROXY" \
     --upstream "http://127.0.0.1:$UPSTREAM" --admin "127.0.0.1:$ADMIN" &
   SPILLWAY_PID=$!
   PIDS+=("$SPILLWAY_PID")
@@ -106,19 +127,37 @@ measure() { # $1: port
     "http://127.0.0.1:$1/" | awk '/^RESULT/ { $1=""; print }'
 }
 
-echo "direct" >&2;          DIRECT=$(measure "$UPSTREAM")
-echo "nginx limit_req" >&2; NGINX_R=$(measure "$NGINX_PROXY")
-start_spillway "100000000/s"
-echo "spillway" >&2;        SPILL=$(measure "$PROXY")
+paced() { # $1: port, $2: rate
+  "$PACED" "http://127.0.0.1:$1/" "$2" "$SECONDS_PER_RUN" "$CONNECTIONS" | awk '/^RESULT/ { $1=""; print }'
+}
+
+echo "closed loop: direct" >&2;          DIRECT=$(measure "$UPSTREAM")
+echo "closed loop: nginx limit_req" >&2; NGINX_R=$(measure "$NGINX_PROXY")
+start_spillway "100000000/s" local
+echo "closed loop: spillway" >&2;        SPILL=$(measure "$PROXY")
 stop_spillway
-# 1.5x: the load spillway carried unlimited, against a limit of two thirds of it.
-LIMIT=$(echo "$SPILL" | awk '{ printf "%d/s", $1 / 1.5 }')
-start_spillway "$LIMIT"
-echo "spillway at 1.5x ($LIMIT)" >&2; OVER=$(measure "$PROXY")
+start_spillway "100000000/s" redis
+echo "closed loop: redis per request" >&2; REDIS_R=$(measure "$PROXY")
 stop_spillway
 
-row() { # $1: name, $2: result line
-  awk -v name="$1" -v d="$DIRECT" -v r="$2" 'BEGIN {
+# The open loop's rate: half of what the Redis baseline carried, so every path keeps up.
+RATE=$(echo "$REDIS_R" | awk '{ printf "%d", int($1 / 2 / 1000) * 1000 }')
+LIMIT=$(awk -v r="$RATE" 'BEGIN { printf "%d/s", r / 1.5 }')
+# A tenth of a second of tokens, so the full bucket at the start hardly dents the 33% to drop.
+BURST=$(awk -v r="$RATE" 'BEGIN { printf "%d", r / 15 }')
+echo "open loop at $RATE/s: direct" >&2; P_DIRECT=$(paced "$UPSTREAM" "$RATE")
+start_spillway "100000000/s" local
+echo "open loop: spillway" >&2;          P_SPILL=$(paced "$PROXY" "$RATE")
+stop_spillway
+start_spillway "100000000/s" redis
+echo "open loop: redis per request" >&2; P_REDIS=$(paced "$PROXY" "$RATE")
+stop_spillway
+start_spillway "$LIMIT" local "$BURST"
+echo "open loop: spillway at 1.5x ($LIMIT)" >&2; P_OVER=$(paced "$PROXY" "$RATE")
+stop_spillway
+
+row() { # $1: name, $2: result line, $3: the direct line it is compared with
+  awk -v name="$1" -v d="$3" -v r="$2" 'BEGIN {
     split(d, D, " "); split(r, R, " ");
     dropped = R[6] > 0 ? 100 * R[5] / R[6] : 0;
     printf "| %s | %.0f | %.2fx | %.2f ms (%.2fx) | %.2f ms (%.2fx) | %.2f ms (%.2fx) | %.1f%% |\n",
@@ -126,11 +165,36 @@ row() { # $1: name, $2: result line
       R[4] / 1000, R[4] / D[4], dropped
   }'
 }
-echo "wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, one run, $(nproc) cores"
+goal() { # $1: direct, $2: spillway, $3: redis per request
+  awk -v d="$1" -v s="$2" -v r="$3" 'BEGIN {
+    split(d, D, " "); split(s, S, " "); split(r, R, " ");
+    sa = (S[4] - D[4]) / 1000; ra = (R[4] - D[4]) / 1000;
+    share = (ra > 0) ? 100 * sa / ra : 0;
+    verdict = (ra > 0 && sa <= 0.1 * ra) ? "met" : "not met";
+    printf "added p99.5: spillway %.2f ms, Redis per request %.2f ms: %.0f%% (goal at most 10%%: %s)\n",
+      sa, ra, share, verdict
+  }'
+}
+header() {
+  echo "| path | requests/s | vs direct | p50 | p99 | p99.5 | 429s |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+}
+echo "Closed loop: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, one run, $(nproc) cores"
 echo
-echo "| path | requests/s | vs direct | p50 | p99 | p99.5 | 429s |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-row "direct (nginx upstream)" "$DIRECT"
-row "nginx reverse proxy, limit_req not hit" "$NGINX_R"
-row "spillway proxy, limit not hit" "$SPILL"
-row "spillway proxy at 1.5x ($LIMIT)" "$OVER"
+header
+row "direct (nginx upstream)" "$DIRECT" "$DIRECT"
+row "nginx reverse proxy, limit_req not hit" "$NGINX_R" "$DIRECT"
+row "spillway proxy, limit not hit" "$SPILL" "$DIRECT"
+row "spillway proxy, Redis per request (store: redis, not hit)" "$REDIS_R" "$DIRECT"
+echo
+echo "G16, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
+echo
+echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo
+header
+row "direct (nginx upstream)" "$P_DIRECT" "$P_DIRECT"
+row "spillway proxy, limit not hit" "$P_SPILL" "$P_DIRECT"
+row "spillway proxy, Redis per request (store: redis, not hit)" "$P_REDIS" "$P_DIRECT"
+row "spillway proxy at 1.5x (limit $LIMIT, burst $BURST)" "$P_OVER" "$P_DIRECT"
+echo
+echo "G16, open loop: $(goal "$P_DIRECT" "$P_SPILL" "$P_REDIS")"

@@ -14,12 +14,25 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 struct Tally {
     latencies_us: Vec<u32>,
     non_2xx: u64,
+    /// Requests lost to a closed connection (not counted in the latencies).
+    failed: u64,
+}
+
+async fn connect(authority: &str) -> SendRequest<Empty<Bytes>> {
+    let stream = TcpStream::connect(authority).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    sender
 }
 
 /// What every connection shares: where to send, and the schedule.
@@ -46,33 +59,43 @@ async fn connection(plan: Plan, first: u64) -> Tally {
     let mut tally = Tally {
         latencies_us: Vec::with_capacity((total / step + 1) as usize),
         non_2xx: 0,
+        failed: 0,
     };
-    let stream = TcpStream::connect(&authority).await.expect("connect");
-    stream.set_nodelay(true).expect("nodelay");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
+    let mut sender = None;
     let mut i = first;
     while i < total {
         let due = start + interval.mul_f64(i as f64);
         if Instant::now() < due {
             tokio::time::sleep_until(due.into()).await;
         }
+        i += step;
         let request = Request::get(path.as_str())
             .header("host", authority.as_str())
             .body(Empty::<Bytes>::new())
             .expect("request");
         let sent = Instant::now();
-        let response = sender.send_request(request).await.expect("response");
+        let connection = match &mut sender {
+            Some(connection) => connection,
+            None => sender.insert(connect(&authority).await),
+        };
+        let answered = connection.send_request(request).await;
+        let Ok(response) = answered else {
+            // The server closed the connection (keep-alive limits): reconnect for the next one.
+            tally.failed += 1;
+            sender = None;
+            continue;
+        };
         let ok = response.status().is_success();
-        response.into_body().collect().await.expect("body");
+        if response.into_body().collect().await.is_err() {
+            tally.failed += 1;
+            sender = None;
+            continue;
+        }
         let micros = sent.elapsed().as_micros();
         tally
             .latencies_us
             .push(u32::try_from(micros).unwrap_or(u32::MAX));
         tally.non_2xx += u64::from(!ok);
-        i += step;
     }
     tally
 }
@@ -129,6 +152,10 @@ fn main() {
         .collect();
     latencies.sort_unstable();
     let non_2xx: u64 = tallies.iter().map(|t| t.non_2xx).sum();
+    let failed: u64 = tallies.iter().map(|t| t.failed).sum();
+    if failed > 0 {
+        eprintln!("paced: {failed} requests lost to closed connections");
+    }
     println!(
         "RESULT {:.1} {} {} {} {} {}",
         latencies.len() as f64 / elapsed.as_secs_f64(),
