@@ -30,11 +30,6 @@ pub enum ClientError {
     /// The `redis` section names a server that cannot be addressed.
     #[error("redis: {0}")]
     Redis(#[source] StoreError),
-    /// Redis Cluster is not supported by the store yet.
-    #[error(
-        "redis: cluster is not supported yet; use `url: redis://HOST:PORT` or `sentinel: {{ master: NAME, nodes: [...] }}`"
-    )]
-    RedisCluster,
 }
 
 /// Why an instruction from the control plane was not applied.

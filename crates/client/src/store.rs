@@ -52,7 +52,7 @@ impl ExactStore {
         let target = match &redis.target {
             RedisTarget::Single { url } => Target::single(url.clone()),
             RedisTarget::Sentinel { master, nodes } => Target::sentinel(master, nodes.clone()),
-            RedisTarget::Cluster { .. } => return Err(ClientError::RedisCluster),
+            RedisTarget::Cluster { nodes } => Target::cluster(nodes.clone()),
         };
         let limiter = RedisLimiter::new(
             target,
