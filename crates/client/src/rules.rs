@@ -414,7 +414,7 @@ fn build(service: &str, bucket: &Bucket, max_subjects: usize) -> Result<Limiters
     let rate = Rate::new(bucket.limit.count.get(), bucket.limit.period).map_err(param)?;
     let burst = bucket.burst.map(NonZeroU64::get);
     if bucket.store == Store::Redis {
-        let exact = ExactBucket::new(bucket, rate, burst).map_err(|source| {
+        let exact = ExactBucket::new(service, bucket, rate, burst).map_err(|source| {
             ClientError::ExactAlgorithm {
                 service: service.to_owned(),
                 bucket: bucket.name.clone(),

@@ -96,6 +96,8 @@ impl ExactStore {
 #[derive(Debug)]
 pub(crate) struct ExactBucket {
     algo: ExactAlgo,
+    /// The service the bucket belongs to, so two services' buckets never share a key.
+    service: Box<str>,
     /// S5's `{scope}`: the bucket's subject, or `caller` when it has none (SPEC §4).
     scope: &'static str,
     /// S5's `{api}`: the bucket's procedure, `*` for every procedure.
@@ -108,6 +110,7 @@ pub(crate) struct ExactBucket {
 
 impl ExactBucket {
     pub(crate) fn new(
+        service: &str,
         bucket: &Bucket,
         rate: Rate,
         burst: Option<u64>,
@@ -128,9 +131,10 @@ impl ExactBucket {
         };
         let api: Box<str> = spec.procedure.as_ref().map_or("*", Pattern::as_str).into();
         Ok(Self {
+            key: BucketKey::qualified(service, scope, value, &api, bucket.algorithm.name()),
             algo,
+            service: service.into(),
             scope,
-            key: BucketKey::new(scope, value, &api),
             api,
             each,
         })
@@ -150,9 +154,16 @@ impl ExactBucket {
         &self.key
     }
 
-    /// The key of subject value `value` of a per-subject bucket: `rl:{user:alice:/search}`.
+    /// The key of subject value `value` of a per-subject bucket:
+    /// `rl:{search:user:alice:/search}:sliding-window-log`.
     pub(crate) fn subject_key(&self, value: &str) -> BucketKey {
-        BucketKey::new(self.scope, value, &self.api)
+        BucketKey::qualified(
+            &self.service,
+            self.scope,
+            value,
+            &self.api,
+            self.algo.kind().name(),
+        )
     }
 }
 
@@ -170,27 +181,56 @@ mod tests {
         .unwrap();
         let b = &config.services[0].buckets[0];
         let rate = Rate::new(b.limit.count.get(), b.limit.period).unwrap();
-        ExactBucket::new(b, rate, b.burst.map(|n| n.get())).unwrap()
+        ExactBucket::new("api", b, rate, b.burst.map(|n| n.get())).unwrap()
     }
 
     #[test]
-    fn keys_follow_s5() {
+    fn keys_follow_s5_with_the_service_and_the_algorithm() {
         let per_user = bucket(
             "{ name: q, match: { user: \"*\", procedure: /search }, limit: 5/s, algorithm: token-bucket, store: redis }",
         );
         assert_eq!(per_user.subject(), Some(SubjectKind::User));
         assert_eq!(
             per_user.subject_key("alice").as_str(),
-            "rl:{user:alice:/search}"
+            "rl:{api:user:alice:/search}:token-bucket"
         );
         let one_org = bucket(
             "{ name: q, match: { org: acme }, limit: 5/s, algorithm: fixed-window, store: redis }",
         );
         assert_eq!(one_org.subject(), None);
-        assert_eq!(one_org.key().as_str(), "rl:{org:acme:*}");
+        assert_eq!(one_org.key().as_str(), "rl:{api:org:acme:*}:fixed-window");
         let caller = bucket(
             "{ name: q, match: { caller: gw, procedure: /pay }, limit: 5/s, algorithm: sliding-window-log, store: redis }",
         );
-        assert_eq!(caller.key().as_str(), "rl:{caller:gw:/pay}");
+        assert_eq!(
+            caller.key().as_str(),
+            "rl:{api:caller:gw:/pay}:sliding-window-log"
+        );
+    }
+
+    #[test]
+    fn two_services_and_two_algorithms_never_share_a_key() {
+        let config = spillway_core::config::load_str(
+            "version: 1\nredis: { url: redis://127.0.0.1:1 }\nservices:\n  orders:\n    buckets:\n      - { name: q, match: { ip: \"*\" }, limit: 5/s, algorithm: token-bucket, store: redis }\n  search:\n    buckets:\n      - { name: q, match: { ip: \"*\" }, limit: 5/s, algorithm: gcra, store: redis }\n",
+            "test.yaml",
+        )
+        .unwrap();
+        let keys: Vec<String> = config
+            .services
+            .iter()
+            .map(|service| {
+                let b = &service.buckets[0];
+                let rate = Rate::new(b.limit.count.get(), b.limit.period).unwrap();
+                let exact = ExactBucket::new(&service.name, b, rate, None).unwrap();
+                exact.subject_key("10.0.0.7").as_str().to_owned()
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "rl:{orders:ip:10.0.0.7:*}:token-bucket",
+                "rl:{search:ip:10.0.0.7:*}:gcra"
+            ]
+        );
     }
 }

@@ -23,6 +23,25 @@ impl BucketKey {
         }
     }
 
+    /// The key of the same bucket when one Redis serves several services and a bucket's algorithm
+    /// may change: `rl:{orders:user:alice:/search}:token-bucket`.
+    ///
+    /// The service inside the braces keeps two services' buckets on the same (scope, value, api)
+    /// apart, which would otherwise charge one counter twice. The algorithm after the braces
+    /// gives a changed algorithm a fresh key in the same slot, since a token bucket's hash and a
+    /// sliding log's sorted set cannot share one (Redis would answer `WRONGTYPE`).
+    pub fn qualified(
+        service: &str,
+        scope: &str,
+        scope_value: &str,
+        api: &str,
+        algorithm: &str,
+    ) -> Self {
+        Self {
+            key: format!("rl:{{{service}:{scope}:{scope_value}:{api}}}:{algorithm}"),
+        }
+    }
+
     /// The key of a bucket that has no subject, keyed by any caller-chosen name. The name is
     /// used as the hash tag, so it should not contain braces.
     pub fn named(name: &str) -> Self {
