@@ -119,7 +119,9 @@ pub struct ProxyArgs {
     /// The zone's aggregator; without it the proxy runs standalone from the file.
     #[arg(long)]
     pub aggregator: Option<String>,
-    /// Follow the rules service's store too (`sqlite://PATH` or `postgres://...`).
+    /// Follow the rules service's store (`sqlite://PATH` or `postgres://...`): its services
+    /// replace the file's services of the same name as each change is announced. Standalone only:
+    /// linked, the controller follows the store.
     #[arg(long)]
     pub database: Option<String>,
     /// This proxy's region.

@@ -2,12 +2,13 @@
 //! serve the REST API on a loopback port, and drive it with the admin client commands.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const SPILLWAY: &str = env!("CARGO_BIN_EXE_spillway");
+mod support;
+use support::SPILLWAY;
 
 fn workspace_file(relative: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -65,10 +66,7 @@ struct Server {
 
 impl Server {
     fn start(database: &str) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = support::free_port();
         let child = Command::new(SPILLWAY)
             .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--database", database])
@@ -231,4 +229,72 @@ fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
     );
 
     assert!(server.stop().success(), "SIGTERM stops the service cleanly");
+}
+
+/// S4 end to end: a rule committed through the API reaches a proxy that follows the PostgreSQL
+/// store (`LISTEN`/`NOTIFY`), and is enforced without a restart; deleting it lifts the limit.
+#[test]
+fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
+    let postgres = spillway_testkit::Postgres::start().expect("private PostgreSQL");
+    let database = postgres.url();
+    let admin = create_user(&database, "alice", "admin");
+    let server = Server::start(&database);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("spillway.yaml");
+    std::fs::write(&file, "version: 1\n").unwrap();
+    let proxy = support::Proxy::start_with(&file, support::upstream(), &["--database", &database]);
+    let status = |path: &str| {
+        support::get(proxy.listen, path)
+            .expect("the proxy answers")
+            .0
+    };
+    assert!((0..5).all(|_| status("/orders") == 200), "no rule yet");
+
+    let rule = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rule,
+        "version: 1\nservices:\n  shop:\n    buckets:\n      - { name: orders, match: { procedure: /orders }, limit: 1/h, algorithm: token-bucket }\n",
+    )
+    .unwrap();
+    let applied = server.client(Some(&admin), &["apply", "-f", rule.to_str().unwrap()]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let committed = Instant::now();
+    // One token an hour: once the rule is in force, at most one more request passes.
+    let deadline = committed + Duration::from_secs(10);
+    while status("/orders") != 429 {
+        assert!(
+            Instant::now() < deadline,
+            "the rule never reached the proxy"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let delay = committed.elapsed();
+    eprintln!("rule enforced {delay:?} after its commit");
+    assert!(
+        delay < Duration::from_secs(1),
+        "a committed change is enforced within a second (S4): {delay:?}"
+    );
+    assert_eq!(
+        status("/other"),
+        200,
+        "only the rule's procedure is limited"
+    );
+
+    let listed = server.client(Some(&admin), &["list"]);
+    let id = stdout(&listed)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let deleted = server.client(Some(&admin), &["delete", &id]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("/orders") != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the deletion never reached the proxy"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(proxy.terminate().code(), Some(0));
 }

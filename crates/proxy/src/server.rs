@@ -52,6 +52,10 @@ pub struct ProxyOptions {
     /// The control plane to report to and take instructions and rules from; with it the file is
     /// only the rules to start with when the state directory has none.
     pub control: Option<ControlOptions>,
+    /// Whether a standalone proxy re-reads its file when it changes. Off when something else
+    /// feeds [`Proxy::client`] its rules (the rules service's store, for `--database`), so the
+    /// file cannot overwrite them.
+    pub watch_file: bool,
 }
 
 impl ProxyOptions {
@@ -64,6 +68,7 @@ impl ProxyOptions {
             reload_every: DEFAULT_POLL,
             drain_timeout: Duration::from_secs(30),
             control: None,
+            watch_file: true,
         }
     }
 }
@@ -129,8 +134,7 @@ impl Proxy {
                 stopped,
             )));
         }
-        let watcher = control
-            .is_none()
+        let watcher = (control.is_none() && options.watch_file)
             .then(|| watch_file(client, options.config.clone(), options.reload_every));
         tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "proxy listening");
         Ok(Self {

@@ -1,10 +1,14 @@
 //! `spillway proxy`: the sidecar, standalone from its file or linked to its zone's aggregator
 //! (SPEC §1). Wiring only: the work is in `spillway-proxy`.
 
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
+use spillway_client::Client;
 use spillway_client::control::{ControlOptions, LinkOptions};
+use spillway_core::config::{self, Config};
 use spillway_proxy::{Proxy, ProxyOptions};
 
 use crate::args::ProxyArgs;
@@ -12,9 +16,9 @@ use crate::args::ProxyArgs;
 /// Runs the proxy until SIGTERM or SIGINT, then drains the requests in flight and exits 0.
 /// Bad configuration or usage exits 2, any other failure 1.
 pub fn proxy(args: ProxyArgs) -> ExitCode {
-    if args.database.is_some() {
+    if args.database.is_some() && args.aggregator.is_some() {
         eprintln!(
-            "spillway proxy: --database is not available yet in this build (it arrives with the rules-service issue); use --aggregator, whose controller follows the store, or the file standalone"
+            "spillway proxy: give either --aggregator or --database: linked, the rules come down from the controller, so give --database to the controller instead"
         );
         return ExitCode::from(2);
     }
@@ -53,6 +57,19 @@ async fn run(args: ProxyArgs) -> ExitCode {
         control.state_dir = args.state_dir;
         options.control = Some(control);
     }
+    // Following the store: the file gives identity, control and redis, and the services the
+    // store does not name; the store's services replace the file's of the same name.
+    let follow = match &args.database {
+        Some(url) => match follow_store(&options.config, url).await {
+            Ok(follow) => Some(follow),
+            Err(err) => {
+                eprintln!("spillway proxy: {err:#}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    options.watch_file = follow.is_none();
     let proxy = match Proxy::start(options).await {
         Ok(proxy) => proxy,
         Err(err) => {
@@ -60,25 +77,65 @@ async fn run(args: ProxyArgs) -> ExitCode {
             return ExitCode::from(if err.is_usage() { 2 } else { 1 });
         }
     };
-    if let Err(err) = stop_signal().await {
-        eprintln!("spillway proxy: {err:#}");
-        proxy.shutdown().await;
-        return ExitCode::from(1);
-    }
+    let following = follow.map(|(base, watcher)| {
+        let client = proxy.client().clone();
+        tokio::spawn(apply_store_rules(client, base, watcher))
+    });
+    super::stop_signal().await;
     tracing::info!("stopping: no new connections, draining the requests in flight");
+    if let Some(task) = following {
+        task.abort();
+    }
     proxy.shutdown().await;
     ExitCode::SUCCESS
 }
 
-/// Waits for SIGTERM (how orchestrators stop a sidecar) or SIGINT (Ctrl-C).
-async fn stop_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
+/// The file's configuration and a watcher on the rules service's store.
+async fn follow_store(
+    file: &Path,
+    url: &str,
+) -> anyhow::Result<(Config, spillway_rules::RulesWatcher)> {
+    let base = config::load_file(file).map_err(|err| anyhow::anyhow!("{err}"))?;
+    let watcher = spillway_rules::RulesWatcher::start(url)
+        .await
+        .with_context(|| format!("cannot follow the rules store {url}"))?;
+    Ok((base, watcher))
+}
+
+/// Applies every rule set the store announces (S4), until the proxy stops. A rule set the proxy
+/// cannot run (a `store: redis` rule without a `redis` section in the file) is logged and the
+/// rules in force stay.
+async fn apply_store_rules(
+    client: Arc<Client>,
+    base: Config,
+    watcher: spillway_rules::RulesWatcher,
+) {
+    let mut sets = watcher.subscribe();
+    loop {
+        let set = sets.borrow_and_update().clone();
+        let mut config = base.clone();
+        for service in &set.config.services {
+            match config.services.iter_mut().find(|s| s.name == service.name) {
+                Some(own) => *own = service.clone(),
+                None => config.services.push(service.clone()),
+            }
+        }
+        match client.reload(config) {
+            Ok(version) => {
+                tracing::info!(
+                    store_version = set.version,
+                    rules_version = version,
+                    "rules from the store in force"
+                )
+            }
+            Err(err) => {
+                tracing::warn!(store_version = set.version, %err, "rules from the store refused; the rules in force stay")
+            }
+        }
+        if sets.changed().await.is_err() {
+            return;
+        }
     }
-    Ok(())
 }
 
 /// This machine's name, for the default host id.
