@@ -2,7 +2,8 @@
 //! then decide every matching bucket (drop-ratio at 33%, the default algorithm under overload) and
 //! count the outcome, on one thread and on two, for 1 bucket and for 1,000.
 //!
-//! One clock read serves every bucket of a request, as in the proxy. Run:
+//! One clock read serves every bucket of a request, as in the proxy: the precise clock
+//! (`Instant`, about 22 ns here) or the coarse one (about 2 ns, millisecond resolution). Run:
 //! `cargo bench -p spillway-core --bench match_decide -- --warm-up-time 1 --measurement-time 3`.
 
 use std::hint::black_box;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spillway_core::algo::{DropRatio, Ratio};
-use spillway_core::clock::{Clock, SystemClock};
+use spillway_core::clock::{Clock, CoarseClock, SystemClock};
 use spillway_core::counters::{BucketCounters, Outcome};
 use spillway_core::decision::{BucketId, Decision, Mode};
 use spillway_core::matcher::{Matcher, Matches};
@@ -43,7 +44,7 @@ impl RuleSet {
         }
     }
 
-    fn decide(&self, clock: &SystemClock, request: &RequestAttrs<'_>, out: &mut Matches) -> bool {
+    fn decide(&self, clock: &impl Clock, request: &RequestAttrs<'_>, out: &mut Matches) -> bool {
         self.matcher.find(request, out);
         let now = clock.now();
         let mut decision = Decision::Allow;
@@ -59,8 +60,13 @@ impl RuleSet {
 
 /// Runs `iters` requests on each of `threads` threads at once; wall time divided by the thread
 /// count, so two threads at 1.8x one read as at most 1/1.8 of the one-thread figure.
-fn parallel(threads: u32, iters: u64, rules: &RuleSet, request: &RequestAttrs<'_>) -> Duration {
-    let clock = SystemClock::new();
+fn parallel(
+    threads: u32,
+    iters: u64,
+    rules: &RuleSet,
+    request: &RequestAttrs<'_>,
+    clock: &impl Clock,
+) -> Duration {
     let barrier = std::sync::Barrier::new(threads as usize + 1);
     std::thread::scope(|s| {
         for _ in 0..threads {
@@ -68,7 +74,7 @@ fn parallel(threads: u32, iters: u64, rules: &RuleSet, request: &RequestAttrs<'_
                 let mut out = rules.matcher.matches_buffer();
                 barrier.wait();
                 for _ in 0..iters {
-                    black_box(rules.decide(&clock, black_box(request), &mut out));
+                    black_box(rules.decide(clock, black_box(request), &mut out));
                 }
             });
         }
@@ -80,7 +86,8 @@ fn parallel(threads: u32, iters: u64, rules: &RuleSet, request: &RequestAttrs<'_
 }
 
 fn bench(c: &mut Criterion) {
-    let clock = SystemClock::new();
+    let system = SystemClock::new();
+    let coarse = CoarseClock::new();
     for (name, specs, request) in [
         ("1_bucket", one_bucket(), one_bucket_hit()),
         ("1000_buckets", thousand_buckets(), thousand_buckets_hit()),
@@ -90,12 +97,15 @@ fn bench(c: &mut Criterion) {
         rules.matcher.find(&request, &mut out);
         assert!(!out.is_empty(), "{name}: the request must hit a bucket");
         c.bench_function(&format!("match+decide/1-thread/{name}"), |b| {
-            b.iter(|| rules.decide(&clock, black_box(&request), &mut out))
+            b.iter(|| rules.decide(&system, black_box(&request), &mut out))
+        });
+        c.bench_function(&format!("match+decide/1-thread-coarse-clock/{name}"), |b| {
+            b.iter(|| rules.decide(&coarse, black_box(&request), &mut out))
         });
         for threads in [1, 2] {
             c.bench_function(
                 &format!("match+decide/{threads}-threads-spawned/{name}"),
-                |b| b.iter_custom(|iters| parallel(threads, iters, &rules, &request)),
+                |b| b.iter_custom(|iters| parallel(threads, iters, &rules, &request, &system)),
             );
         }
     }

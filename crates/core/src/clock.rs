@@ -1,4 +1,4 @@
-//! Time for the core: a `Clock` trait, the system clock and a fake clock for tests.
+//! Time for the core: a `Clock` trait, the system clock, a coarse one and a fake one for tests.
 //!
 //! Algorithms never read a clock themselves: they take `now` as an argument (sans-IO), so the
 //! proxy passes [`SystemClock`] readings while the simulator and the tests pass simulated time.
@@ -64,6 +64,56 @@ impl Clock for SystemClock {
     }
 }
 
+/// A cheaper real clock: the kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`), the
+/// time of the last timer tick. On a 2-vCPU VM one reading costs about 2 ns against 22 ns for
+/// [`Instant::now`], at a resolution of one tick ([`CoarseClock::resolution`], 1 to 4 ms).
+///
+/// Worth it where a decision's time only needs milliseconds: a drop-ratio instruction's expiry
+/// (seconds), a fixed window of a second or more. The limits stay exact in the coarse time; a
+/// token bucket refills in jumps of one tick's worth instead of continuously.
+#[derive(Debug, Clone, Copy)]
+pub struct CoarseClock {
+    origin: Nanos,
+}
+
+impl CoarseClock {
+    /// A clock whose epoch is now.
+    pub fn new() -> Self {
+        Self {
+            origin: Self::read(),
+        }
+    }
+
+    /// How far apart two distinct readings are at least: one kernel timer tick.
+    pub fn resolution() -> Duration {
+        let res = rustix::time::clock_getres(rustix::time::ClockId::MonotonicCoarse);
+        Duration::new(
+            u64::try_from(res.tv_sec).unwrap_or(0),
+            u32::try_from(res.tv_nsec).unwrap_or(0),
+        )
+    }
+
+    fn read() -> Nanos {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+        u64::try_from(ts.tv_sec)
+            .unwrap_or(0)
+            .saturating_mul(NANOS_PER_SEC)
+            .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+    }
+}
+
+impl Default for CoarseClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for CoarseClock {
+    fn now(&self) -> Nanos {
+        Self::read().saturating_sub(self.origin)
+    }
+}
+
 /// A clock that moves only when told to. `Sync`, so threads can share it by reference.
 #[derive(Debug, Default)]
 pub struct FakeClock {
@@ -103,6 +153,25 @@ impl Clock for FakeClock {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_coarse_clock_is_monotonic_and_keeps_pace_within_its_resolution() {
+        let resolution = CoarseClock::resolution();
+        assert!(resolution > Duration::ZERO && resolution <= Duration::from_millis(10));
+        let coarse = CoarseClock::new();
+        let precise = SystemClock::new();
+        let mut last = coarse.now();
+        let deadline = Instant::now() + Duration::from_millis(60);
+        while Instant::now() < deadline {
+            let now = coarse.now();
+            assert!(now >= last, "went back from {last} to {now}");
+            last = now;
+        }
+        // Both started together; after 60 ms they differ by at most a tick either way.
+        let gap = precise.now().abs_diff(coarse.now());
+        assert!(gap <= nanos(resolution) * 2, "{gap} ns apart");
+        assert!(last >= nanos(Duration::from_millis(60)) - nanos(resolution) * 2);
+    }
+
     use super::*;
 
     #[test]
