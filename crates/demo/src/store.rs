@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use spillway_control::RulesSnapshot;
-use spillway_core::config::{ConfigFile, ServiceFile, Services};
+use spillway_core::config::ConfigFile;
 use spillway_rules::rule::{input_of, parse_config};
 use spillway_rules::{Role, RuleSet, RulesWatcher, Store};
 use tokio::sync::watch;
@@ -76,28 +76,8 @@ fn follow(
     file: ConfigFile,
 ) -> Result<watch::Receiver<Arc<RulesSnapshot>>, DemoError> {
     let render = move |set: &RuleSet| {
-        let mut services: Vec<(String, ServiceFile)> = Vec::new();
-        for rule in &set.rules {
-            match services.last_mut() {
-                Some((name, service)) if *name == rule.service => {
-                    service.buckets.push(rule.bucket.clone())
-                }
-                _ => services.push((
-                    rule.service.clone(),
-                    ServiceFile {
-                        buckets: vec![rule.bucket.clone()],
-                    },
-                )),
-            }
-        }
-        let model = ConfigFile {
-            version: 1,
-            identity: file.identity.clone(),
-            control: file.control.clone(),
-            services: Services(services),
-            redis: file.redis.clone(),
-        };
-        RulesSnapshot::from_model(u64::try_from(set.version).unwrap_or(0), &model).map(Arc::new)
+        RulesSnapshot::from_model(u64::try_from(set.version).unwrap_or(0), &set.model(&file))
+            .map(Arc::new)
     };
     let mut sets = watcher.subscribe();
     let first = render(&sets.borrow_and_update()).map_err(|e| DemoError::Config(e.to_string()))?;

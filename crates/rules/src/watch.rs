@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
-use spillway_core::config::Config;
+use spillway_core::config::{Config, ConfigFile, ServiceFile, Services};
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -57,6 +57,33 @@ impl RuleSet {
             rules,
             config,
         })
+    }
+
+    /// The rules as a configuration file's model: their services and buckets, with the identity,
+    /// control and redis sections of `base` (the consumer's own file; the store keeps only
+    /// buckets).
+    pub fn model(&self, base: &ConfigFile) -> ConfigFile {
+        let mut services: Vec<(String, ServiceFile)> = Vec::new();
+        for rule in &self.rules {
+            match services.last_mut() {
+                Some((name, service)) if *name == rule.service => {
+                    service.buckets.push(rule.bucket.clone())
+                }
+                _ => services.push((
+                    rule.service.clone(),
+                    ServiceFile {
+                        buckets: vec![rule.bucket.clone()],
+                    },
+                )),
+            }
+        }
+        ConfigFile {
+            version: base.version,
+            identity: base.identity.clone(),
+            control: base.control.clone(),
+            services: Services(services),
+            redis: base.redis.clone(),
+        }
     }
 
     /// When the next incident override ends, if any does.

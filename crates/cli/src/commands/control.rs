@@ -11,7 +11,7 @@ use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
     RulesSnapshot,
 };
-use spillway_core::config::{ConfigFile, ServiceFile, Services};
+use spillway_core::config::{ConfigFile, Services};
 use tokio::sync::watch;
 
 use crate::args::{AggregatorArgs, ControllerArgs};
@@ -65,29 +65,16 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
 fn from_store(
     watcher: &spillway_rules::RulesWatcher,
 ) -> Result<watch::Receiver<Arc<RulesSnapshot>>, ControlError> {
-    let snapshot = |set: &spillway_rules::RuleSet| {
-        let mut services: Vec<(String, ServiceFile)> = Vec::new();
-        for rule in &set.rules {
-            match services.last_mut() {
-                Some((name, service)) if *name == rule.service => {
-                    service.buckets.push(rule.bucket.clone())
-                }
-                _ => services.push((
-                    rule.service.clone(),
-                    ServiceFile {
-                        buckets: vec![rule.bucket.clone()],
-                    },
-                )),
-            }
-        }
-        let file = ConfigFile {
-            version: 1,
-            identity: Default::default(),
-            control: Default::default(),
-            services: Services(services),
-            redis: None,
-        };
-        RulesSnapshot::from_model(u64::try_from(set.version).unwrap_or(0), &file).map(Arc::new)
+    let base = ConfigFile {
+        version: 1,
+        identity: Default::default(),
+        control: Default::default(),
+        services: Services::default(),
+        redis: None,
+    };
+    let snapshot = move |set: &spillway_rules::RuleSet| {
+        RulesSnapshot::from_model(u64::try_from(set.version).unwrap_or(0), &set.model(&base))
+            .map(Arc::new)
     };
     let mut store = watcher.subscribe();
     let first = snapshot(&store.borrow_and_update())?;
