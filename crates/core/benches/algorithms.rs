@@ -1,9 +1,9 @@
 //! Decision latency of every algorithm on one key, against governor's GCRA and a
 //! `Mutex<HashMap>` counter as baselines in the same run, on one thread and on two.
 //!
-//! Every decision reads the system clock, as the proxy does (governor reads its own). Limits are
-//! set high enough that the admit path is measured, except for the 33% drop ratio whose denials
-//! are the point. Run: `cargo bench -p spillway-core --bench algorithms -- --warm-up-time 1
+//! Every decision reads the coarse system clock, as the proxy does (governor reads its own,
+//! `Instant`). Limits are set high enough that the admit path is measured, except for the 33%
+//! drop ratio whose denials are the point. Run: `cargo bench -p spillway-core --bench algorithms -- --warm-up-time 1
 //! --measurement-time 3`.
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use spillway_core::algo::{
     AdaptiveTokenBucket, DropRatio, FixedWindow, Gcra, LeakyBucket, Rate, Ratio,
     SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
-use spillway_core::clock::{Clock, SystemClock};
+use spillway_core::clock::{Clock, CoarseClock};
 use spillway_core::counters::{BucketCounters, Outcome};
 use spillway_core::decision::Verdict;
 
@@ -72,7 +72,7 @@ fn allow(v: Verdict) -> bool {
 }
 
 fn bench_one_thread(c: &mut Criterion) {
-    let clock = SystemClock::new();
+    let clock = CoarseClock::new();
     let mut g = c.benchmark_group("decide/1-thread");
 
     let governor = RateLimiter::direct(Quota::per_second(NonZeroU32::new(u32::MAX).unwrap()));
@@ -172,7 +172,7 @@ fn bench_given_now(c: &mut Criterion) {
 }
 
 fn bench_two_threads(c: &mut Criterion) {
-    let clock = SystemClock::new();
+    let clock = CoarseClock::new();
     let mut g = c.benchmark_group("decide/2-threads");
 
     let governor = RateLimiter::direct(Quota::per_second(NonZeroU32::new(u32::MAX).unwrap()));
@@ -218,7 +218,7 @@ fn bench_two_threads(c: &mut Criterion) {
 fn bench_one_thread_custom(c: &mut Criterion) {
     // The one-thread figures measured the same way as the two-thread ones (threads spawned per
     // sample), so the scaling ratio compares like with like.
-    let clock = SystemClock::new();
+    let clock = CoarseClock::new();
     let mut g = c.benchmark_group("decide/1-thread-spawned");
     let governor = RateLimiter::direct(Quota::per_second(NonZeroU32::new(u32::MAX).unwrap()));
     g.bench_function("governor-baseline", |b| {
