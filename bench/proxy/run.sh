@@ -11,13 +11,25 @@
 # Open loop (the `paced` example of spillway-proxy: a fixed offered rate R, bounded count), for
 # latency at a load every path carries, R being half the Redis baseline's closed-loop rate:
 #   the same four paths but nginx, and spillway with a local bucket of R / 1.5 (offered 1.5x).
+# Redis across a network: on loopback a Redis round trip is as cheap as it ever gets, and GRL
+# compared against a Redis across the network. So the Redis-per-request rows are measured again
+# against a second redis-server in a network namespace of its own, behind a veth pair whose link
+# holds every packet LINK_DELAY_US (default 250 us) each way: a 0.5 ms round trip, typical within
+# one zone of a cloud region (0.1 to 0.5 ms). With `sch_netem` in the kernel the delay is
+# `tc qdisc ... netem delay` on both ends of the veth and the proxy dials the namespace's address
+# (10.254.x.2, private to this machine); without it (some VM and container kernels) the delay is
+# `delay.rs` beside this script, a relay on 127.0.0.1 that holds each chunk for the delay in
+# each direction before sending it on over the veth. The open-loop rows (direct, spillway not
+# hit, Redis per request) are measured again at the same offered rate, next to each other.
 # Requests/s and p50/p99/p99.5 latency are reported as ratios to direct (of the same loop), in
 # Markdown on stdout (paste it into docs/benchmarks.md, section "Proxy"), with G16's goal:
 # spillway's added p99.5 at most 10% of the Redis-per-request added p99.5.
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
 # SPILLWAY_WORKERS sets the proxy's tokio worker threads (default 2, one per core here).
-# Installs wrk, nginx and redis-server from Debian when missing; builds spillway in release mode.
+# LINK_DELAY_US sets the one-way delay to the networked Redis (default 250).
+# Runs as root (network namespaces). Installs wrk, nginx, redis-server, redis-tools and iproute2
+# from Debian when missing; builds spillway in release mode.
 set -euo pipefail
 
 SECONDS_PER_RUN=${1:-10}
@@ -25,10 +37,18 @@ CONNECTIONS=${2:-32}
 THREADS=2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
+LINK_DELAY_US=${LINK_DELAY_US:-250}
+# The networked Redis: a namespace and a veth pair named after this run, on a /30 of 10.254/16
+# that exists only between them.
+NS="spw-bench-$$"
+VETH_HOST="spw$$h"; VETH_NS="spw$$n"
+HOST_ADDR="10.254.$(( $$ % 250 )).1"; NS_ADDR="10.254.$(( $$ % 250 )).2"
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  ip link del "$VETH_HOST" 2>/dev/null || true
+  ip netns del "$NS" 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -42,6 +62,8 @@ need() {
 need wrk wrk
 need nginx nginx-light
 need redis-server redis-server
+need redis-benchmark redis-tools
+need ip iproute2
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 free_port() {
@@ -53,7 +75,12 @@ REDIS=$(free_port)
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$WORK/redis.log" --dir "$WORK" &
 PIDS+=("$!")
-for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$REDIS") 2>/dev/null && break; sleep 0.1; done
+wait_port() { # $1: host, $2: port
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return; sleep 0.1; done
+  echo "nothing listens on $1:$2" >&2; exit 1
+}
+wait_port 127.0.0.1 "$REDIS"
+REDIS_URL="redis://127.0.0.1:$REDIS"
 
 # One nginx: the upstream, and the limit_req reverse proxy in front of it.
 mkdir -p "$WORK/nginx"
@@ -94,7 +121,7 @@ PACED=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/paced
 start_spillway() { # $1: limit, $2: store (local or redis), $3: burst (default: the limit's count)
   cat > "$WORK/spillway.yaml" <<YAML
 version: 1
-redis: { url: "redis://127.0.0.1:$REDIS", timeout: 1s }
+redis: { url: "$REDIS_URL", timeout: 1s }
 services:
   bench:
     buckets:
@@ -156,6 +183,51 @@ start_spillway "$LIMIT" local "$BURST"
 echo "open loop: spillway at 1.5x ($LIMIT)" >&2; P_OVER=$(paced "$PROXY" "$RATE")
 stop_spillway
 
+# Redis across a network: its own namespace behind a veth pair with a delayed link.
+ip netns add "$NS"
+ip link add "$VETH_HOST" type veth peer name "$VETH_NS"
+ip link set "$VETH_NS" netns "$NS"
+ip addr add "$HOST_ADDR/30" dev "$VETH_HOST"; ip link set "$VETH_HOST" up
+ip -n "$NS" addr add "$NS_ADDR/30" dev "$VETH_NS"; ip -n "$NS" link set "$VETH_NS" up
+ip -n "$NS" link set lo up
+ip netns exec "$NS" redis-server --port 6379 --bind "$NS_ADDR" --protected-mode no --save "" \
+  --appendonly no --daemonize no --logfile "$WORK/redis-net.log" --dir "$WORK" &
+PIDS+=("$!")
+wait_port "$NS_ADDR" 6379
+if tc qdisc add dev "$VETH_HOST" root netem delay "${LINK_DELAY_US}us" 2>/dev/null \
+  && ip netns exec "$NS" tc qdisc add dev "$VETH_NS" root netem delay "${LINK_DELAY_US}us"; then
+  LINK="tc netem delay ${LINK_DELAY_US}us on both ends of a veth pair"
+  NET_HOST=$NS_ADDR; NET_PORT=6379
+else
+  echo "no sch_netem in this kernel: delaying in a relay (bench/proxy/delay.rs)" >&2
+  tc qdisc del dev "$VETH_HOST" root 2>/dev/null || true
+  rustc --edition 2021 -O "$ROOT/bench/proxy/delay.rs" -o "$WORK/delay"
+  NET_HOST=127.0.0.1; NET_PORT=$(free_port)
+  "$WORK/delay" "127.0.0.1:$NET_PORT" "$NS_ADDR:6379" "$LINK_DELAY_US" &
+  PIDS+=("$!")
+  wait_port 127.0.0.1 "$NET_PORT"
+  LINK="a veth pair, ${LINK_DELAY_US}us each way held by the relay bench/proxy/delay.rs on 127.0.0.1 (no sch_netem in this kernel)"
+fi
+ping_rtt() { # $1: host, $2: port -> p50 and p99 of PING over one connection, in ms
+  redis-benchmark -h "$1" -p "$2" -c 1 -n 2000 -t ping --csv --precision 3 2>/dev/null \
+    | awk -F'"' '/PING_MBULK/ { printf "p50 %s ms, p99 %s ms", $10, $14 }'
+}
+RTT_LOOPBACK=$(ping_rtt 127.0.0.1 "$REDIS")
+RTT_NET=$(ping_rtt "$NET_HOST" "$NET_PORT")
+REDIS_URL="redis://$NET_HOST:$NET_PORT"
+start_spillway "100000000/s" redis
+echo "closed loop: redis per request across the link" >&2; NET_REDIS_R=$(measure "$PROXY")
+stop_spillway
+# The same offered rate as on loopback, unless the networked baseline carries less than twice it.
+NET_RATE=$(echo "$NET_REDIS_R" | awk -v r="$RATE" '{ h = int($1 / 2 / 1000) * 1000; printf "%d", h < r ? h : r }')
+echo "open loop at $NET_RATE/s, Redis across the link: direct" >&2; N_DIRECT=$(paced "$UPSTREAM" "$NET_RATE")
+start_spillway "100000000/s" local
+echo "open loop: spillway" >&2;          N_SPILL=$(paced "$PROXY" "$NET_RATE")
+stop_spillway
+start_spillway "100000000/s" redis
+echo "open loop: redis per request across the link" >&2; N_REDIS=$(paced "$PROXY" "$NET_RATE")
+stop_spillway
+
 row() { # $1: name, $2: result line, $3: the direct line it is compared with
   awk -v name="$1" -v d="$3" -v r="$2" 'BEGIN {
     split(d, D, " "); split(r, R, " ");
@@ -198,3 +270,20 @@ row "spillway proxy, Redis per request (store: redis, not hit)" "$P_REDIS" "$P_D
 row "spillway proxy at 1.5x (limit $LIMIT, burst $BURST)" "$P_OVER" "$P_DIRECT"
 echo
 echo "G16, open loop: $(goal "$P_DIRECT" "$P_SPILL" "$P_REDIS")"
+echo
+echo "Redis across a network: $LINK."
+echo "Redis PING round trip over one connection (redis-benchmark): loopback $RTT_LOOPBACK; across the link $RTT_NET."
+echo
+echo "Closed loop, Redis across the link: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s (direct: the loopback table's)"
+echo
+header
+row "spillway proxy, Redis per request across the link (not hit)" "$NET_REDIS_R" "$DIRECT"
+echo
+echo "Open loop, Redis across the link: paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo
+header
+row "direct (nginx upstream)" "$N_DIRECT" "$N_DIRECT"
+row "spillway proxy, limit not hit" "$N_SPILL" "$N_DIRECT"
+row "spillway proxy, Redis per request across the link (not hit)" "$N_REDIS" "$N_DIRECT"
+echo
+echo "G16, open loop, Redis across the link: $(goal "$N_DIRECT" "$N_SPILL" "$N_REDIS")"
