@@ -61,7 +61,7 @@ mod limiter;
 mod script;
 
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
-pub use batch::{BatchConfig, BatchingLimiter};
+pub use batch::{BatchConfig, Batcher, BatchingLimiter};
 pub use breaker::{BreakerConfig, BreakerStats, CircuitBreaker, CircuitState, Outcome, Permit};
 pub use endpoint::Target;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
