@@ -73,6 +73,7 @@ const KEYS: &[&str] = &[
     "store",
     "cost",
     "on_store_failure",
+    "batch",
     "caller",
     "procedure",
     "user",

@@ -137,3 +137,37 @@ fn the_table_lists_every_bucket_under_its_header() {
     assert!(lines[2].contains("sliding-window-log"));
     assert_eq!(lines[3], "2 buckets in 1 service");
 }
+
+#[test]
+fn batch_is_off_by_default_and_kept_when_written() {
+    let config = config::load_str(
+        "version: 1\nredis: { url: redis://127.0.0.1:6379 }\nservices:\n  search:\n    buckets:\n      - { name: hot, match: { procedure: /search }, limit: 5000/s, algorithm: token-bucket, store: redis, batch: 10 }\n      - { name: exact, match: { procedure: /pay }, limit: 50/s, algorithm: token-bucket, store: redis }\n",
+        "batch.yaml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let buckets = &config.services[0].buckets;
+    assert_eq!(buckets[0].batch, Some(10));
+    assert_eq!(buckets[1].batch, None, "exact unless asked");
+    // At the largest batch and at a batch equal to the bucket's burst.
+    for (limit, batch) in [("5000/s", 1_000), ("10/s", 10)] {
+        let text = format!(
+            "version: 1\nredis: {{ url: redis://127.0.0.1:6379 }}\nservices:\n  s:\n    buckets:\n      - {{ name: b, limit: {limit}, algorithm: token-bucket, store: redis, batch: {batch} }}\n"
+        );
+        let loaded = config::load_str(&text, "batch.yaml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.services[0].buckets[0].batch, Some(batch));
+    }
+}
+
+#[test]
+fn the_schema_describes_batch_with_its_range() {
+    let schema = config::json_schema();
+    let batch = &schema["$defs"]["BucketFile"]["properties"]["batch"];
+    assert_eq!(batch["minimum"], 2, "{batch}");
+    assert_eq!(batch["maximum"], 1000, "{batch}");
+    assert!(
+        batch["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("store: redis")),
+        "{batch}"
+    );
+}

@@ -314,6 +314,58 @@ pub struct BucketFile {
     /// Defaults to `closed` for `store: redis` (S8), else `open` (G9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_failure: Option<FailurePolicy>,
+    /// Hot-key batching (S10), for `store: redis` token buckets: each proxy takes up to this many
+    /// tokens per Redis call and spends them locally (as many as about 100 ms of the key's
+    /// traffic on that proxy, so a quiet key still takes one at a time). Fewer Redis calls, at
+    /// the price of up to `batch - 1` tokens held per proxy and key. Default: no batching, one
+    /// exact call per request.
+    #[serde(
+        default,
+        deserialize_with = "batch_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 2, max = 1000))]
+    pub batch: Option<u64>,
+}
+
+/// The largest `batch`: a proxy may hold up to `batch - 1` of a key's tokens, which it can admit
+/// above the limit in a later window, so the bound grows with it.
+pub const MAX_BATCH: u64 = 1_000;
+
+/// Reads `batch`, checking its range inside the visitor so that errors carry the value's position.
+fn batch_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    struct BatchVisitor;
+    impl de::Visitor<'_> for BatchVisitor {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a whole number of tokens from 2 to {MAX_BATCH}, like 10")
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<Option<u64>, E> {
+            match n {
+                0 | 1 => Err(E::custom(format_args!(
+                    "batch {n} is no batching: every decision is already one exact Redis call; leave batch out for that, or take 2 to {MAX_BATCH} tokens per call, like 10"
+                ))),
+                2..=MAX_BATCH => Ok(Some(n)),
+                _ => Err(E::custom(format_args!(
+                    "batch {n} is too large: each proxy may hold up to batch - 1 tokens and admit them above the limit, so batch is at most {MAX_BATCH}; 10 already cuts Redis calls by 90%"
+                ))),
+            }
+        }
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<Option<u64>, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::custom(format_args!(
+                    "batch {n}: write how many tokens a proxy takes per Redis call, from 2 to {MAX_BATCH}, like 10"
+                ))),
+            }
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Option<u64>, E> {
+            Err(E::custom(format_args!(
+                "batch \"{text}\" is not a number: write the most tokens a proxy takes per Redis call, from 2 to {MAX_BATCH}, like 10 (a quiet key still takes one at a time)"
+            )))
+        }
+    }
+    deserializer.deserialize_any(BatchVisitor)
 }
 
 /// A bucket's `match`: exact values or globs with `*`; at most one subject key.

@@ -46,7 +46,10 @@ fn row(service: &str, bucket: &Bucket) -> [String; 11] {
         bucket.scope.to_string(),
         bucket.mode.to_string(),
         bucket.algorithm.to_string(),
-        bucket.store.to_string(),
+        match bucket.batch {
+            Some(n) => format!("{} (batch {n})", bucket.store),
+            None => bucket.store.to_string(),
+        },
         bucket.cost.to_string(),
         bucket.on_store_failure.to_string(),
     ]

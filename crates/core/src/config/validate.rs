@@ -70,6 +70,8 @@ pub struct Bucket {
     pub store: Store,
     pub cost: Cost,
     pub on_store_failure: FailurePolicy,
+    /// Hot-key batching (S10): `Some(N)` (2 to 1000) only for `store: redis` token buckets.
+    pub batch: Option<u64>,
 }
 
 /// A validated `redis` section.
@@ -314,6 +316,9 @@ fn check_bucket(
             "store: redis needs a top-level `redis` section, like `redis: { url: redis://127.0.0.1:6379 }`",
         ));
     }
+    if let Some(batch) = bucket.batch {
+        check_batch(check, path, &bucket, batch, store, &algorithm_name)?;
+    }
     if let Cost::Header(cost) = &bucket.cost
         && !is_header_name(&cost.header)
     {
@@ -349,7 +354,57 @@ fn check_bucket(
         on_store_failure: bucket
             .on_store_failure
             .unwrap_or(default_failure_policy(store)),
+        batch: bucket.batch,
     })
+}
+
+/// `batch` takes a Redis token bucket's tokens ahead and spends them later, which only fits a
+/// store shared through Redis and an algorithm whose state is a count of tokens.
+fn check_batch(
+    check: &Checker<'_>,
+    path: &str,
+    bucket: &BucketFile,
+    batch: u64,
+    store: Store,
+    algorithm_name: &str,
+) -> Result<(), Located> {
+    let at = child(path, "batch");
+    if store != Store::Redis {
+        let written = if check.positions.contains(&child(path, "store")) {
+            format!("store {store}")
+        } else {
+            format!("store {store} (the default)")
+        };
+        return Err(check.at_key(
+            &at,
+            format!(
+                "batch applies to store: redis, where it cuts Redis calls; this bucket has {written}, which makes no Redis calls to batch"
+            ),
+        ));
+    }
+    if bucket.algorithm != Algorithm::TokenBucket {
+        return Err(check.at_key(
+            &at,
+            format!(
+                "{algorithm_name} cannot batch; batch takes tokens ahead and spends them later, which only algorithm token-bucket allows (a log or a window count is exact only in Redis)"
+            ),
+        ));
+    }
+    let capacity = bucket.burst.unwrap_or(bucket.limit.count).get();
+    if batch > capacity {
+        let held = if bucket.burst.is_some() {
+            format!("its burst of {capacity}")
+        } else {
+            format!("{capacity} (its burst, which defaults to the limit's count)")
+        };
+        return Err(check.at_value(
+            &at,
+            format!(
+                "batch {batch} is more than the bucket holds, {held}: one proxy would take the whole bucket at once; use a batch of at most {capacity}, or leave batch out"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_match(check: &Checker<'_>, path: &str, spec: &MatchFile) -> Result<MatchSpec, Located> {
