@@ -26,7 +26,8 @@ use crate::subjects::SubjectMap;
 pub(crate) enum Limiters {
     Shared(Limiter),
     PerSubject(SubjectKind, SubjectMap),
-    /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies.
+    /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies
+    /// (within `batch - 1` tokens per proxy and key for a bucket with `batch`).
     Exact(ExactBucket),
 }
 
@@ -193,6 +194,7 @@ fn same_definition(a: &Bucket, b: &Bucket) -> bool {
         && a.burst_window == b.burst_window
         && a.algorithm == b.algorithm
         && a.store == b.store
+        && a.batch == b.batch
 }
 
 impl Rules {
@@ -341,7 +343,13 @@ impl Rules {
                 (Some(store), Limiters::Exact(exact)) => {
                     let key = check.key.as_ref().unwrap_or_else(|| exact.key());
                     store
-                        .decide(key, exact.algo(), check.cost, bucket.on_store_failure())
+                        .decide(
+                            key,
+                            exact.algo(),
+                            check.cost,
+                            bucket.on_store_failure(),
+                            exact.batcher(),
+                        )
                         .await
                 }
                 // `compile` gives every `store: redis` bucket an exact limiter and a store.

@@ -4,17 +4,19 @@
 //! Every exact bucket of a configuration counts in the Redis of its `redis` section, through one
 //! [`GuardedLimiter`]: one multiplexed connection and one breaker for the endpoint, since when
 //! Redis is down it is down for every bucket. Each request costs one `EVALSHA` per matching
-//! exact bucket, so the limit holds exactly across every proxy that shares the Redis. Token
-//! batching ([`spillway_redis::BatchingLimiter`]) is not used: it trades that exactness for fewer
-//! calls, which a configuration should choose per bucket, and it has no key for that yet.
+//! exact bucket, so the limit holds exactly across every proxy that shares the Redis, unless the
+//! bucket asks for hot-key batching (`batch: N`, S10): then its keys are decided through a
+//! [`Batcher`] of its own, which takes up to N tokens per call and spends them locally, trading
+//! up to N - 1 tokens per proxy and key of exactness for up to N times fewer calls. The batcher
+//! lives with the bucket's state, so a reload that leaves the bucket alone keeps its leases.
 
 use spillway_core::algo::Rate;
 use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
 use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 use spillway_redis::{
-    BreakerConfig, BreakerStats, BucketKey, ExactAlgo, GuardedLimiter, RedisLimiter, StoreOptions,
-    Target, UnsupportedAlgorithm,
+    BatchConfig, Batcher, BreakerConfig, BreakerStats, BucketKey, ExactAlgo, GuardedLimiter,
+    RedisLimiter, StoreOptions, Target, UnsupportedAlgorithm,
 };
 
 use crate::error::ClientError;
@@ -67,18 +69,25 @@ impl ExactStore {
         })))
     }
 
-    /// Decides a request of `cost` in Redis, or by `on_failure` when Redis cannot answer.
+    /// Decides a request of `cost` in Redis (from `batcher`'s tokens when it holds enough), or by
+    /// `on_failure` when Redis cannot answer.
     pub(crate) async fn decide(
         &self,
         key: &BucketKey,
         algo: &ExactAlgo,
         cost: u64,
         on_failure: FailurePolicy,
+        batcher: Option<&Batcher>,
     ) -> Verdict {
-        self.guarded
-            .decide(key, algo, cost, on_failure)
-            .await
-            .verdict
+        match batcher {
+            Some(batcher) => {
+                batcher
+                    .decide(&self.guarded, key, algo, cost, on_failure)
+                    .await
+            }
+            None => self.guarded.decide(key, algo, cost, on_failure).await,
+        }
+        .verdict
     }
 
     /// What `policy` answers without asking Redis.
@@ -106,6 +115,8 @@ pub(crate) struct ExactBucket {
     each: Option<SubjectKind>,
     /// The key of a bucket that is one counter for every request it matches.
     key: BucketKey,
+    /// The leases of a bucket with `batch: N`, for every key of the bucket.
+    batcher: Option<Batcher>,
 }
 
 impl ExactBucket {
@@ -137,7 +148,13 @@ impl ExactBucket {
             scope,
             api,
             each,
+            batcher: bucket.batch.map(|n| Batcher::new(BatchConfig::up_to(n))),
         })
+    }
+
+    /// The bucket's batcher, when it has `batch: N`.
+    pub(crate) fn batcher(&self) -> Option<&Batcher> {
+        self.batcher.as_ref()
     }
 
     pub(crate) fn algo(&self) -> &ExactAlgo {
@@ -206,6 +223,20 @@ mod tests {
             caller.key().as_str(),
             "rl:{api:caller:gw:/pay}:sliding-window-log"
         );
+    }
+
+    #[test]
+    fn only_a_bucket_with_batch_gets_a_batcher_of_that_size() {
+        let exact = bucket(
+            "{ name: q, match: { procedure: /search }, limit: 5/s, algorithm: token-bucket, store: redis }",
+        );
+        assert!(exact.batcher().is_none());
+        let hot = bucket(
+            "{ name: q, match: { procedure: /search, user: \"*\" }, limit: 5000/s, algorithm: token-bucket, store: redis, batch: 10 }",
+        );
+        let batcher = hot.batcher().expect("batch: 10");
+        assert_eq!(batcher.config().max_batch, 10);
+        assert_eq!(batcher.config().min_batch, 1, "a quiet key stays exact");
     }
 
     #[test]

@@ -3,11 +3,14 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::StatusCode;
 use spillway_testkit::RedisServer;
 use support::{Upstream, admin, get, proxy, statuses};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// A configuration whose buckets count in the Redis at `url`.
 fn redis_config(url: &str, buckets: &[&str]) -> String {
@@ -136,4 +139,114 @@ async fn a_dead_redis_opens_the_breaker_and_each_bucket_applies_its_failure_poli
     assert!(admitted > 0);
     assert_eq!(statuses(addr, "/strict", 20).await, (20, 0));
     running.proxy.shutdown().await;
+}
+
+/// Script calls the Redis at `addr` has served: `EVALSHA` and `EVAL` in `INFO commandstats`.
+async fn script_calls(addr: SocketAddr) -> u64 {
+    let mut con = TcpStream::connect(addr).await.unwrap();
+    con.write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        .await
+        .unwrap();
+    // One bulk string: `$LEN\r\n`, LEN bytes, `\r\n`.
+    let mut reply = Vec::new();
+    let text = loop {
+        let mut chunk = [0; 4096];
+        let n = con.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "redis closed the connection");
+        reply.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n") {
+            let len: usize = head.trim_start_matches('$').parse().unwrap();
+            if body.len() >= len {
+                break body[..len].to_owned();
+            }
+        }
+    };
+    ["evalsha", "eval"]
+        .iter()
+        .map(|name| {
+            let prefix = format!("cmdstat_{name}:calls=");
+            text.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+const BATCH: u64 = 10;
+const PROXIES: u64 = 2;
+const LIMIT: u64 = 500;
+const STREAMS: u64 = 8;
+const EACH: u64 = 75;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_ten_cuts_redis_calls_by_ninety_percent_across_two_proxies_within_the_bound() {
+    let redis = RedisServer::start().expect("private redis-server");
+    let upstream = Upstream::start().await;
+    // A per-user token bucket of 500 tokens refilled over a day: the test sees 500, and one
+    // hot user spends them through two proxies, eight concurrent streams each.
+    let yaml = redis_config(
+        &redis.url(),
+        &[
+            "{ name: hot, match: { procedure: /hot, user: \"*\" }, limit: 500/d, algorithm: token-bucket, store: redis, batch: 10 }",
+        ],
+    );
+    let proxies = [
+        proxy(&yaml, &upstream.url()).await,
+        proxy(&yaml, &upstream.url()).await,
+    ];
+    let mut tasks = Vec::new();
+    for running in &proxies {
+        for _ in 0..STREAMS {
+            let addr = running.proxy.addr();
+            tasks.push(tokio::spawn(async move {
+                let alice = [("x-user-id", "alice")];
+                let mut admitted = 0;
+                for _ in 0..EACH {
+                    match get(addr, "/hot", &alice).await.status {
+                        StatusCode::OK => admitted += 1,
+                        StatusCode::TOO_MANY_REQUESTS => {}
+                        other => panic!("unexpected status {other}"),
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let requests = PROXIES * STREAMS * EACH;
+    let calls = script_calls(redis.addr()).await;
+    println!("{requests} requests, {calls} script calls, {admitted} admitted of {LIMIT}");
+    assert!(
+        calls * 10 <= requests,
+        "{calls} Redis calls for {requests} requests is less than a 90% cut"
+    );
+    assert!(
+        admitted <= LIMIT + BATCH * PROXIES,
+        "admitted {admitted} > {LIMIT} + {BATCH} x {PROXIES}"
+    );
+    // Every admitted request spent a token Redis handed out; only what the proxies still hold
+    // (fewer than a batch each) is left unspent.
+    assert!(
+        admitted <= LIMIT,
+        "admitted {admitted} > the {LIMIT} tokens"
+    );
+    assert!(
+        admitted >= LIMIT - (BATCH - 1) * PROXIES,
+        "admitted {admitted}: more than a batch per proxy left unspent"
+    );
+    assert_eq!(upstream.seen() as u64, admitted);
+    // Per-subject keys: bob has tokens of his own.
+    let bob = [("x-user-id", "bob")];
+    for running in &proxies {
+        let answer = get(running.proxy.addr(), "/hot", &bob).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    for running in proxies {
+        running.proxy.shutdown().await;
+    }
 }
