@@ -417,6 +417,12 @@ impl RegionCore {
     /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
     /// smoothed drop ratio per bucket and scope (G8), and each zone's share of the scope's load
     /// for adaptive token buckets (G10).
+    ///
+    /// The ratio's target comes from the scope's offered load, or from its tail when that shows
+    /// a surge that started within the interval ([`crate::sums::Counts::offered_for_rise`]): the first
+    /// instruction after the surge already carries its whole ratio, one interval earlier than
+    /// the offered count alone would give it. Shares and the offered load sent down stay the
+    /// interval's own.
     fn compute(
         &mut self,
         config: &Config,
@@ -471,8 +477,10 @@ impl RegionCore {
                     let mut observed = 0.0;
                     let mut highest: f64 = 0.0;
                     for (zone, sums) in zone_sums {
-                        let offered = sums.offered(&key) as f64 / secs;
-                        let ratio = smoother(Some(zone), target_drop(limit, offered));
+                        let counts = sums.counts(&key);
+                        let offered = counts.offered as f64 / secs;
+                        let rise = counts.offered_for_rise() as f64 / secs;
+                        let ratio = smoother(Some(zone), target_drop(limit, rise));
                         instruction(zone, ratio, 1.0, offered);
                         observed += offered;
                         highest = highest.max(ratio);
@@ -487,11 +495,13 @@ impl RegionCore {
                     );
                 }
                 Scope::Region | Scope::Global => {
-                    let mut scope = region.offered(&key) as f64 / secs;
+                    let mut counts = region.counts(&key);
                     if bucket.scope == Scope::Global {
-                        scope += peers.offered(&key) as f64 / secs;
+                        counts += peers.counts(&key);
                     }
-                    let ratio = smoother(None, target_drop(limit, scope));
+                    let scope = counts.offered as f64 / secs;
+                    let rise = counts.offered_for_rise() as f64 / secs;
+                    let ratio = smoother(None, target_drop(limit, rise));
                     for (zone, sums) in zone_sums {
                         let share = if scope > 0.0 {
                             sums.offered(&key) as f64 / secs / scope

@@ -2,7 +2,8 @@
 //! `spillway-client`) reports to its zone's aggregator and applies what comes back.
 //!
 //! [`ClientLink`] owns the stream. Every interval, at the wall-clock boundary, it asks a
-//! [`ReportSource`] for the counts since the previous call and sends them; every instruction set
+//! [`ReportSource`] for the counts since the previous call and sends them, with the part that
+//! arrived in the interval's last quarter (it asks at the start of that quarter too, [`Tally`]); every instruction set
 //! and every new rules snapshot it receives goes to an [`InstructionSink`]. When the aggregator
 //! is gone it reconnects with capped, jittered backoff; meanwhile nothing renews the
 //! instructions, so the sink's expiry makes the client fail open (G9).
@@ -17,9 +18,10 @@
 //! LinkStatus::connected  -> spillway_control_plane_connected
 //! ```
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_core::algo::{Ratio, Share};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
@@ -30,6 +32,7 @@ use tonic::transport::Endpoint;
 
 use crate::error::ControlError;
 use crate::net::{self, Stop, sleep_or_stop};
+use crate::sums::{BucketKey, Counts, TAIL_PARTS};
 use crate::timing::{Backoff, Interval, now_ms};
 
 /// One bucket's counts since the previous report.
@@ -46,8 +49,107 @@ pub struct BucketReport {
 /// Where the link gets its counts (the sidecar: its client's striped counters).
 pub trait ReportSource: Send + Sync + 'static {
     /// Counts of every control-plane bucket since the previous call. The link calls it once when
-    /// a stream opens (to start counting afresh) and then once per interval.
+    /// a stream opens (to start counting afresh) and then twice per interval: when its last
+    /// quarter starts and when it ends, so each report also carries the interval's tail.
     fn report(&self) -> Vec<BucketReport>;
+}
+
+/// One host's counts of the interval in progress, taken in two parts, before its last quarter
+/// and within it, and turned into the report's counts when the interval ends: sans-IO, so the
+/// link and the simulator's hosts report the same way.
+///
+/// Counts are scaled to a whole interval (and the tail to a whole quarter) from the time they
+/// actually cover: a stream that opened 300 ms before a 1 s boundary counted only 300 ms, and a
+/// tail mark that fired 20 ms late counted 230 ms of tail. With 1 s intervals, a host offering
+/// 100 req/s until 12:00:00.500 and 1,000 req/s after reports 550 offered, 250 in the tail.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    /// Per bucket since the start: `offered_tail` holds what was counted since the tail mark.
+    counts: HashMap<BucketKey, Counts>,
+    started_ms: u64,
+    /// When the tail started, if it was marked in this interval.
+    tail_from_ms: Option<u64>,
+}
+
+impl Tally {
+    /// Counting starts afresh at `now_ms`.
+    pub fn new(now_ms: u64) -> Self {
+        Self {
+            started_ms: now_ms,
+            ..Self::default()
+        }
+    }
+
+    /// When the tail of interval `sequence` starts: its last quarter.
+    pub fn tail_start(interval: Interval, sequence: u64) -> u64 {
+        interval.end_of(sequence) - interval.ms() / TAIL_PARTS
+    }
+
+    /// Whether the tail was marked in the interval in progress.
+    pub fn tail_marked(&self) -> bool {
+        self.tail_from_ms.is_some()
+    }
+
+    /// The counts since the previous call (`counted`) end before the tail, which starts now.
+    pub fn mark_tail(&mut self, counted: Vec<BucketReport>, now_ms: u64) {
+        self.unmark_tail();
+        self.add(counted);
+        self.tail_from_ms = Some(now_ms);
+    }
+
+    /// Forgets when the tail started (the interval changed length, or the report is cut short):
+    /// the next report carries no tail unless the tail is marked again.
+    pub fn unmark_tail(&mut self) {
+        for c in self.counts.values_mut() {
+            c.offered_tail = 0;
+        }
+        self.tail_from_ms = None;
+    }
+
+    /// Ends the interval at `now_ms` with the counts since the previous call, returns the
+    /// report's counts (sorted by bucket) and starts counting the next interval.
+    pub fn close(
+        &mut self,
+        counted: Vec<BucketReport>,
+        now_ms: u64,
+        interval: Interval,
+    ) -> Vec<v1::BucketCounts> {
+        self.add(counted);
+        let elapsed = now_ms.saturating_sub(self.started_ms).max(1) as f64;
+        let scale = |n: u64| (n as f64 * interval.ms() as f64 / elapsed).round() as u64;
+        let tail_scale = self.tail_from_ms.map(|from| {
+            interval.ms() as f64 / TAIL_PARTS as f64 / now_ms.saturating_sub(from).max(1) as f64
+        });
+        let mut counts: Vec<(BucketKey, Counts)> = self.counts.drain().collect();
+        counts.sort_by(|a, b| a.0.cmp(&b.0));
+        *self = Self::new(now_ms);
+        counts
+            .into_iter()
+            .map(|(key, c)| v1::BucketCounts {
+                service: key.service,
+                bucket: key.bucket,
+                offered: scale(c.offered),
+                allowed: scale(c.allowed),
+                shadow_dropped: scale(c.shadow_dropped),
+                offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
+            })
+            .collect()
+    }
+
+    fn add(&mut self, counted: Vec<BucketReport>) {
+        let in_tail = self.tail_from_ms.is_some();
+        for b in counted {
+            *self
+                .counts
+                .entry(BucketKey::new(b.service, b.bucket))
+                .or_default() += Counts {
+                offered: b.offered,
+                offered_tail: if in_tail { b.offered } else { 0 },
+                allowed: b.allowed,
+                shadow_dropped: b.shadow_dropped,
+            };
+        }
+    }
 }
 
 /// What the controller says about one bucket.
@@ -277,18 +379,36 @@ impl Link {
 
         // Whatever was counted while disconnected is no rate of any one interval: start afresh.
         self.source.report();
-        let mut counted_since = Instant::now();
+        let mut tally = Tally::new(now_ms());
         let mut interval = self.interval();
         let mut due = interval.sequence_at(now_ms());
+        // The tail is marked only when the stream was open before it started.
+        let mut tail_due = now_ms() < Tally::tail_start(interval, due);
         loop {
-            let wait = interval.end_of(due).saturating_sub(now_ms());
+            let at = if tail_due {
+                Tally::tail_start(interval, due)
+            } else {
+                interval.end_of(due)
+            };
+            let wait = at.saturating_sub(now_ms());
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {
-                    let report = self.report(due, interval, counted_since.elapsed());
-                    counted_since = Instant::now();
+                    let now = now_ms();
+                    if tail_due {
+                        tail_due = false;
+                        // A mark that fired far too late (a stalled runtime) would scale a few
+                        // milliseconds up to a quarter: no tail this interval then.
+                        let late = interval.ms() / TAIL_PARTS / 2;
+                        if now < Tally::tail_start(interval, due) + late {
+                            tally.mark_tail(self.source.report(), now);
+                        }
+                        continue;
+                    }
+                    let report = self.report(&mut tally, due, interval, now);
                     tx.send(report).await.map_err(|_| "the stream closed".to_owned())?;
                     self.status.reports.fetch_add(1, Ordering::Relaxed);
                     due = (due + 1).max(interval.sequence_at(now_ms()));
+                    tail_due = now_ms() < Tally::tail_start(interval, due);
                 }
                 message = inbound.message() => match message {
                     Ok(Some(instructions)) => {
@@ -297,6 +417,8 @@ impl Link {
                         if now != interval {
                             interval = now;
                             due = interval.sequence_at(now_ms());
+                            tally.unmark_tail();
+                            tail_due = now_ms() < Tally::tail_start(interval, due);
                         }
                     }
                     Ok(None) => return Err("the aggregator ended the stream".into()),
@@ -304,7 +426,8 @@ impl Link {
                 },
                 _ = stop.changed() => {
                     // Flush the partial interval so a stopping host's last requests are counted.
-                    let report = self.report(due, interval, counted_since.elapsed());
+                    tally.unmark_tail();
+                    let report = self.report(&mut tally, due, interval, now_ms());
                     let _ = tx.try_send(report);
                     return Ok(());
                 }
@@ -316,12 +439,14 @@ impl Link {
         Interval::from_ms(self.status.interval_ms.load(Ordering::Relaxed))
     }
 
-    /// The report of interval `sequence`, its counts scaled from the `elapsed` time they cover
-    /// to one interval: the aggregator sums rates, and a stream that opened 300 ms before a 1 s
-    /// boundary covered only 300 ms.
-    fn report(&self, sequence: u64, interval: Interval, elapsed: Duration) -> v1::Report {
-        let elapsed = elapsed.as_secs_f64().max(0.001);
-        let scale = |n: u64| (n as f64 * interval.secs() / elapsed).round() as u64;
+    /// The report of interval `sequence`, closed at `now_ms`, from what `tally` counted.
+    fn report(
+        &self,
+        tally: &mut Tally,
+        sequence: u64,
+        interval: Interval,
+        now_ms: u64,
+    ) -> v1::Report {
         v1::Report {
             host_id: self.options.host_id.clone(),
             zone: self.options.zone.clone(),
@@ -329,18 +454,7 @@ impl Link {
             rules_version: self.status.rules_version(),
             sequence,
             interval_ms: interval.ms(),
-            buckets: self
-                .source
-                .report()
-                .into_iter()
-                .map(|b| v1::BucketCounts {
-                    service: b.service,
-                    bucket: b.bucket,
-                    offered: scale(b.offered),
-                    allowed: scale(b.allowed),
-                    shadow_dropped: scale(b.shadow_dropped),
-                })
-                .collect(),
+            buckets: tally.close(self.source.report(), now_ms, interval),
         }
     }
 
@@ -387,5 +501,63 @@ impl Link {
         self.status
             .last_instructions_ms
             .store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counted(offered: u64) -> Vec<BucketReport> {
+        vec![BucketReport {
+            service: "api".into(),
+            bucket: "a".into(),
+            offered,
+            allowed: offered / 2,
+            shadow_dropped: 0,
+        }]
+    }
+
+    #[test]
+    fn a_report_carries_its_tail_scaled_to_a_quarter() {
+        let interval = Interval::from_ms(1000);
+        assert_eq!(Tally::tail_start(interval, 7), 7_750);
+        // 100 req/s until 7.500 s, then 1,000 req/s; the tail mark fires 10 ms late.
+        let mut tally = Tally::new(7_000);
+        tally.mark_tail(counted(50 + 250 + 10), 7_760);
+        assert!(tally.tail_marked());
+        let report = tally.close(counted(240), 8_000, interval);
+        assert_eq!(report.len(), 1);
+        assert_eq!(report[0].offered, 550);
+        assert_eq!(report[0].allowed, 275);
+        assert_eq!(report[0].offered_tail, Some(250));
+        // The next interval starts counting at 8.000 s, with no tail until it is marked.
+        assert!(!tally.tail_marked());
+        let report = tally.close(counted(1_000), 9_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
+    }
+
+    #[test]
+    fn a_stream_opened_late_scales_its_counts_and_an_unmarked_tail_is_unknown() {
+        let interval = Interval::from_ms(1000);
+        // Opened at 7.700 s, before the tail, and marked on time.
+        let mut tally = Tally::new(7_700);
+        tally.mark_tail(counted(50), 7_750);
+        let report = tally.close(counted(250), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, Some(250));
+        // Opened at 7.900 s, within the tail: the tail is unknown.
+        let mut tally = Tally::new(7_900);
+        let report = tally.close(counted(100), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
+        // Unmarked (the interval changed), the tail folds back into the whole.
+        let mut tally = Tally::new(7_000);
+        tally.mark_tail(counted(750), 7_750);
+        tally.unmark_tail();
+        let report = tally.close(counted(250), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
     }
 }

@@ -54,6 +54,12 @@ pub struct DemoOptions {
     pub report_interval: Duration,
     /// Redraw a live view on a terminal; otherwise print a plain line every second.
     pub terminal: bool,
+    /// Start the surge this far into a report interval (0 to 1), a little after a quarter of
+    /// the run; `None` starts it at a quarter of the run, wherever in its interval that falls.
+    /// The enforcement delay depends on it: a surge near an interval's start is reported whole
+    /// one interval later, one in the middle is seen from the interval's tail half an interval
+    /// later.
+    pub surge_phase: Option<f64>,
 }
 
 impl DemoOptions {
@@ -63,6 +69,7 @@ impl DemoOptions {
             out: None,
             report_interval: Duration::from_millis(250),
             terminal: false,
+            surge_phase: None,
         }
     }
 }
@@ -115,8 +122,17 @@ pub async fn run(options: DemoOptions) -> Result<Summary, DemoError> {
     wait_linked(&controller, &proxies).await;
 
     let run = Duration::from_secs(seconds);
-    let surge_at = (seconds as f64 * 0.25).max(2.0);
+    let mut surge_at = (seconds as f64 * 0.25).max(2.0);
     let recorder = Recorder::new(2, run + Duration::from_secs(1));
+    // Where in its report interval the surge begins: intervals are aligned to the wall clock.
+    let start_ms = spillway_control::timing::now_ms() as f64;
+    let interval_ms = options.report_interval.as_millis().max(1) as f64;
+    let phase_of = |at: f64| ((start_ms + at * 1000.0) % interval_ms) / interval_ms;
+    if let Some(wanted) = options.surge_phase {
+        let shift = (wanted.clamp(0.0, 1.0) - phase_of(surge_at)).rem_euclid(1.0);
+        surge_at += shift * interval_ms / 1000.0;
+    }
+    let surge_phase = phase_of(surge_at);
     let end = recorder.start + run;
     let targets: Vec<_> = proxies.iter().map(Proxy::addr).collect();
     let streams = [
@@ -203,6 +219,7 @@ pub async fn run(options: DemoOptions) -> Result<Summary, DemoError> {
         &recorder,
         &plans,
         surge_at,
+        surge_phase,
         seconds as f64,
         options.report_interval,
         chart.clone(),

@@ -32,6 +32,10 @@ pub struct Summary {
     pub admitted_steady: f64,
     /// `None` when admitted never came within 5% of the limit.
     pub enforcement_delay: Option<Duration>,
+    /// Where in its report interval the surge began, from 0 (at its start) to 1: the first
+    /// ratio is whole when the surge began before the interval's last quarter, and the first
+    /// instruction comes `(1 - phase)` intervals after the surge.
+    pub surge_phase: f64,
     pub proxied_p99: Duration,
     pub direct_p99: Duration,
     pub errors: u64,
@@ -53,6 +57,7 @@ impl Summary {
         recorder: &Recorder,
         plans: &[BucketPlan],
         surge_at: f64,
+        surge_phase: f64,
         seconds: f64,
         report_interval: Duration,
         chart: PathBuf,
@@ -77,6 +82,7 @@ impl Summary {
             offered_surge: series.rates(surge, end).0,
             admitted_steady: series.rates(steady_from, end).1,
             enforcement_delay,
+            surge_phase,
             proxied_p99: p99(&recorder.proxied_us),
             direct_p99: p99(&recorder.direct_us),
             errors: recorder
@@ -124,6 +130,12 @@ impl fmt::Display for Summary {
                 "  enforcement delay        never (admitted did not come within 5% of the limit)"
             )?,
         }
+        writeln!(
+            f,
+            "  surge phase              {:.2} of its report interval (which ended {:.2} s after the surge)",
+            self.surge_phase,
+            (1.0 - self.surge_phase) * self.report_interval.as_secs_f64()
+        )?;
         writeln!(
             f,
             "  added p99 latency        {:.2} ms (through a sidecar {:.2} ms, direct {:.2} ms)",

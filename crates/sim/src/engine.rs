@@ -3,7 +3,8 @@
 //! Time moves in 10 ms ticks. In each tick every live host draws its arrivals (Poisson) and
 //! decides them with the core's limiter; messages between tiers are events at their exact
 //! delivery instant, with a random delay and a chance of loss. What each tier computes is the
-//! real code: hosts decide with `spillway_core::algo::{DropRatio, AdaptiveTokenBucket}`,
+//! real code: hosts decide with `spillway_core::algo::{DropRatio, AdaptiveTokenBucket}` and
+//! tally their reports (with the interval's tail) with `spillway_control::link::Tally`,
 //! aggregators close intervals with `spillway_control::sums::Intervals` and split shares with
 //! `spillway_control::aggregator::host_shares`, controllers run
 //! `spillway_control::controller::RegionCore` (the same state machine the gRPC server drives),
@@ -29,7 +30,8 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::{Binomial, Distribution, Exp, Poisson, StandardNormal};
 use spillway_control::aggregator::host_shares;
 use spillway_control::controller::{RegionCore, Step};
-use spillway_control::sums::{BucketKey, Counts, Intervals, Sums};
+use spillway_control::link::{BucketReport, Tally};
+use spillway_control::sums::{Intervals, Sums};
 use spillway_control::timing::Interval;
 use spillway_core::algo::{
     AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket,
@@ -123,9 +125,11 @@ struct Host {
     weight: f64,
     alive: bool,
     limiter: Limiter,
-    /// Counts of the current report interval.
+    /// Counts since the last report or tail mark.
     offered: u64,
     allowed: u64,
+    /// The report interval in progress, as the link keeps it: before and within its tail.
+    tally: Tally,
     rtt_ms: f64,
     delay_ticks: usize,
 }
@@ -233,7 +237,6 @@ pub struct Engine<'a> {
     /// Arrivals on their way to the store, by tick of arrival there.
     in_flight: Vec<Vec<u64>>,
     control_bytes: u64,
-    key: BucketKey,
 }
 
 impl<'a> Engine<'a> {
@@ -309,6 +312,7 @@ impl<'a> Engine<'a> {
                 limiter,
                 offered: 0,
                 allowed: 0,
+                tally: Tally::new(EPOCH_NS / 1_000_000),
                 rtt_ms,
                 delay_ticks,
             });
@@ -347,7 +351,6 @@ impl<'a> Engine<'a> {
             coin,
             store,
             control_bytes: 0,
-            key: BucketKey::new(SERVICE, BUCKET),
         })
     }
 
@@ -381,6 +384,9 @@ impl<'a> Engine<'a> {
             let now_ms = now / 1_000_000;
             if now_ms.is_multiple_of(self.interval.ms()) {
                 self.report(now);
+            } else if now_ms == Tally::tail_start(self.interval, self.interval.sequence_at(now_ms))
+            {
+                self.mark_tails(now);
             }
             if tick % TICKS_PER_SAMPLE == 0 {
                 self.poll(now);
@@ -543,6 +549,28 @@ impl<'a> Engine<'a> {
             .is_some_and(|(a, b)| (a..b).contains(&t_s))
     }
 
+    /// Every live host's counts since the last call, as its link's report source returns them.
+    fn counted(host: &mut Host) -> Vec<BucketReport> {
+        vec![BucketReport {
+            service: SERVICE.to_owned(),
+            bucket: BUCKET.to_owned(),
+            offered: std::mem::take(&mut host.offered),
+            allowed: std::mem::take(&mut host.allowed),
+            shadow_dropped: 0,
+        }]
+    }
+
+    /// The last quarter of the interval starts: every live host marks its tail.
+    fn mark_tails(&mut self, now: Nanos) {
+        if self.algorithm == Algorithm::CentralCounter {
+            return;
+        }
+        for host in self.hosts.iter_mut().filter(|h| h.alive) {
+            let counted = Self::counted(host);
+            host.tally.mark_tail(counted, now / 1_000_000);
+        }
+    }
+
     /// Every live host reports the interval that just ended.
     fn report(&mut self, now: Nanos) {
         if self.algorithm == Algorithm::CentralCounter {
@@ -554,12 +582,9 @@ impl<'a> Engine<'a> {
             if !host.alive {
                 continue;
             }
-            let counts = Counts {
-                offered: std::mem::take(&mut host.offered),
-                allowed: std::mem::take(&mut host.allowed),
-                shadow_dropped: 0,
-            };
-            let sums = Sums(HashMap::from([(self.key.clone(), counts)]));
+            let counted = Self::counted(host);
+            let buckets = host.tally.close(counted, now / 1_000_000, self.interval);
+            let sums = Sums::from_wire(&buckets);
             let wire = v1::Report {
                 host_id: host.id.clone(),
                 zone: self.zones[host.zone].name.clone(),
@@ -567,7 +592,7 @@ impl<'a> Engine<'a> {
                 rules_version: 1,
                 sequence,
                 interval_ms: self.interval.ms(),
-                buckets: sums.to_wire(),
+                buckets,
             };
             let bytes = wire.encoded_len() as u64;
             self.send(

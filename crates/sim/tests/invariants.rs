@@ -74,3 +74,36 @@ fn a_seed_gives_the_same_run_and_another_seed_another() {
     assert_eq!(a.trace.measured, b.trace.measured);
     assert_ne!(a.trace.samples, c.trace.samples);
 }
+
+/// surge-15x on 300 hosts, its surge starting `phase` into a 1 s report interval.
+fn surge_at_phase(phase: f64) -> RunResult {
+    let mut scenario = Scenario::named("surge-15x", Some(40.0)).unwrap();
+    scenario.hosts = 300;
+    scenario.step_from_s = 20.0 + phase;
+    scenario.step_to_s = 35.0;
+    scenario.measure = (25.0, 35.0);
+    run(&scenario, Algorithm::DropRatio, 13, &|_| {}).unwrap()
+}
+
+#[test]
+fn a_surge_that_starts_mid_interval_is_cut_by_the_first_instruction_after_it() {
+    // At 0.4 s into the interval, its offered count alone would say 229K/s, a ratio of 0.891
+    // that admits 40K/s of the 367K/s (1.6x the limit) until the next interval; its tail says
+    // 367K/s, and the ratio sent at 21.0 s is the whole surge's.
+    let r = surge_at_phase(0.4);
+    let delay = r.metrics.enforcement_delay_s.unwrap();
+    assert!(
+        delay <= 1.0,
+        "enforced {delay} s after a surge 0.4 s into its interval"
+    );
+    assert!(r.metrics.steady_error.unwrap() < 0.03, "{:?}", r.metrics);
+    // Whatever the phase, the surge is cut within two intervals of its start.
+    for phase in [0.0, 0.2, 0.4, 0.6, 0.74, 0.8, 0.95] {
+        let delay = surge_at_phase(phase).metrics.enforcement_delay_s.unwrap();
+        eprintln!("surge {phase:.2} into its interval: enforced after {delay:.1} s");
+        assert!(
+            delay <= 2.0,
+            "enforced {delay} s after a surge {phase} into its interval"
+        );
+    }
+}

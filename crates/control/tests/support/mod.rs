@@ -50,6 +50,8 @@ struct SimState {
     /// Offered and allowed since the last report, integrated over time.
     acc: HashMap<BucketKey, (f64, f64)>,
     since: Option<Instant>,
+    /// The first drop ratio above 0 applied per bucket, with when (Unix ms), until cleared.
+    first_drop: HashMap<BucketKey, (f64, u64)>,
     rules_version: u64,
     yaml: String,
 }
@@ -122,6 +124,19 @@ impl SimClient {
             .copied()
     }
 
+    /// The first drop ratio above 0 applied to `bucket` since the last call of
+    /// [`SimClient::clear_first_drop`], and when it was applied (Unix ms).
+    pub fn first_drop(&self, bucket: &str) -> Option<(f64, u64)> {
+        self.lock()
+            .first_drop
+            .get(&BucketKey::new("api", bucket))
+            .copied()
+    }
+
+    pub fn clear_first_drop(&self) {
+        self.lock().first_drop.clear();
+    }
+
     pub fn rules_version(&self) -> u64 {
         self.lock().rules_version
     }
@@ -177,9 +192,14 @@ impl InstructionSink for SimClient {
         if let Some(share) = instruction.share {
             state.shares.insert(key.clone(), share.as_f64());
         }
-        state
-            .ratios
-            .insert(key, (instruction.drop_ratio.as_f64(), now + ttl));
+        let ratio = instruction.drop_ratio.as_f64();
+        if ratio > 0.0 {
+            state
+                .first_drop
+                .entry(key.clone())
+                .or_insert((ratio, spillway_control::timing::now_ms()));
+        }
+        state.ratios.insert(key, (ratio, now + ttl));
     }
 }
 
