@@ -105,7 +105,7 @@ fn bench(c: &mut Criterion) {
         for threads in [1, 2] {
             c.bench_function(
                 &format!("match+decide/{threads}-threads-spawned/{name}"),
-                |b| b.iter_custom(|iters| parallel(threads, iters, &rules, &request, &system)),
+                |b| b.iter_custom(|iters| parallel(threads, iters, &rules, &request, &coarse)),
             );
         }
     }

@@ -111,17 +111,20 @@ impl Default for BucketCounters {
 }
 
 impl BucketCounters {
-    /// Counters with `stripes` stripes (at least 1).
+    /// Counters with `stripes` stripes, rounded up to a power of two (at least 1) so that picking
+    /// a thread's stripe is a mask rather than a division, which would cost more than the add.
     pub fn with_stripes(stripes: usize) -> Self {
+        let stripes = stripes.max(1).next_power_of_two();
         Self {
-            stripes: (0..stripes.max(1)).map(|_| Stripe::default()).collect(),
+            stripes: (0..stripes).map(|_| Stripe::default()).collect(),
         }
     }
 
     /// Adds `n` (1 per request, or its cost) to the counter of `outcome`.
     #[inline]
     pub fn record(&self, outcome: Outcome, n: u64) {
-        let stripe = &self.stripes[thread_stripe() % self.stripes.len()];
+        // The length is a power of two (see `with_stripes`).
+        let stripe = &self.stripes[thread_stripe() & (self.stripes.len() - 1)];
         let counter = match outcome {
             Outcome::Allowed => &stripe.allowed,
             Outcome::Dropped => &stripe.dropped,
