@@ -24,7 +24,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admin::{self, AdminView};
@@ -112,19 +111,12 @@ impl Aggregator {
             stop: stop_rx.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let mut server_stop = stop_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            let result = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = server_stop.changed().await;
-                })
-                .await;
-            if let Err(err) = result {
-                tracing::error!("aggregator server failed: {err}");
-            }
-        }));
+        tasks.push(net::serve(
+            tonic::transport::Server::builder().add_service(service),
+            listener,
+            stop_rx.clone(),
+            "aggregator",
+        ));
         tasks.push(tokio::spawn(upstream(
             zone.clone(),
             endpoint,

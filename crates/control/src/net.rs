@@ -1,10 +1,13 @@
-//! What every tier's links share: endpoints with the same timeouts and keep-alives, a stop
-//! signal, and a sleep that gives way to it.
+//! What every tier's links share: endpoints with the same timeouts and keep-alives, serving
+//! until stopped, a stop signal, and a sleep that gives way to it.
 
 use std::time::Duration;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
+use tonic::transport::server::{Router, TcpIncoming};
 
 use crate::error::ControlError;
 
@@ -28,6 +31,26 @@ pub fn endpoint(url: &str) -> Result<Endpoint, ControlError> {
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true))
+}
+
+/// Serves `router` on `listener`, Nagle off, until `stop` fires; a failure is logged as `name`'s.
+pub fn serve(
+    router: Router,
+    listener: TcpListener,
+    mut stop: Stop,
+    name: &'static str,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let result = router
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop.changed().await;
+            })
+            .await;
+        if let Err(err) = result {
+            tracing::error!("{name} server failed: {err}");
+        }
+    })
 }
 
 /// A stop signal: `true` once the component is shutting down.
