@@ -34,6 +34,20 @@ pub type BucketId = u32;
 /// which is short at hashbrown's load factor.
 type ExactMap<V> = HashMap<Box<str>, V, foldhash::fast::FixedState>;
 
+/// Exact (caller, procedure) pairs; hashbrown's map, because a lookup by a pair of borrowed
+/// strings needs its `Equivalent` (the standard map can only borrow a key as one type).
+type PairMap = hashbrown::HashMap<(Box<str>, Box<str>), Candidates, foldhash::fast::FixedState>;
+
+/// A request's (caller, procedure), hashed exactly as the owned pair is.
+#[derive(Hash)]
+struct PairRef<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<(Box<str>, Box<str>)> for PairRef<'_> {
+    fn equivalent(&self, key: &(Box<str>, Box<str>)) -> bool {
+        *self.0 == *key.0 && *self.1 == *key.1
+    }
+}
+
 /// The buckets that a request matched, in ascending [`BucketId`] order.
 ///
 /// Reuse one per thread (or per connection): [`Matcher::find`] clears it and refills it, and once
@@ -89,6 +103,9 @@ impl<'a> IntoIterator for &'a Matches {
 /// `Arc` (or `arc-swap`) and call [`Matcher::find`] from any number of threads.
 #[derive(Debug, Clone, Default)]
 pub struct Matcher {
+    /// Specs with an exact caller and an exact procedure, the bulk of a mesh configuration,
+    /// reached with one hash of the pair instead of one per level.
+    pairs: PairMap,
     by_caller: Level<Level<Candidates>>,
     buckets: usize,
     max_matches: usize,
@@ -100,23 +117,33 @@ impl Matcher {
     /// # Panics
     /// With more than `u32::MAX` specs, which no configuration file comes near.
     pub fn compile<'a>(specs: impl IntoIterator<Item = &'a MatchSpec>) -> Self {
+        let mut pairs = PairMap::default();
         let mut by_caller: Level<Level<Candidates>> = Level::default();
         let mut buckets = 0;
         for (position, spec) in specs.into_iter().enumerate() {
             let bucket = BucketId::try_from(position).expect("more than u32::MAX buckets");
+            let candidate = Candidate {
+                bucket,
+                subject: spec.subject.clone(),
+            };
             // Buckets arrive in ascending order, so every candidate list is sorted by
             // construction and `find` only has to interleave a few sorted runs.
-            by_caller
-                .slot(spec.caller.as_ref())
-                .slot(spec.procedure.as_ref())
-                .push(Candidate {
-                    bucket,
-                    subject: spec.subject.clone(),
-                });
+            match (&spec.caller, &spec.procedure) {
+                (Some(Pattern::Exact(caller)), Some(Pattern::Exact(procedure))) => pairs
+                    .entry((caller.clone(), procedure.clone()))
+                    .or_default()
+                    .push(candidate),
+                (caller, procedure) => by_caller
+                    .slot(caller.as_ref())
+                    .slot(procedure.as_ref())
+                    .push(candidate),
+            }
             buckets = position + 1;
         }
-        let max_matches = by_caller.bound();
+        // A request reaches at most one pair, plus what the levels give it.
+        let max_matches = by_caller.bound() + pairs.values().map(Vec::len).max().unwrap_or(0);
         Self {
+            pairs,
             by_caller,
             buckets,
             max_matches,
@@ -149,6 +176,16 @@ impl Matcher {
     pub fn find(&self, request: &RequestAttrs<'_>, out: &mut Matches) {
         let found = &mut out.buckets;
         found.clear();
+        if let (Some(caller), Some(procedure)) = (request.caller, request.procedure)
+            && let Some(candidates) = self.pairs.get(&PairRef(caller, procedure))
+        {
+            found.extend(
+                candidates
+                    .iter()
+                    .filter(|c| c.admits(request))
+                    .map(|c| c.bucket),
+            );
+        }
         self.by_caller.visit(request.caller, |by_procedure| {
             by_procedure.visit(request.procedure, |candidates| {
                 found.extend(
