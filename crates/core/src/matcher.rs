@@ -1,8 +1,9 @@
 //! Matching: from (caller, procedure, subjects) to the buckets that apply, without allocating.
 //!
-//! [`Matcher::compile`] turns the buckets' [`MatchSpec`]s into a two-level index: first by caller,
-//! then by procedure. On each level a bucket sits in exactly one place, chosen by how its key is
-//! written:
+//! [`Matcher::compile`] puts a bucket whose caller and procedure are both exact, the bulk of a
+//! mesh configuration, in one map keyed by the (caller, procedure) pair. Every other bucket goes
+//! into a two-level index, first by caller, then by procedure, where on each level it sits in
+//! exactly one place, chosen by how its key is written:
 //!
 //! | key in `match`     | where it goes   | looked up by a request that...        |
 //! | ------------------ | --------------- | ------------------------------------- |
@@ -11,13 +12,14 @@
 //! | exact, `gw`        | hash map        | carries exactly `gw`                  |
 //! | glob, `api-*`      | glob list, indexed by literal prefix | carries a value the glob matches |
 //!
-//! A lookup therefore reads one hash map entry, a few `any`/`present` groups and one prefix probe
-//! per distinct glob-prefix length on each level; with 1,000 buckets of exact (caller, procedure) pairs it touches the one or two
-//! candidates of the request's pair, not the 1,000. Subjects are checked last, on the candidates
-//! only, because per-subject buckets are few and their check is a plain string comparison.
+//! A lookup therefore reads one pair entry, and on each level one hash map entry, a few
+//! `any`/`present` groups and one prefix probe per distinct glob-prefix length; with 1,000 buckets
+//! it touches the few candidates of the request, not the 1,000. Subjects are checked last, on the
+//! candidates only, because per-subject buckets are few and their check is a plain string
+//! comparison.
 //!
-//! DESIGN.md suggests caching results per (caller, procedure) pair; the index already resolves a
-//! pair with two hash lookups, and a cache filled at request time would need a lock or an
+//! DESIGN.md suggests caching results per (caller, procedure) pair; the pair map resolves one
+//! with a single hash lookup, and a cache filled at request time would need a lock or an
 //! allocation on the hot path, so there is none.
 
 use std::collections::HashMap;
