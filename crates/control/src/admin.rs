@@ -29,8 +29,22 @@ pub(crate) trait AdminView: Send + Sync + 'static {
     fn json(&self, path: &str) -> Option<String>;
 }
 
+/// Serves the admin endpoints on `addr` when one is given, adding the task to `tasks`; returns
+/// the bound address (the real port when `addr` asked for port 0).
+pub(crate) async fn start_if(
+    addr: Option<SocketAddr>,
+    view: Arc<dyn AdminView>,
+    stop: Stop,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<Option<SocketAddr>, ControlError> {
+    let Some(addr) = addr else { return Ok(None) };
+    let (local, task) = start(addr, view, stop).await?;
+    tasks.push(task);
+    Ok(Some(local))
+}
+
 /// Binds `addr` and serves until `stop` fires.
-pub(crate) async fn start(
+async fn start(
     addr: SocketAddr,
     view: Arc<dyn AdminView>,
     mut stop: Stop,

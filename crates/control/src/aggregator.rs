@@ -98,14 +98,8 @@ impl Aggregator {
         let (stop, stop_rx) = watch::channel(false);
         let zone = Arc::new(Zone::new(&options));
         let mut tasks = Vec::new();
-        let admin = match options.admin {
-            Some(at) => {
-                let (local, task) = admin::start(at, zone.clone(), stop_rx.clone()).await?;
-                tasks.push(task);
-                Some(local)
-            }
-            None => None,
-        };
+        let admin =
+            admin::start_if(options.admin, zone.clone(), stop_rx.clone(), &mut tasks).await?;
         let service = v1::aggregator_server::AggregatorServer::new(Service {
             zone: zone.clone(),
             stop: stop_rx.clone(),

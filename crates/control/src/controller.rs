@@ -128,14 +128,8 @@ impl Controller {
         let (stop, stop_rx) = watch::channel(false);
         let region = Arc::new(Region::new(&options.region, options.rules.borrow().clone()));
         let mut tasks = Vec::new();
-        let admin = match options.admin {
-            Some(at) => {
-                let (local, task) = admin::start(at, region.clone(), stop_rx.clone()).await?;
-                tasks.push(task);
-                Some(local)
-            }
-            None => None,
-        };
+        let admin =
+            admin::start_if(options.admin, region.clone(), stop_rx.clone(), &mut tasks).await?;
         let service = v1::controller_server::ControllerServer::new(Service {
             region: region.clone(),
             stop: stop_rx.clone(),
