@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::engine::{TICK_NS, TICKS_PER_SAMPLE};
@@ -115,64 +117,66 @@ fn chart(path: &Path, results: &[RunResult]) -> Result<(), Box<dyn std::error::E
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(70);
-        let style = |c: &RGBColor| ShapeStyle::from(c).stroke_width(2);
+        let lines = Lines {
+            offered,
+            admitted,
+            limit,
+            duration,
+        };
         if max > 8.0 * limit {
-            let mut chart =
+            let chart =
                 builder.build_cartesian_2d(0.0..duration, (limit / 20.0..max).log_scale())?;
-            chart
-                .configure_mesh()
-                .x_desc("simulated seconds")
-                .y_desc("requests/s (log)")
-                .draw()?;
-            chart
-                .draw_series(LineSeries::new(offered, style(&BLUE)))?
-                .label("offered")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-            chart
-                .draw_series(LineSeries::new(admitted, style(&GREEN)))?
-                .label("admitted")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-            chart
-                .draw_series(LineSeries::new(
-                    vec![(0.0, limit), (duration, limit)],
-                    style(&RED),
-                ))?
-                .label("limit")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.8))
-                .draw()?;
+            lines.draw(chart, "requests/s (log)")?;
         } else {
-            let mut chart = builder.build_cartesian_2d(0.0..duration, 0.0..max)?;
-            chart
-                .configure_mesh()
-                .x_desc("simulated seconds")
-                .y_desc("requests/s")
-                .draw()?;
-            chart
-                .draw_series(LineSeries::new(offered, style(&BLUE)))?
-                .label("offered")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-            chart
-                .draw_series(LineSeries::new(admitted, style(&GREEN)))?
-                .label("admitted")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-            chart
-                .draw_series(LineSeries::new(
-                    vec![(0.0, limit), (duration, limit)],
-                    style(&RED),
-                ))?
-                .label("limit")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.8))
-                .draw()?;
+            let chart = builder.build_cartesian_2d(0.0..duration, 0.0..max)?;
+            lines.draw(chart, "requests/s")?;
         }
     }
     root.present()?;
     Ok(())
+}
+
+/// The three series of one panel, drawn the same way on a linear or a logarithmic axis.
+struct Lines {
+    offered: Vec<(f64, f64)>,
+    admitted: Vec<(f64, f64)>,
+    limit: f64,
+    duration: f64,
+}
+
+impl Lines {
+    fn draw<'a, DB, Y>(
+        self,
+        mut chart: ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
+        y_desc: &str,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB: DrawingBackend + 'a,
+        DB::ErrorType: 'static,
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        let style = |c: &RGBColor| ShapeStyle::from(c).stroke_width(2);
+        chart
+            .configure_mesh()
+            .x_desc("simulated seconds")
+            .y_desc(y_desc)
+            .draw()?;
+        let limit = vec![(0.0, self.limit), (self.duration, self.limit)];
+        for (points, label, color) in [
+            (self.offered, "offered", BLUE),
+            (self.admitted, "admitted", GREEN),
+            (limit, "limit", RED),
+        ] {
+            chart
+                .draw_series(LineSeries::new(points, style(&color)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()?;
+        Ok(())
+    }
 }
