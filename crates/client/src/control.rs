@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use spillway_control::link::{BucketReport, Instruction};
 use spillway_control::timing::now_ms;
 use spillway_core::algo::{Limiter, Ratio};
+use spillway_core::clock::{Nanos, nanos};
 use spillway_core::config::{self, Algorithm, Config, Store};
 use spillway_core::counters::Snapshot;
+use spillway_core::surge::{self, Instructed, SurgeGuard};
 use tokio::task::JoinHandle;
 
 pub use spillway_control::{
@@ -108,6 +110,17 @@ struct Adapter {
     /// When each adaptive share stops holding; past it the bucket refills at the full limit
     /// again, as a host alone would (fail-open, G9).
     shares: Mutex<HashMap<Key, Instant>>,
+    /// Each drop-ratio bucket's surge guard, the offered total at its last tick and when that
+    /// tick was.
+    guards: Mutex<HashMap<Key, Guard>>,
+}
+
+/// One drop-ratio bucket's surge guard and where its counting stands.
+#[derive(Debug, Default)]
+struct Guard {
+    guard: SurgeGuard,
+    offered: u64,
+    at: Nanos,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -188,6 +201,25 @@ impl InstructionSink for Adapter {
                 {
                     tracing::debug!("{err}");
                 }
+                let interval = rules.config().control.report_interval;
+                let now = self.client.now();
+                let ago = now_ms().saturating_sub(instruction.interval_end_ms);
+                lock(&self.guards)
+                    .entry((service.to_owned(), bucket.to_owned()))
+                    .or_default()
+                    .guard
+                    .instruct(
+                        Instructed {
+                            ratio: instruction.drop_ratio.as_f64(),
+                            limit_rps: found.config().limit.per_second(),
+                            scope_offered_rps: instruction.scope_offered_rps,
+                            scope_hosts: instruction.scope_hosts,
+                            interval_ns: nanos(interval),
+                            interval_ended_ago_ns: ago.saturating_mul(1_000_000),
+                            expires_at: now.saturating_add(nanos(ttl)),
+                        },
+                        now,
+                    );
             }
             Limiters::Shared(Limiter::AdaptiveTokenBucket(a)) => {
                 if let Some(share) = instruction.share {
@@ -204,6 +236,44 @@ impl InstructionSink for Adapter {
 }
 
 impl Adapter {
+    /// One tick of every drop-ratio bucket's surge guard: counts what each was offered since the
+    /// last tick and installs the correction (0 unless the count shows a surge over the host's
+    /// part of the limit) until two ticks from now, so a stalled task cannot leave one behind.
+    fn guard_surges(&self) {
+        let rules = self.client.rules();
+        let now = self.client.now();
+        let mut guards = lock(&self.guards);
+        if !rules.config().control.surge_guard {
+            // Corrections already installed end within two ticks.
+            guards.clear();
+            return;
+        }
+        let mut live = HashMap::with_capacity(guards.len());
+        for bucket in rules.buckets() {
+            let config = bucket.config();
+            if config.algorithm != Algorithm::DropRatio || config.store != Store::ControlPlane {
+                continue;
+            }
+            let Limiters::Shared(Limiter::DropRatio(d)) = &bucket.state.limiters else {
+                continue;
+            };
+            let key = (bucket.service().to_owned(), bucket.name().to_owned());
+            let mut state = guards.remove(&key).unwrap_or_default();
+            let offered = bucket.counters.snapshot().offered();
+            if state.at != 0 && offered >= state.offered && now > state.at {
+                // A late tick counted more than one tick's time: scale it to one.
+                let count = (offered - state.offered) as f64 * surge::TICK_NS as f64
+                    / (now - state.at) as f64;
+                let ratio = state.guard.tick(count.round() as u64, now);
+                d.set_surge(ratio, now.saturating_add(2 * surge::TICK_NS));
+            }
+            state.offered = offered;
+            state.at = now;
+            live.insert(key, state);
+        }
+        *guards = live;
+    }
+
     /// Puts adaptive buckets whose share expired back on the whole limit.
     fn expire_shares(&self) {
         let now = Instant::now();
@@ -252,7 +322,9 @@ impl std::fmt::Debug for ControlPlane {
 
 impl ControlPlane {
     /// Links `client` to the aggregator of `options` on the current tokio runtime, and runs the
-    /// client's housekeeping ([`Client::tick`], which counts expired instructions) every second.
+    /// client's housekeeping: the drop-ratio buckets' surge guards every 50 ms
+    /// (`spillway_core::surge`), and [`Client::tick`], which counts expired instructions, every
+    /// second.
     /// `rules_version` is the control-plane version of the rules the client starts with (from
     /// [`last_good_rules`]), 0 when it starts from its own file. Fails only on an unusable
     /// aggregator URL; an unreachable aggregator is retried with backoff.
@@ -266,6 +338,7 @@ impl ControlPlane {
             state_dir: options.state_dir,
             last: Mutex::new(HashMap::new()),
             shares: Mutex::new(HashMap::new()),
+            guards: Mutex::new(HashMap::new()),
         });
         let mut link = options.link;
         link.rules_version = rules_version;
@@ -273,14 +346,19 @@ impl ControlPlane {
         link.interval = adapter.client.rules().config().control.report_interval;
         let link = ClientLink::spawn(link, adapter.clone(), adapter.clone())?;
         let housekeeping = tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(250));
+            // Every 50 ms the surge guards; every 250 ms the adaptive shares; every second the
+            // client's own housekeeping.
+            let mut every = tokio::time::interval(Duration::from_nanos(surge::TICK_NS));
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n = 0u64;
             loop {
                 every.tick().await;
-                adapter.expire_shares();
+                adapter.guard_surges();
                 n += 1;
-                if n.is_multiple_of(4) {
+                if n.is_multiple_of(5) {
+                    adapter.expire_shares();
+                }
+                if n.is_multiple_of(20) {
                     adapter.client.tick();
                 }
             }

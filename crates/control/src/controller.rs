@@ -434,22 +434,24 @@ impl RegionCore {
             let key = BucketKey::new(&service.name, &bucket.name);
             let limit = bucket.limit.per_second();
             let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
-            let mut instruction = |zone: &str, ratio: f64, share: f64, scope_offered: f64| {
-                per_zone
-                    .entry(zone.to_owned())
-                    .or_default()
-                    .push(v1::BucketInstruction {
-                        service: key.service.clone(),
-                        bucket: key.bucket.clone(),
-                        drop_ratio: if adaptive {
-                            0
-                        } else {
-                            Ratio::from_f64(ratio).raw()
-                        },
-                        share: adaptive.then(|| Ratio::from_f64(share).raw()),
-                        scope_offered_rps: scope_offered,
-                    });
-            };
+            let mut instruction =
+                |zone: &str, ratio: f64, share: f64, scope_offered: f64, scope_hosts: u64| {
+                    per_zone
+                        .entry(zone.to_owned())
+                        .or_default()
+                        .push(v1::BucketInstruction {
+                            service: key.service.clone(),
+                            bucket: key.bucket.clone(),
+                            drop_ratio: if adaptive {
+                                0
+                            } else {
+                                Ratio::from_f64(ratio).raw()
+                            },
+                            share: adaptive.then(|| Ratio::from_f64(share).raw()),
+                            scope_offered_rps: scope_offered,
+                            scope_hosts,
+                        });
+                };
             let mut smoother = |zone: Option<&str>, target: f64| {
                 live_keys.insert((key.clone(), zone.map(str::to_owned)));
                 self.smoothers
@@ -467,7 +469,7 @@ impl RegionCore {
                         let offered = counts.offered as f64 / secs;
                         let rise = counts.offered_for_rise() as f64 / secs;
                         let ratio = smoother(Some(zone), target_drop(limit, rise));
-                        instruction(zone, ratio, 1.0, offered);
+                        instruction(zone, ratio, 1.0, offered, counts.hosts);
                         observed += offered;
                         highest = highest.max(ratio);
                     }
@@ -494,7 +496,7 @@ impl RegionCore {
                         } else {
                             1.0 / zones_count
                         };
-                        instruction(zone, ratio, share, scope);
+                        instruction(zone, ratio, share, scope, counts.hosts);
                     }
                     view.insert(
                         key.clone(),

@@ -132,6 +132,7 @@ impl Tally {
                 allowed: scale(c.allowed),
                 shadow_dropped: scale(c.shadow_dropped),
                 offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
+                hosts: None,
             })
             .collect()
     }
@@ -147,13 +148,14 @@ impl Tally {
                 offered_tail: if in_tail { b.offered } else { 0 },
                 allowed: b.allowed,
                 shadow_dropped: b.shadow_dropped,
+                hosts: 0,
             };
         }
     }
 }
 
 /// What the controller says about one bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Instruction<'a> {
     pub service: &'a str,
     pub bucket: &'a str,
@@ -161,6 +163,13 @@ pub struct Instruction<'a> {
     pub drop_ratio: Ratio,
     /// For adaptive-token-bucket buckets: this host's share of the limit (G10).
     pub share: Option<Share>,
+    /// Offered load of the bucket's whole scope over the interval the instruction came from,
+    /// per second, and from how many hosts: what a client's surge guard works out its part of
+    /// the limit from (`spillway_core::surge`).
+    pub scope_offered_rps: f64,
+    pub scope_hosts: u64,
+    /// When the interval the instruction was computed from ended, Unix milliseconds.
+    pub interval_end_ms: u64,
 }
 
 /// Where the link delivers what it receives (the sidecar: its client's instruction table).
@@ -481,6 +490,8 @@ impl Link {
             }
         }
         let ttl = Duration::from_millis(instructions.ttl_ms);
+        let interval_end_ms =
+            Interval::from_ms(instructions.interval_ms).end_of(instructions.sequence);
         for b in &instructions.buckets {
             self.sink.apply(
                 Instruction {
@@ -488,6 +499,9 @@ impl Link {
                     bucket: &b.bucket,
                     drop_ratio: Ratio::from_raw(b.drop_ratio),
                     share: b.share.map(Ratio::from_raw),
+                    scope_offered_rps: b.scope_offered_rps,
+                    scope_hosts: b.scope_hosts,
+                    interval_end_ms,
                 },
                 ttl,
             );

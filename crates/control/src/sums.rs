@@ -31,6 +31,8 @@ pub struct Counts {
     pub offered_tail: u64,
     pub allowed: u64,
     pub shadow_dropped: u64,
+    /// Hosts whose counts are summed here that offered load to the bucket.
+    pub hosts: u64,
 }
 
 /// The tail is the last `1 / TAIL_PARTS` of an interval: 250 ms of a 1 s interval.
@@ -79,6 +81,7 @@ impl std::ops::AddAssign for Counts {
         self.offered_tail = self.offered_tail.saturating_add(other.offered_tail);
         self.allowed = self.allowed.saturating_add(other.allowed);
         self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
+        self.hosts = self.hosts.saturating_add(other.hosts);
     }
 }
 
@@ -106,6 +109,8 @@ impl Sums {
                 offered_tail: b.offered_tail.unwrap_or(b.offered / TAIL_PARTS),
                 allowed: b.allowed,
                 shadow_dropped: b.shadow_dropped,
+                // A host's own report: one host, when it offered anything.
+                hosts: b.hosts.unwrap_or(u64::from(b.offered > 0)),
             };
         }
     }
@@ -130,6 +135,7 @@ impl Sums {
                     allowed: c.allowed,
                     shadow_dropped: c.shadow_dropped,
                     offered_tail: Some(c.offered_tail),
+                    hosts: Some(c.hosts),
                 }
             })
             .collect()
@@ -247,6 +253,7 @@ mod tests {
                     offered_tail: offered / 4,
                     allowed: offered / 2,
                     shadow_dropped: 1,
+                    hosts: 1,
                 },
             )]))
         };
@@ -258,6 +265,7 @@ mod tests {
         assert_eq!(zone.0[&a].shadow_dropped, 2);
         assert_eq!(zone.offered(&BucketKey::new("api", "c")), 0);
         assert_eq!(zone.0[&a].offered_tail, 37);
+        assert_eq!(zone.0[&a].hosts, 2, "two hosts offered load to a");
         assert_eq!(Sums::from_wire(&zone.to_wire()), zone);
     }
 
@@ -275,6 +283,10 @@ mod tests {
         let counts = sums.counts(&BucketKey::new("api", "a"));
         assert_eq!(counts.offered, 500);
         assert_eq!(counts.offered_tail, 100);
+        // Each host's own report counts the host once; a zone's sum says how many it holds.
+        assert_eq!(counts.hosts, 2);
+        let zone = Sums::from_wire(&sums.to_wire());
+        assert_eq!(zone.counts(&BucketKey::new("api", "a")).hosts, 2);
         assert_eq!(counts.offered_for_rise(), 500);
     }
 

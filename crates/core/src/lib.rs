@@ -16,3 +16,4 @@ pub mod decision;
 pub mod limit;
 pub mod matcher;
 pub mod pattern;
+pub mod surge;

@@ -28,6 +28,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 allowed: 3_334,
                 shadow_dropped: 0,
                 offered_tail: Some(1_250),
+                hosts: None,
             })
             .collect(),
     };
@@ -44,6 +45,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 drop_ratio: 1_431_655_766,
                 share: None,
                 scope_offered_rps: 150_000.0,
+                scope_hosts: 40,
             })
             .collect(),
         rules_version: 1_795_973_127_008,

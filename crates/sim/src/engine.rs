@@ -38,6 +38,7 @@ use spillway_core::algo::{
 };
 use spillway_core::clock::{NANOS_PER_SEC, Nanos};
 use spillway_core::config::{self, Config};
+use spillway_core::surge::{self, Instructed, SurgeGuard};
 use spillway_proto::v1;
 
 use crate::scenario::Scenario;
@@ -132,6 +133,9 @@ struct Host {
     tally: Tally,
     rtt_ms: f64,
     delay_ticks: usize,
+    /// The drop-ratio surge guard and what it was offered since its last tick.
+    guard: SurgeGuard,
+    guard_offered: u64,
 }
 
 struct Zone {
@@ -176,6 +180,8 @@ enum Event {
         host: u32,
         buckets: Vec<v1::BucketInstruction>,
         ttl_ms: u64,
+        /// The end of the interval the instructions came from, in milliseconds.
+        ended_ms: u64,
     },
 }
 
@@ -315,6 +321,8 @@ impl<'a> Engine<'a> {
                 tally: Tally::new(EPOCH_NS / 1_000_000),
                 rtt_ms,
                 delay_ticks,
+                guard: SurgeGuard::new(),
+                guard_offered: 0,
             });
         }
         let regions = (0..scenario.regions)
@@ -381,6 +389,9 @@ impl<'a> Engine<'a> {
                 self.lose_region(region);
             }
             self.deliver(now);
+            if tick > 0 && (tick * TICK_NS).is_multiple_of(surge::TICK_NS) {
+                self.guard_surges(now);
+            }
             let now_ms = now / 1_000_000;
             if now_ms.is_multiple_of(self.interval.ms()) {
                 self.report(now);
@@ -454,6 +465,7 @@ impl<'a> Engine<'a> {
                 };
                 let host = &mut self.hosts[i];
                 host.offered += n;
+                host.guard_offered += n;
                 host.allowed += allowed;
                 let sample = &mut samples[current];
                 sample.offered += n;
@@ -558,6 +570,21 @@ impl<'a> Engine<'a> {
             allowed: std::mem::take(&mut host.allowed),
             shadow_dropped: 0,
         }]
+    }
+
+    /// A tick of every live drop-ratio host's surge guard (every 50 ms), as the client's
+    /// housekeeping runs it.
+    fn guard_surges(&mut self, now: Nanos) {
+        if !self.scenario.surge_guard {
+            return;
+        }
+        for host in self.hosts.iter_mut().filter(|h| h.alive) {
+            let offered = std::mem::take(&mut host.guard_offered);
+            if let Limiter::Drop(d) = &host.limiter {
+                let ratio = host.guard.tick(offered, now);
+                d.set_surge(ratio, now + 2 * surge::TICK_NS);
+            }
+        }
     }
 
     /// The last quarter of the interval starts: every live host marks its tail.
@@ -706,6 +733,7 @@ impl<'a> Engine<'a> {
                             host,
                             buckets: message.buckets,
                             ttl_ms: message.ttl_ms,
+                            ended_ms: self.interval.end_of(message.sequence),
                         },
                     );
                 }
@@ -714,7 +742,11 @@ impl<'a> Engine<'a> {
                 host,
                 buckets,
                 ttl_ms,
+                ended_ms,
             } => {
+                let guarded = self.scenario.surge_guard;
+                let limit_rps = self.scenario.limit_rps;
+                let interval_ns = self.interval.ms() * 1_000_000;
                 let host = &mut self.hosts[host as usize];
                 if !host.alive {
                     return;
@@ -722,7 +754,21 @@ impl<'a> Engine<'a> {
                 let ttl = Duration::from_millis(ttl_ms);
                 for b in buckets {
                     match &mut host.limiter {
-                        Limiter::Drop(d) => d.set_for(Ratio::from_raw(b.drop_ratio), now, ttl),
+                        Limiter::Drop(d) => {
+                            d.set_for(Ratio::from_raw(b.drop_ratio), now, ttl);
+                            if guarded {
+                                let instructed = Instructed {
+                                    ratio: Ratio::from_raw(b.drop_ratio).as_f64(),
+                                    limit_rps,
+                                    scope_offered_rps: b.scope_offered_rps,
+                                    scope_hosts: b.scope_hosts,
+                                    interval_ns,
+                                    interval_ended_ago_ns: now.saturating_sub(ended_ms * 1_000_000),
+                                    expires_at: now + ttl_ms * 1_000_000,
+                                };
+                                host.guard.instruct(instructed, now);
+                            }
+                        }
                         Limiter::Adaptive { bucket, expires_at } => {
                             if let Some(share) = b.share {
                                 bucket.set_share(now, Ratio::from_raw(share));

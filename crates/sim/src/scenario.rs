@@ -43,6 +43,9 @@ pub struct Scenario {
     pub region_loss: Option<(usize, f64)>,
     /// The window in which fairness and steady-state error are measured.
     pub measure: (f64, f64),
+    /// Drop-ratio hosts correct a surge of their own between instructions, as the real client
+    /// does (`spillway_core::surge`); off, they wait for the control plane.
+    pub surge_guard: bool,
 }
 
 /// The names of every scenario, in the order `--scenario all` runs them.
@@ -185,6 +188,7 @@ impl Scenario {
             control_down: None,
             region_loss: None,
             measure: (0.0, 0.0),
+            surge_guard: true,
         }
     }
 

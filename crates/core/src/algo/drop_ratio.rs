@@ -1,7 +1,8 @@
 //! Drop-by-ratio (G8): drop each request with the probability the control plane sent, until the
 //! instruction expires (G9).
 //!
-//! The hot path is two atomic loads and a thread-local coin: no lock, no allocation, no syscall.
+//! The hot path is four atomic loads (the instruction and the client's own surge correction,
+//! each a ratio and an expiry) and a thread-local coin: no lock, no allocation, no syscall.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -78,6 +79,9 @@ impl Ratio {
 pub struct DropRatio {
     ratio: AtomicU64,
     expires_at: AtomicU64,
+    /// The client's own correction between instructions ([`crate::surge`]), applied when higher.
+    surge: AtomicU64,
+    surge_until: AtomicU64,
     retry_after: Duration,
 }
 
@@ -89,6 +93,8 @@ impl DropRatio {
         Self {
             ratio: AtomicU64::new(0),
             expires_at: AtomicU64::new(0),
+            surge: AtomicU64::new(0),
+            surge_until: AtomicU64::new(0),
             retry_after,
         }
     }
@@ -107,13 +113,35 @@ impl DropRatio {
         self.set(ratio, now.saturating_add(nanos(ttl)));
     }
 
+    /// Installs the client's own surge correction until `until`: while it holds, the higher of
+    /// it and the instruction's ratio is dropped. It never outlives the instruction (G9).
+    pub fn set_surge(&self, ratio: Ratio, until: Nanos) {
+        self.surge.store(ratio.raw(), Ordering::Relaxed);
+        self.surge_until.store(until, Ordering::Release);
+    }
+
     /// Forgets the instruction, so everything is admitted.
     pub fn clear(&self) {
         self.expires_at.store(0, Ordering::Release);
+        self.surge_until.store(0, Ordering::Release);
     }
 
-    /// The ratio in force at `now`, or `None` once the instruction has expired.
+    /// The ratio in force at `now`, or `None` once the instruction has expired: the
+    /// instruction's, or the surge correction's when that holds and is higher.
     pub fn current(&self, now: Nanos) -> Option<Ratio> {
+        if now >= self.expires_at.load(Ordering::Acquire) {
+            return None;
+        }
+        let ratio = Ratio(self.ratio.load(Ordering::Relaxed));
+        if now < self.surge_until.load(Ordering::Acquire) {
+            Some(ratio.max(Ratio(self.surge.load(Ordering::Relaxed))))
+        } else {
+            Some(ratio)
+        }
+    }
+
+    /// The instruction's own ratio at `now`, without the surge correction.
+    pub fn instructed(&self, now: Nanos) -> Option<Ratio> {
         if now >= self.expires_at.load(Ordering::Acquire) {
             None
         } else {
@@ -175,5 +203,25 @@ mod tests {
         assert!(!d.decide(149).is_allow());
         d.clear();
         assert!(d.decide(149).is_allow());
+    }
+
+    #[test]
+    fn the_surge_correction_adds_drops_only_while_both_hold() {
+        let d = DropRatio::new(Duration::from_secs(1));
+        let half = Ratio::from_fraction(1, 2);
+        let most = Ratio::from_fraction(9, 10);
+        // No instruction: a correction alone drops nothing (fail-open, G9).
+        d.set_surge(most, 1_000);
+        assert_eq!(d.current(10), None);
+        d.set(half, 500);
+        assert_eq!(d.current(10), Some(most));
+        assert_eq!(d.instructed(10), Some(half));
+        // A correction below the instruction changes nothing.
+        d.set_surge(Ratio::from_fraction(1, 10), 1_000);
+        assert_eq!(d.current(10), Some(half));
+        // Past the correction's end the instruction alone; past the instruction's, nothing.
+        d.set_surge(most, 100);
+        assert_eq!(d.current(100), Some(half));
+        assert_eq!(d.current(500), None);
     }
 }

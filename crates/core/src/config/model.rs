@@ -212,6 +212,11 @@ pub struct Control {
     #[serde(with = "duration_text")]
     #[schemars(with = "DurationText")]
     pub instruction_ttl: Duration,
+    /// Whether each client corrects a surge of its own between two instructions, holding itself
+    /// to its part of a drop-ratio bucket's limit (G11; see `spillway_core::surge`). Default
+    /// `true`. With `false` a surge waits for the control plane's next instruction, and a lone
+    /// host's burst that fits under the limit is never dropped meanwhile.
+    pub surge_guard: bool,
 }
 
 impl Default for Control {
@@ -219,6 +224,7 @@ impl Default for Control {
         Control {
             report_interval: Duration::from_secs(1),
             instruction_ttl: Duration::from_secs(5),
+            surge_guard: true,
         }
     }
 }
