@@ -24,6 +24,9 @@ pub enum ProxyError {
         #[source]
         source: std::io::Error,
     },
+    /// A serving thread or its runtime could not be started.
+    #[error("cannot start a worker thread: {0}")]
+    Workers(#[source] std::io::Error),
 }
 
 impl ProxyError {

@@ -20,8 +20,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use spillway_client::control::{ControlOptions, ControlPlane, LinkStatus};
 use spillway_client::{Client, DEFAULT_POLL, Step, watch_file};
 use spillway_core::decision::Decision;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::answer;
@@ -56,6 +56,13 @@ pub struct ProxyOptions {
     /// feeds [`Proxy::client`] its rules (the rules service's store, for `--database`), so the
     /// file cannot overwrite them.
     pub watch_file: bool,
+    /// How many threads serve the connections, each running a single-threaded runtime of its own
+    /// with its own upstream connections, as nginx runs one worker process per core: a
+    /// connection, its requests and their upstream exchanges stay on one thread, with no work
+    /// stealing, no cross-thread wakeup and no shared pool between them. Accepted connections
+    /// are dealt to the threads in turn. 0 (the default) serves on the runtime [`Proxy::start`]
+    /// is called on, which suits a proxy embedded in a larger program (tests, the demo).
+    pub workers: usize,
 }
 
 impl ProxyOptions {
@@ -69,14 +76,14 @@ impl ProxyOptions {
             drain_timeout: Duration::from_secs(30),
             control: None,
             watch_file: true,
+            workers: 0,
         }
     }
 }
 
-/// What every connection shares.
+/// What every connection of every worker shares.
 pub(crate) struct Shared {
     pub(crate) client: Arc<Client>,
-    upstream: Upstream,
     pub(crate) upstream_errors: AtomicU64,
     /// The control-plane link's state, when linked.
     pub(crate) link: Option<Arc<LinkStatus>>,
@@ -89,15 +96,19 @@ pub struct Proxy {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The serving threads, when [`ProxyOptions::workers`] asked for them.
+    workers: Workers,
     /// The file watcher, standalone only.
     watcher: Option<JoinHandle<()>>,
     control: Option<ControlPlane>,
 }
 
 impl Proxy {
-    /// Loads the rules, binds the listeners and starts serving on the current tokio runtime.
+    /// Loads the rules, binds the listeners and starts serving: on the current tokio runtime, or
+    /// on [`ProxyOptions::workers`] threads of their own.
     pub async fn start(options: ProxyOptions) -> Result<Self, ProxyError> {
-        let upstream = Upstream::new(&options.upstream)?;
+        // Checked once here, so a worker's own `Upstream::new` cannot fail.
+        Upstream::new(&options.upstream)?;
         let (client, control) = crate::control::start(&options)?;
         let bind = |addr| async move {
             TcpListener::bind(addr)
@@ -116,17 +127,29 @@ impl Proxy {
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
         let shared = Arc::new(Shared {
             client: client.clone(),
-            upstream,
             upstream_errors: AtomicU64::new(0),
             link: control.as_ref().map(ControlPlane::status),
         });
         let (stop, stopped) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(serve(
-            listener,
-            shared.clone(),
-            stopped.clone(),
-            options.drain_timeout,
-        ))];
+        let mut tasks = Vec::new();
+        let mut workers = Workers::default();
+        let mut inboxes = Vec::new();
+        if options.workers == 0 {
+            let (inbox, connections) = mpsc::unbounded_channel();
+            inboxes.push(inbox);
+            let worker = Worker::new(shared.clone(), &options.upstream)?;
+            tasks.push(tokio::spawn(
+                worker.serve(connections, options.drain_timeout),
+            ));
+        } else {
+            for index in 0..options.workers {
+                let (inbox, connections) = mpsc::unbounded_channel();
+                inboxes.push(inbox);
+                let worker = Worker::new(shared.clone(), &options.upstream)?;
+                workers.spawn(index, worker, connections, options.drain_timeout)?;
+            }
+        }
+        tasks.push(tokio::spawn(accept(listener, inboxes, stopped.clone())));
         if let Some(admin) = admin {
             tasks.push(tokio::spawn(crate::admin::serve(
                 admin,
@@ -136,13 +159,14 @@ impl Proxy {
         }
         let watcher = (control.is_none() && options.watch_file)
             .then(|| watch_file(client, options.config.clone(), options.reload_every));
-        tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "proxy listening");
+        tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, workers = options.workers, "proxy listening");
         Ok(Self {
             addr,
             admin_addr,
             shared,
             stop,
             tasks,
+            workers,
             watcher,
             control,
         })
@@ -177,20 +201,21 @@ impl Proxy {
         for task in self.tasks {
             let _ = task.await;
         }
+        self.workers.join().await;
         if let Some(control) = self.control {
             control.shutdown().await;
         }
     }
 }
 
-async fn serve(
+/// Accepts connections until told to stop, dealing them to the workers in turn. Stopping drops
+/// the listener, so new connections are refused, and the workers' inboxes, so each worker drains.
+async fn accept(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    inboxes: Vec<mpsc::UnboundedSender<Accepted>>,
     mut stopped: watch::Receiver<bool>,
-    drain_timeout: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut next = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -205,32 +230,142 @@ async fn serve(
             _ = stopped.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        // Formatted once per connection, so identity by `peer` costs nothing per request.
-        let peer: Arc<str> = peer.ip().to_string().into();
-        let shared = shared.clone();
-        let service = service_fn(move |request| handle(shared.clone(), peer.clone(), request));
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!("connection ended with an error: {err}");
-            }
-        });
+        // Off this runtime's reactor, onto the worker's.
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        if inboxes[next].send(Accepted { stream, peer }).is_err() {
+            tracing::warn!("a worker has stopped; connection refused");
+        }
+        next = (next + 1) % inboxes.len();
     }
-    drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all requests in flight finished"),
-        _ = tokio::time::sleep(drain_timeout) => {
-            tracing::warn!("drain timeout passed; closing the connections still open");
+}
+
+/// A connection accepted, on its way to a worker.
+struct Accepted {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+}
+
+/// What one worker's connections share: the engine and counters of the whole proxy, and the
+/// worker's own upstream pools, so its requests never wait on another thread's.
+struct Worker {
+    shared: Arc<Shared>,
+    upstream: Upstream,
+}
+
+impl Worker {
+    fn new(shared: Arc<Shared>, upstream: &str) -> Result<Arc<Self>, ProxyError> {
+        Ok(Arc::new(Self {
+            shared,
+            upstream: Upstream::new(upstream)?,
+        }))
+    }
+
+    /// Serves the connections dealt to this worker until the acceptor stops, then lets the
+    /// requests in flight finish, up to the drain timeout.
+    async fn serve(
+        self: Arc<Self>,
+        mut connections: mpsc::UnboundedReceiver<Accepted>,
+        drain_timeout: Duration,
+    ) {
+        let graceful = GracefulShutdown::new();
+        let builder = auto::Builder::new(TokioExecutor::new());
+        while let Some(Accepted { stream, peer }) = connections.recv().await {
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::warn!("cannot serve an accepted connection: {err}");
+                    continue;
+                }
+            };
+            // Formatted once per connection, so identity by `peer` costs nothing per request.
+            let peer: Arc<str> = peer.ip().to_string().into();
+            let worker = self.clone();
+            let service = service_fn(move |request| handle(worker.clone(), peer.clone(), request));
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection = graceful.watch(connection.into_owned());
+            tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    tracing::debug!("connection ended with an error: {err}");
+                }
+            });
+        }
+        tokio::select! {
+            _ = graceful.shutdown() => tracing::info!("all requests in flight finished"),
+            _ = tokio::time::sleep(drain_timeout) => {
+                tracing::warn!("drain timeout passed; closing the connections still open");
+            }
         }
     }
 }
 
+/// The serving threads: each runs its worker on a single-threaded runtime, reports when its
+/// drain is over, and keeps its runtime turning until every worker is done, since a task of one
+/// runtime (the Redis connection's, made by whichever worker first needed it) may serve another.
+#[derive(Default)]
+struct Workers {
+    drained: Vec<oneshot::Receiver<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    release: Option<watch::Sender<()>>,
+}
+
+impl Workers {
+    fn spawn(
+        &mut self,
+        index: usize,
+        worker: Arc<Worker>,
+        connections: mpsc::UnboundedReceiver<Accepted>,
+        drain_timeout: Duration,
+    ) -> Result<(), ProxyError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ProxyError::Workers)?;
+        let (drained, drained_rx) = oneshot::channel();
+        let mut released = self
+            .release
+            .get_or_insert_with(|| watch::channel(()).0)
+            .subscribe();
+        let thread = std::thread::Builder::new()
+            .name(format!("spillway-worker-{index}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    worker.serve(connections, drain_timeout).await;
+                    let _ = drained.send(());
+                    let _ = released.changed().await;
+                });
+            })
+            .map_err(ProxyError::Workers)?;
+        self.drained.push(drained_rx);
+        self.threads.push(thread);
+        Ok(())
+    }
+
+    /// Waits for every worker to drain, then lets the threads end and joins them.
+    async fn join(self) {
+        for drained in self.drained {
+            let _ = drained.await;
+        }
+        if let Some(release) = self.release {
+            let _ = release.send(());
+        }
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
 async fn handle(
-    shared: Arc<Shared>,
+    worker: Arc<Worker>,
     peer: Arc<str>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    let shared = &worker.shared;
     let grpc = answer::is_grpc(request.headers());
     let rules = shared.client.rules();
     let step = {
@@ -253,7 +388,7 @@ async fn handle(
         return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
     }
     drop(rules);
-    match shared.upstream.forward(request).await {
+    match worker.upstream.forward(request).await {
         Ok(response) => Ok(response.map(|body| body.boxed())),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use spillway_core::algo::Ratio;
-use support::{Upstream, admin, config, get, grpc_call, proxy, statuses};
+use support::{Upstream, admin, config, get, grpc_call, proxy, proxy_on, statuses};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_local_algorithm_is_enforced_through_the_proxy() {
@@ -209,10 +209,20 @@ async fn editing_the_file_changes_behaviour_and_a_broken_edit_changes_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_upstream_gives_502_not_429() {
+    killed_upstream_gives_502(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_give_502_for_a_killed_upstream() {
+    killed_upstream_gives_502(2).await;
+}
+
+async fn killed_upstream_gives_502(workers: usize) {
     let upstream = Upstream::start().await;
-    let running = proxy(
+    let running = proxy_on(
         &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
         &upstream.url(),
+        workers,
     )
     .await;
     let addr = running.proxy.addr();
@@ -237,12 +247,22 @@ async fn a_killed_upstream_gives_502_not_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_over_h2c_passes_through_then_gets_resource_exhausted() {
+    grpc_passes_then_is_exhausted(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_pass_grpc_over_h2c_with_trailers() {
+    grpc_passes_then_is_exhausted(2).await;
+}
+
+async fn grpc_passes_then_is_exhausted(workers: usize) {
     let upstream = Upstream::start().await;
-    let running = proxy(
+    let running = proxy_on(
         &config(&[
             "{ name: charge, match: { procedure: /payments.v1.Payments/Charge }, limit: 1/h, algorithm: token-bucket }",
         ]),
         &upstream.url(),
+        workers,
     )
     .await;
     let addr = running.proxy.addr();
@@ -276,10 +296,20 @@ async fn grpc_over_h2c_passes_through_then_gets_resource_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_requests_in_flight() {
+    drains_requests_in_flight(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_drain_requests_in_flight() {
+    drains_requests_in_flight(2).await;
+}
+
+async fn drains_requests_in_flight(workers: usize) {
     let mut upstream = Upstream::start().await;
-    let running = proxy(
+    let running = proxy_on(
         &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
         &upstream.url(),
+        workers,
     )
     .await;
     let addr = running.proxy.addr();

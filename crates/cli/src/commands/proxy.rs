@@ -28,7 +28,9 @@ pub fn proxy(args: ProxyArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // The connections are served by worker threads of their own (`ProxyOptions::workers`); this
+    // runtime accepts, serves the admin endpoints and keeps the rules and the control link.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
@@ -48,6 +50,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     }
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
+    options.workers = workers();
     if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
     {
         let host_id = args
@@ -136,6 +139,17 @@ async fn apply_store_rules(
             return;
         }
     }
+}
+
+/// One serving thread per core, or `TOKIO_WORKER_THREADS` of them when set (as for any tokio
+/// program).
+fn workers() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
 }
 
 /// This machine's name, for the default host id.

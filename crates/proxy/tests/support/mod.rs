@@ -145,6 +145,11 @@ pub struct Running {
 }
 
 pub async fn proxy(yaml: &str, upstream: &str) -> Running {
+    proxy_on(yaml, upstream, 0).await
+}
+
+/// A proxy serving on `workers` threads of its own (0: on the test's runtime).
+pub async fn proxy_on(yaml: &str, upstream: &str, workers: usize) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spillway.yaml");
     std::fs::write(&config, yaml).unwrap();
@@ -156,6 +161,7 @@ pub async fn proxy(yaml: &str, upstream: &str) -> Running {
     options.admin = Some("127.0.0.1:0".parse().unwrap());
     options.reload_every = Duration::from_millis(50);
     options.drain_timeout = Duration::from_secs(10);
+    options.workers = workers;
     let proxy = Proxy::start(options).await.unwrap();
     Running {
         proxy,
