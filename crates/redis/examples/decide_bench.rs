@@ -1,14 +1,21 @@
-//! Token-bucket decisions per second against one Redis, for `bench/redis/run.sh`.
+//! Decisions per second against one Redis, for `bench/redis/run.sh`.
 //!
-//! `cargo run --release -p spillway-redis --example decide_bench -- URL [TASKS] [SECONDS]`
+//! `cargo run --release -p spillway-redis --example decide_bench -- URL [TASKS] [SECONDS] [ALGO] [LIMIT]`
 //! runs TASKS concurrent decision loops (default 50, like redis-benchmark's default clients)
-//! over one multiplexed connection and prints `decisions_per_sec=N`.
+//! over one multiplexed connection, each on its own bucket, and prints `decisions_per_sec=N`.
+//!
+//! ALGO is `token-bucket` (the default: S5's bucket, large enough that every decision is an
+//! admission with a write) or any other configuration name, at LIMIT units per second (default
+//! 1,000,000, so every decision is admitted). `sliding-window-log` at the default limit keeps
+//! about a second of each loop's requests in its log, so every decision also expires the oldest
+//! entries: the log's steady state. A LIMIT below the loop's rate measures mostly denials, each
+//! computing its retry-after.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_core::algo::Rate;
+use spillway_core::algo::{Kind, Rate};
 use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
 
 #[tokio::main(flavor = "current_thread")]
@@ -19,6 +26,10 @@ async fn main() {
         .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let tasks: usize = args.next().map_or(50, |a| a.parse().expect("TASKS"));
     let seconds: u64 = args.next().map_or(5, |a| a.parse().expect("SECONDS"));
+    let kind = args.next().map_or(Kind::TokenBucket, |a| {
+        Kind::from_name(&a).expect("ALGO: a configuration name such as sliding-window-log")
+    });
+    let limit: u64 = args.next().map_or(1_000_000, |a| a.parse().expect("LIMIT"));
 
     let limiter = Arc::new(
         RedisLimiter::new(
@@ -29,8 +40,14 @@ async fn main() {
         )
         .expect("a valid URL"),
     );
-    // S5's example bucket, large enough that every decision is an admission with a write.
-    let algo = ExactAlgo::token_bucket(Rate::per_second(1_000_000).unwrap(), 10_000_000);
+    let algo = match kind {
+        // S5's example bucket, large enough that every decision is an admission with a write.
+        Kind::TokenBucket => {
+            ExactAlgo::token_bucket(Rate::per_second(limit).expect("LIMIT > 0"), 10 * limit)
+        }
+        kind => ExactAlgo::new(kind, Rate::per_second(limit).expect("LIMIT > 0"), None)
+            .expect("ALGO: an algorithm Redis decides"),
+    };
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();

@@ -8,7 +8,8 @@ use std::fmt;
 /// rather than only the scope, because Redis Cluster hashes just the text inside the first pair
 /// of braces: `rl:{user}:alice:/search` would put every user's bucket in one slot, one hot node.
 /// Wrapping all three spreads buckets over the cluster while a bucket's own keys (the sliding
-/// log and its companion hash) share a slot, as a multi-key script requires.
+/// log's chunks `<key>:0`, `<key>:1`, ... and its `<key>:meta` hash) share a slot, as a
+/// multi-key script requires.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BucketKey {
     key: String,

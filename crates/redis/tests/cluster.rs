@@ -38,8 +38,11 @@ async fn a_buckets_keys_share_a_slot_and_subjects_spread_over_the_nodes() {
     for i in 0..12 {
         let key = BucketKey::new("user", &format!("user-{i}"), "/search");
         let own = slot(&cluster, key.as_str()).await;
-        // The sliding log's companion hash must be in the log's slot, or its script is refused.
-        assert_eq!(slot(&cluster, &format!("{key}:meta")).await, own, "{key}");
+        // The sliding log's meta hash and chunks must be in the bucket's slot, or its script is
+        // refused.
+        for part in ["meta", "0", "1", "4096"] {
+            assert_eq!(slot(&cluster, &format!("{key}:{part}")).await, own, "{key}");
+        }
         slots.insert(own);
         nodes.insert(cluster.node_for_slot(own));
     }
@@ -168,4 +171,47 @@ async fn decisions_go_on_after_script_flush_on_every_node() {
         "every call after a flush fell back to EVAL"
     );
     assert_eq!(loads, 0, "no SCRIPT LOAD: EVAL is the fallback");
+}
+
+#[tokio::test]
+async fn sliding_log_spanning_chunks_is_exact_on_a_cluster() {
+    // 600 units of costs 1, 2 and 3 make about 300 entries: the log spans three chunks or more,
+    // all in the bucket's slot, and one script call still decides each request exactly.
+    let cluster = RedisCluster::start(3).expect("private redis cluster");
+    let algo = ExactAlgo::SlidingWindowLog {
+        rate: per_hour(600),
+    };
+    let key = BucketKey::new("org", "acme", "/chunked");
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let (limiter, key) = (cluster_limiter(cluster.urls()), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for i in 0..150 {
+                let cost = i % 3 + 1;
+                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
+                    admitted += cost;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert!(admitted <= 600, "admitted {admitted} > 600");
+    assert!(admitted > 597, "admitted {admitted} of 600");
+    let own = slot(&cluster, key.as_str()).await;
+    let mut con = raw(&cluster.urls()[cluster.node_for_slot(own)]).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(own)
+        .arg(100)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let chunks = keys.iter().filter(|k| *k != &format!("{key}:meta")).count();
+    assert!(chunks >= 3, "{keys:?}");
+    assert!(keys.contains(&format!("{key}:meta")), "{keys:?}");
 }
