@@ -794,3 +794,83 @@ async fn idle_sliding_log_keys_expire() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Microseconds since the Unix epoch on this machine's clock, the one Redis's `TIME` reads.
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+#[tokio::test]
+async fn sliding_log_never_admits_more_than_its_limit_in_any_window() {
+    // 300 units per 400 ms against 4 clients sending random costs (1 to 4) at random short
+    // intervals for 1.5 s, several times the limit, so the log slides over many chunks. Each
+    // admission happened at some time between the client's send and its reply; any admissions
+    // whose intervals all fit within 400 ms were logged within one window, so their costs must
+    // add up to at most 300.
+    const LIMIT: u64 = 300;
+    const WINDOW_US: u64 = 400_000;
+    let server = RedisServer::start().expect("private redis-server");
+    let algo = ExactAlgo::SlidingWindowLog {
+        rate: Rate::new(LIMIT, Duration::from_micros(WINDOW_US)).unwrap(),
+    };
+    let key = BucketKey::named("random");
+    let mut tasks = Vec::new();
+    for client in 0..4u64 {
+        let (limiter, key) = (limiter(&server.url()), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ client;
+            let mut random = move |n: u64| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 33) % n
+            };
+            let (mut admitted, mut offered) = (Vec::new(), 0);
+            let end = wall_micros() + 1_500_000;
+            for _ in 0..20_000 {
+                let cost = random(4) + 1;
+                let before = wall_micros();
+                if before > end {
+                    break;
+                }
+                offered += cost;
+                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
+                    admitted.push((before, wall_micros(), cost));
+                }
+                tokio::time::sleep(Duration::from_micros(random(5_000))).await;
+            }
+            (admitted, offered)
+        }));
+    }
+    let (mut admitted, mut offered) = (Vec::new(), 0);
+    for task in tasks {
+        let (a, o) = task.await.unwrap();
+        admitted.extend(a);
+        offered += o;
+    }
+    admitted.sort();
+    let total: u64 = admitted.iter().map(|a| a.2).sum();
+    assert!(
+        offered > 2 * total,
+        "offered {offered}, admitted {total}: not enough pressure"
+    );
+    assert!(total > 2 * LIMIT, "admitted {total}: the log did not slide");
+    let mut fullest = 0;
+    for (i, &(start, _, _)) in admitted.iter().enumerate() {
+        let within: u64 = admitted[i..]
+            .iter()
+            .filter(|&&(_, after, _)| after < start + WINDOW_US)
+            .map(|a| a.2)
+            .sum();
+        assert!(
+            within <= LIMIT,
+            "{within} units admitted within 400 ms from {start}"
+        );
+        fullest = fullest.max(within);
+    }
+    // The check has teeth only if some windows were found nearly full.
+    assert!(fullest > LIMIT - 20, "fullest window held {fullest}");
+}
