@@ -1,25 +1,68 @@
-//! Forwarding to the upstream: two pooled clients (HTTP/1.1, and HTTP/2 prior knowledge for
-//! requests that arrived over HTTP/2, so gRPC keeps its streams and trailers), and the removal
-//! of hop-by-hop headers, which belong to one connection and must not travel further.
+//! Forwarding to the upstream: HTTP/1.1 requests over a connection of their own downstream
+//! connection, HTTP/2 requests (gRPC) over a pooled HTTP/2 prior-knowledge client so they keep
+//! their streams and trailers, and the removal of hop-by-hop headers, which belong to one
+//! connection and must not travel further.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use hyper::client::conn::http1;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 
+/// How long dialing the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where admitted requests go.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Upstream {
     authority: Authority,
-    h1: Client<HttpConnector, Incoming>,
+    /// `host` for requests that arrive without one.
+    host: HeaderValue,
     h2: Client<HttpConnector, Incoming>,
+}
+
+/// The upstream connection of one downstream HTTP/1.1 connection, held between its requests.
+///
+/// HTTP/1.1 answers one request at a time per connection, so a downstream connection needs one
+/// upstream connection, no more: its requests go out on it without a pool's checkout, lock and
+/// key, and without a second connection's task waiting on another one's. It is opened at the
+/// first request and closed with the downstream connection; one the upstream closed in between
+/// is replaced at the next request.
+#[derive(Default)]
+pub(crate) struct Link(Mutex<Option<http1::SendRequest<Incoming>>>);
+
+impl Link {
+    fn take(&self) -> Option<http1::SendRequest<Incoming>> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+
+    fn keep(&self, sender: http1::SendRequest<Incoming>) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(sender);
+        }
+    }
+}
+
+/// Why a request could not be forwarded (answered 502).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ForwardError {
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("connecting to the upstream timed out")]
+    ConnectTimeout,
+    #[error(transparent)]
+    Http1(#[from] hyper::Error),
+    #[error(transparent)]
+    Http2(#[from] hyper_util::client::legacy::Error),
 }
 
 /// Headers that describe one hop (RFC 9110 §7.6.1), plus `te`, handled apart.
@@ -33,28 +76,50 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these, or only `connection: keep-alive`: one pass over the
+    // names, comparing without hashing, finds which are there.
+    let mut present = [false; 6];
+    let mut te = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        } else if name == header::TE {
+            te = true;
+        }
+    }
     // Headers named in `connection` are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+    if present[0] {
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        // A second `connection` field is rare; only then is this list allocated.
+        let rest: Vec<HeaderValue> = values.cloned().collect();
+        for value in first.iter().chain(rest.iter()) {
+            let Ok(value) = value.to_str() else { continue };
+            for name in value.split(',') {
+                let name = name.trim();
+                if !name.is_empty() {
+                    headers.remove(name);
+                }
+            }
+        }
+    }
+    for (hop, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            headers.remove(hop);
+        }
     }
     // `te: trailers` is how gRPC says it reads trailers; any other `te` is hop-by-hop.
-    let keep_te = headers
-        .get(header::TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !keep_te {
+    if te
+        && !headers
+            .get(header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"))
+    {
         headers.remove(header::TE);
     }
 }
 
 impl Upstream {
-    /// Parses `http://HOST:PORT` and builds the pools.
+    /// Parses `http://HOST:PORT` and builds the HTTP/2 pool.
     pub(crate) fn new(url: &str) -> Result<Self, ProxyError> {
         let fail = |problem: &str| ProxyError::Upstream {
             url: url.to_owned(),
@@ -70,25 +135,44 @@ impl Upstream {
                 "a path is not supported; requests keep their own paths",
             ));
         }
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| fail("a bad host"))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let h1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector.clone());
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let h2 = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Ok(Self { authority, h1, h2 })
+        Ok(Self {
+            authority,
+            host,
+            h2,
+        })
     }
 
     /// Sends `request` to the upstream, keeping its method, path, query, headers (but the
-    /// hop-by-hop ones) and body, and returns the upstream's response likewise cleaned.
+    /// hop-by-hop ones) and body, and returns the upstream's response likewise cleaned. An
+    /// HTTP/1.1 request goes over `link`, the upstream connection of its downstream connection.
     pub(crate) async fn forward(
         &self,
         mut request: Request<Incoming>,
-    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        link: &Link,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        strip_hop_by_hop(request.headers_mut());
+        let mut response = if request.version() == Version::HTTP_2 {
+            self.forward_h2(request).await?
+        } else {
+            self.forward_h1(request, link).await?
+        };
+        strip_hop_by_hop(response.headers_mut());
+        Ok(response)
+    }
+
+    async fn forward_h2(
+        &self,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        // The pool is keyed by the absolute URI.
         let path = request
             .uri()
             .path_and_query()
@@ -101,16 +185,77 @@ impl Upstream {
         if let Ok(uri) = Uri::from_parts(parts) {
             *request.uri_mut() = uri;
         }
-        strip_hop_by_hop(request.headers_mut());
-        let client = if request.version() == Version::HTTP_2 {
-            &self.h2
-        } else {
-            *request.version_mut() = Version::HTTP_11;
-            &self.h1
-        };
-        let mut response = client.request(request).await?;
-        strip_hop_by_hop(response.headers_mut());
-        Ok(response)
+        Ok(self.h2.request(request).await?)
+    }
+
+    async fn forward_h1(
+        &self,
+        mut request: Request<Incoming>,
+        link: &Link,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        *request.version_mut() = Version::HTTP_11;
+        // Origin form (`/path?query`): a request in absolute form keeps only its path and query.
+        if request.uri().scheme().is_some() || request.uri().authority().is_some() {
+            let path = request
+                .uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/"));
+            *request.uri_mut() = Uri::from(path);
+        }
+        if !request.headers().contains_key(header::HOST) {
+            request
+                .headers_mut()
+                .insert(header::HOST, self.host.clone());
+        }
+        // A connection kept from an earlier request may have been closed by the upstream since:
+        // a request it gives back unsent goes out once more on a new connection.
+        let mut sender = link.take();
+        loop {
+            let reused = sender.is_some();
+            let mut current = match sender.take() {
+                Some(kept) if !kept.is_closed() => kept,
+                _ => self.connect_h1().await?,
+            };
+            if let Err(err) = current.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(err.into());
+            }
+            match current.try_send_request(request).await {
+                Ok(response) => {
+                    link.keep(current);
+                    return Ok(response);
+                }
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(failed.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// Opens an HTTP/1.1 connection to the upstream; its task runs on this worker's runtime.
+    async fn connect_h1(&self) -> Result<http1::SendRequest<Incoming>, ForwardError> {
+        let host = self.authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = self.authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| ForwardError::ConnectTimeout)?
+            .map_err(ForwardError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("upstream connection ended with an error: {err}");
+            }
+        });
+        Ok(sender)
     }
 }
 

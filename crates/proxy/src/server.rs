@@ -4,15 +4,16 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
-use http_body_util::combinators::BoxBody;
-use hyper::body::Incoming;
+use http_body_util::Full;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -26,13 +27,48 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::Upstream;
+use crate::forward::{Link, Upstream};
 
-/// The body of every response: the upstream's, streamed, or one of ours.
-pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+/// The body of every response: the upstream's, streamed, or one of ours. An enum rather than a
+/// boxed body, so forwarding allocates no box per response.
+pub(crate) enum Body {
+    Upstream(Incoming),
+    Own(Full<Bytes>),
+}
 
-pub(crate) fn full(body: http_body_util::Full<Bytes>) -> Body {
-    body.map_err(|never| match never {}).boxed()
+pub(crate) fn full(body: Full<Bytes>) -> Body {
+    Body::Own(body)
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Body::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Body::Own(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Upstream(body) => body.is_end_stream(),
+            Body::Own(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Upstream(body) => body.size_hint(),
+            Body::Own(body) => body.size_hint(),
+        }
+    }
 }
 
 /// What `spillway proxy` is started with.
@@ -282,7 +318,10 @@ impl Worker {
             // Formatted once per connection, so identity by `peer` costs nothing per request.
             let peer: Arc<str> = peer.ip().to_string().into();
             let worker = self.clone();
-            let service = service_fn(move |request| handle(worker.clone(), peer.clone(), request));
+            let link = Arc::new(Link::default());
+            let service = service_fn(move |request| {
+                handle(worker.clone(), peer.clone(), link.clone(), request)
+            });
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             let connection = graceful.watch(connection.into_owned());
             tokio::spawn(async move {
@@ -363,6 +402,7 @@ impl Workers {
 async fn handle(
     worker: Arc<Worker>,
     peer: Arc<str>,
+    link: Arc<Link>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let shared = &worker.shared;
@@ -388,8 +428,8 @@ async fn handle(
         return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
     }
     drop(rules);
-    match worker.upstream.forward(request).await {
-        Ok(response) => Ok(response.map(|body| body.boxed())),
+    match worker.upstream.forward(request, &link).await {
+        Ok(response) => Ok(response.map(Body::Upstream)),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("upstream request failed: {err}");

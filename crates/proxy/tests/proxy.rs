@@ -337,3 +337,63 @@ async fn drains_requests_in_flight(workers: usize) {
     assert_eq!(answer.body, "upstream saw /slow");
     shutdown.await.unwrap();
 }
+
+/// An upstream that answers one request per connection and then closes it without saying so
+/// (as one does whose keep-alive timeout passed): the upstream connection a downstream
+/// connection keeps between its requests is closed under it, and the next request goes out on a
+/// new one instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_connection_closed_between_requests_is_replaced() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let serving = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+            drop(stream);
+            let _ = closed_tx.send(());
+        }
+    });
+    let running = proxy(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &format!("http://{upstream}"),
+    )
+    .await;
+    let stream = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    for _ in 0..3 {
+        sender.ready().await.unwrap();
+        let request = http::Request::get("/")
+            .header("host", "app")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&body[..], b"ok");
+        // The upstream has closed that connection before the next request is sent.
+        closed.recv().await.unwrap();
+    }
+    running.proxy.shutdown().await;
+    serving.abort();
+}
