@@ -65,6 +65,10 @@ pub struct DemoArgs {
     /// The report interval of the demo's control loop, in milliseconds.
     #[arg(long, default_value_t = 250)]
     pub report_interval_ms: u64,
+    /// Start the surge this far into a report interval, from 0 (at its start) to 1; by
+    /// default it starts a quarter into the run, wherever in its interval that falls.
+    #[arg(long, value_name = "PHASE")]
+    pub surge_phase: Option<f64>,
 }
 
 #[derive(Debug, Args)]

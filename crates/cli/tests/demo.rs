@@ -52,7 +52,7 @@ fn demo_runs_a_surge_prints_a_sane_summary_and_writes_the_chart() {
     );
 
     let limit = number_after(&summary, "limit").expect("a limit line");
-    assert_eq!(limit, 100.0, "{summary}");
+    assert_eq!(limit, 200.0, "{summary}");
     let admitted = number_after(&summary, "admitted (steady state)").expect("admitted");
     assert!(
         (admitted - limit).abs() <= 0.15 * limit,
@@ -81,4 +81,20 @@ fn demo_runs_a_surge_prints_a_sane_summary_and_writes_the_chart() {
         svg.matches("<polyline").count() >= 3,
         "three lines drawn in the chart"
     );
+}
+
+#[test]
+fn a_surge_phase_outside_an_interval_is_refused_with_a_usage_error() {
+    for phase in ["--surge-phase=1.0", "--surge-phase=-0.1"] {
+        let output = Command::new(SPILLWAY)
+            .args(["demo", "--seconds", "4", phase])
+            .output()
+            .expect("spillway demo runs");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("--surge-phase") && err.contains("[0, 1)"),
+            "{err}"
+        );
+    }
 }

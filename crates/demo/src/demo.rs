@@ -2,8 +2,8 @@
 //!
 //! An SQLite rules store in a temporary folder, seeded with [`demo_rules`]; one controller
 //! following it; two zones with an aggregator each; four sidecars (two per zone) in front of one
-//! upstream; and a load generator that offers `shop/checkout` 60/s (below its 100/s global limit)
-//! and then, a quarter into the run, 900/s: 15x the base and 9x the limit. `shop/browse` runs
+//! upstream; and a load generator that offers `shop/checkout` 120/s (below its 200/s global limit)
+//! and then, a quarter into the run, 1,800/s: 15x the base and 9x the limit. `shop/browse` runs
 //! steadily below its limit throughout, and a trickle of direct requests measures the upstream's
 //! own latency.
 
@@ -22,12 +22,12 @@ use crate::summary::{BucketPlan, Summary};
 use crate::view::{Row, View};
 
 /// The surged bucket's limit, and its base and surge rates.
-pub const LIMIT_RPS: f64 = 100.0;
-pub const BASE_RPS: f64 = 60.0;
+pub const LIMIT_RPS: f64 = 200.0;
+pub const BASE_RPS: f64 = 120.0;
 pub const SURGE_FACTOR: f64 = 15.0;
 /// The steady bucket's limit and rate.
-pub const BROWSE_LIMIT_RPS: f64 = 200.0;
-pub const BROWSE_RPS: f64 = 40.0;
+pub const BROWSE_LIMIT_RPS: f64 = 400.0;
+pub const BROWSE_RPS: f64 = 80.0;
 /// Direct requests a second, for the latency baseline.
 const DIRECT_RPS: f64 = 50.0;
 

@@ -25,7 +25,16 @@ pub fn demo(args: DemoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(phase) = args.surge_phase
+        && !(0.0..1.0).contains(&phase)
+    {
+        eprintln!(
+            "spillway demo: --surge-phase {phase} is outside [0, 1): it is how far into its report interval the surge starts, 0.5 being the middle"
+        );
+        return ExitCode::from(2);
+    }
     let mut options = DemoOptions::new(args.seconds);
+    options.surge_phase = args.surge_phase;
     options.out = args.out;
     options.report_interval = Duration::from_millis(args.report_interval_ms.max(10));
     options.terminal = std::io::stderr().is_terminal();
