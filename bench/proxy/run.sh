@@ -21,12 +21,20 @@
 # `delay.rs` beside this script, a relay on 127.0.0.1 that holds each chunk for the delay in
 # each direction before sending it on over the veth. The open-loop rows (direct, spillway not
 # hit, Redis per request) are measured again at the same offered rate, next to each other.
+# Redis shared by a fleet: GRL's Redis served a whole fleet and queued under its load, which an
+# idle Redis behind a constant-delay link does not model. So the same three open-loop rows are
+# measured once more while `fleet.rs` beside this script (std-only, built with rustc -O) sends
+# the networked Redis EVALSHA calls of the same token bucket script from four other connections
+# at FLEET_SHARE (default 0.5) of the capacity it measured just before (its calls per second with
+# 256 pipelined calls in flight per connection), during every row of that table alike, so the
+# CPU the fleet takes from the two cores is the same for all three rows.
 # Requests/s and p50/p99/p99.5 latency are reported as ratios to direct (of the same loop), in
 # Markdown on stdout (paste it into docs/benchmarks.md, section "Proxy"), with G16's goal:
 # spillway's added p99.5 at most 10% of the Redis-per-request added p99.5.
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
-# SPILLWAY_WORKERS sets the proxy's tokio worker threads (default 2, one per core here).
+# SPILLWAY_WORKERS sets the proxy's serving threads (default 2, one per core here).
+# FLEET_SHARE sets the fleet's share of the networked Redis's capacity (default 0.5).
 # LINK_DELAY_US sets the one-way delay to the networked Redis (default 250).
 # Runs as root (network namespaces). Installs wrk, nginx, redis-server, redis-tools and iproute2
 # from Debian when missing; builds spillway in release mode.
@@ -228,6 +236,30 @@ start_spillway "100000000/s" redis
 echo "open loop: redis per request across the link" >&2; N_REDIS=$(paced "$PROXY" "$NET_RATE")
 stop_spillway
 
+# The rest of the fleet on the networked Redis: its capacity first, then the same open-loop rows
+# with the fleet sending FLEET_SHARE of it during each one.
+FLEET_SHARE=${FLEET_SHARE:-0.5}
+rustc --edition 2021 -O "$ROOT/bench/proxy/fleet.rs" -o "$WORK/fleet"
+SHA=$(redis-cli -h "$NS_ADDR" -p 6379 -x SCRIPT LOAD < "$ROOT/crates/redis/src/lua/token_bucket.lua")
+FLEET_CAPACITY=$("$WORK/fleet" "$NS_ADDR:6379" "$SHA" 10000000 3 | awk '/^FLEET/ { print $2 }')
+FLEET_RATE=$(awk -v c="$FLEET_CAPACITY" -v s="$FLEET_SHARE" 'BEGIN { printf "%d", c * s }')
+with_fleet() { # $@: the command to measure while the fleet runs; the fleet's rate goes to stderr
+  "$WORK/fleet" "$NS_ADDR:6379" "$SHA" "$FLEET_RATE" "$(( SECONDS_PER_RUN + 2 ))" > "$WORK/fleet.out" &
+  local fleet=$!
+  sleep 1
+  "$@"
+  wait "$fleet"
+  echo "fleet during that row: $(awk '/^FLEET/ { print $2 }' "$WORK/fleet.out") calls/s" >&2
+}
+echo "open loop at $NET_RATE/s with the fleet at $FLEET_RATE/s ($FLEET_SHARE of $FLEET_CAPACITY/s): direct" >&2
+F_DIRECT=$(with_fleet paced "$UPSTREAM" "$NET_RATE")
+start_spillway "100000000/s" local
+echo "open loop with the fleet: spillway" >&2; F_SPILL=$(with_fleet paced "$PROXY" "$NET_RATE")
+stop_spillway
+start_spillway "100000000/s" redis
+echo "open loop with the fleet: redis per request across the link" >&2; F_REDIS=$(with_fleet paced "$PROXY" "$NET_RATE")
+stop_spillway
+
 row() { # $1: name, $2: result line, $3: the direct line it is compared with
   awk -v name="$1" -v d="$3" -v r="$2" 'BEGIN {
     split(d, D, " "); split(r, R, " ");
@@ -287,3 +319,12 @@ row "spillway proxy, limit not hit" "$N_SPILL" "$N_DIRECT"
 row "spillway proxy, Redis per request across the link (not hit)" "$N_REDIS" "$N_DIRECT"
 echo
 echo "G16, open loop, Redis across the link: $(goal "$N_DIRECT" "$N_SPILL" "$N_REDIS")"
+echo
+echo "Open loop, Redis across the link and serving the rest of a fleet: the fleet sends $FLEET_RATE EVALSHA/s ($FLEET_SHARE of the $FLEET_CAPACITY/s it measured) during every row; paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo
+header
+row "direct (nginx upstream)" "$F_DIRECT" "$F_DIRECT"
+row "spillway proxy, limit not hit" "$F_SPILL" "$F_DIRECT"
+row "spillway proxy, Redis per request across the link, Redis shared with the fleet (not hit)" "$F_REDIS" "$F_DIRECT"
+echo
+echo "G16, open loop, Redis across the link and shared with the fleet: $(goal "$F_DIRECT" "$F_SPILL" "$F_REDIS")"
