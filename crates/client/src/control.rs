@@ -7,7 +7,9 @@
 //! counters of the previous report (the client's counters are monotonic totals) and when each
 //! adaptive share expires. Rules pushed down are validated, swapped in, and written to the
 //! state directory as the last good rules, so a restarted sidecar enforces them before the
-//! control plane answers ([`last_good_rules`]).
+//! control plane answers ([`last_good_rules`]). Between instructions each drop-ratio bucket's
+//! surge guard (`spillway_core::surge`), ticked every 50 ms, holds the host to its part of the
+//! limit when its own load jumps (`control.surge_guard`, on by default).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
