@@ -33,6 +33,7 @@
 # spillway's added p99.5 at most 10% of the Redis-per-request added p99.5.
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
+# ROUNDS sets how many times each comparison is measured (default 3; the tables show medians).
 # SPILLWAY_WORKERS sets the proxy's serving threads (default 2, one per core here).
 # FLEET_SHARE sets the fleet's share of the networked Redis's capacity (default 0.5).
 # LINK_DELAY_US sets the one-way delay to the networked Redis (default 250).
@@ -41,6 +42,7 @@
 set -euo pipefail
 
 SECONDS_PER_RUN=${1:-10}
+ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${2:-32}
 THREADS=2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -166,11 +168,30 @@ paced() { # $1: port, $2: rate
   "$PACED" "http://127.0.0.1:$1/" "$2" "$SECONDS_PER_RUN" "$CONNECTIONS" | awk '/^RESULT/ { $1=""; print }'
 }
 
-echo "closed loop: direct" >&2;          DIRECT=$(measure "$UPSTREAM")
-echo "closed loop: nginx limit_req" >&2; NGINX_R=$(measure "$NGINX_PROXY")
-start_spillway "100000000/s" local
-echo "closed loop: spillway" >&2;        SPILL=$(measure "$PROXY")
-stop_spillway
+# Every comparison is measured ROUNDS times, its rows interleaved within each round, and each
+# table shows the field-wise median over the rounds (each figure the middle one of its rounds):
+# the two cores are shared, so one stall moves one row of one round by milliseconds. Each
+# round's own verdict is printed after the tables.
+median() { # $@: result lines -> one line of field-wise medians
+  local n=$# f out=""
+  for f in 1 2 3 4 5 6; do
+    out="$out $(printf '%s\n' "$@" | awk -v f="$f" '{ print $f }' | sort -g | awk -v m=$(( (n + 1) / 2 )) 'NR == m')"
+  done
+  echo $out
+}
+NOTES=()
+D_R=(); N_R=(); S_R=()
+for r in $(seq "$ROUNDS"); do
+  echo "closed loop, round $r: direct" >&2;          D_R+=("$(measure "$UPSTREAM")")
+  echo "closed loop, round $r: nginx limit_req" >&2; N_R+=("$(measure "$NGINX_PROXY")")
+  start_spillway "100000000/s" local
+  echo "closed loop, round $r: spillway" >&2;        S_R+=("$(measure "$PROXY")")
+  stop_spillway
+  NOTES+=("closed loop, round $r: $(awk -v d="${D_R[-1]}" -v n="${N_R[-1]}" -v s="${S_R[-1]}" 'BEGIN {
+    split(d, D, " "); split(n, N, " "); split(s, S, " ");
+    printf "direct %.0f/s; nginx %.2fx, spillway %.2fx of direct: spillway at %.2fx of nginx", D[1], N[1] / D[1], S[1] / D[1], S[1] / N[1] }')")
+done
+DIRECT=$(median "${D_R[@]}"); NGINX_R=$(median "${N_R[@]}"); SPILL=$(median "${S_R[@]}")
 start_spillway "100000000/s" redis
 echo "closed loop: redis per request" >&2; REDIS_R=$(measure "$PROXY")
 stop_spillway
@@ -180,13 +201,35 @@ RATE=$(echo "$REDIS_R" | awk '{ printf "%d", int($1 / 2 / 1000) * 1000 }')
 LIMIT=$(awk -v r="$RATE" 'BEGIN { printf "%d/s", r / 1.5 }')
 # A tenth of a second of tokens, so the full bucket at the start hardly dents the 33% to drop.
 BURST=$(awk -v r="$RATE" 'BEGIN { printf "%d", r / 15 }')
-echo "open loop at $RATE/s: direct" >&2; P_DIRECT=$(paced "$UPSTREAM" "$RATE")
-start_spillway "100000000/s" local
-echo "open loop: spillway" >&2;          P_SPILL=$(paced "$PROXY" "$RATE")
-stop_spillway
-start_spillway "100000000/s" redis
-echo "open loop: redis per request" >&2; P_REDIS=$(paced "$PROXY" "$RATE")
-stop_spillway
+open_rounds() { # $1: rate, $2: which table, $3: a wrapper for paced (with_fleet) or ""
+  local r d s x
+  OD=(); OS=(); OR=()
+  for r in $(seq "$ROUNDS"); do
+    echo "open loop at $1/s ($2), round $r: direct" >&2; d=$(${3:-} paced "$UPSTREAM" "$1")
+    start_spillway "100000000/s" local
+    echo "open loop ($2), round $r: spillway" >&2; s=$(${3:-} paced "$PROXY" "$1")
+    stop_spillway
+    start_spillway "100000000/s" redis
+    echo "open loop ($2), round $r: redis per request" >&2; x=$(${3:-} paced "$PROXY" "$1")
+    stop_spillway
+    OD+=("$d"); OS+=("$s"); OR+=("$x")
+    NOTES+=("open loop ($2), round $r: $(goal "$d" "$s" "$x")")
+  done
+}
+goal() { # $1: direct, $2: spillway, $3: redis per request
+  awk -v d="$1" -v s="$2" -v r="$3" 'BEGIN {
+    split(d, D, " "); split(s, S, " "); split(r, R, " ");
+    sa = (S[4] - D[4]) / 1000; ra = (R[4] - D[4]) / 1000;
+    share = (ra > 0) ? 100 * sa / ra : 0;
+    verdict = (ra <= 0) ? "no verdict, the Redis row came out below direct" \
+      : (sa < 0) ? "met, but only as noise: spillway came out below direct" \
+      : (sa <= 0.1 * ra) ? "met" : "not met";
+    printf "added p99.5: spillway %.2f ms, Redis per request %.2f ms: %.0f%% (goal at most 10%%: %s)\n",
+      sa, ra, share, verdict
+  }'
+}
+open_rounds "$RATE" "Redis on loopback" ""
+P_DIRECT=$(median "${OD[@]}"); P_SPILL=$(median "${OS[@]}"); P_REDIS=$(median "${OR[@]}")
 start_spillway "$LIMIT" local "$BURST"
 echo "open loop: spillway at 1.5x ($LIMIT)" >&2; P_OVER=$(paced "$PROXY" "$RATE")
 stop_spillway
@@ -228,13 +271,8 @@ echo "closed loop: redis per request across the link" >&2; NET_REDIS_R=$(measure
 stop_spillway
 # The same offered rate as on loopback, unless the networked baseline carries less than twice it.
 NET_RATE=$(echo "$NET_REDIS_R" | awk -v r="$RATE" '{ h = int($1 / 2 / 1000) * 1000; printf "%d", h < r ? h : r }')
-echo "open loop at $NET_RATE/s, Redis across the link: direct" >&2; N_DIRECT=$(paced "$UPSTREAM" "$NET_RATE")
-start_spillway "100000000/s" local
-echo "open loop: spillway" >&2;          N_SPILL=$(paced "$PROXY" "$NET_RATE")
-stop_spillway
-start_spillway "100000000/s" redis
-echo "open loop: redis per request across the link" >&2; N_REDIS=$(paced "$PROXY" "$NET_RATE")
-stop_spillway
+open_rounds "$NET_RATE" "Redis across the link" ""
+N_DIRECT=$(median "${OD[@]}"); N_SPILL=$(median "${OS[@]}"); N_REDIS=$(median "${OR[@]}")
 
 # The rest of the fleet on the networked Redis: its capacity first, then the same open-loop rows
 # with the fleet sending FLEET_SHARE of it during each one.
@@ -251,14 +289,9 @@ with_fleet() { # $@: the command to measure while the fleet runs; the fleet's ra
   wait "$fleet"
   echo "fleet during that row: $(awk '/^FLEET/ { print $2 }' "$WORK/fleet.out") calls/s" >&2
 }
-echo "open loop at $NET_RATE/s with the fleet at $FLEET_RATE/s ($FLEET_SHARE of $FLEET_CAPACITY/s): direct" >&2
-F_DIRECT=$(with_fleet paced "$UPSTREAM" "$NET_RATE")
-start_spillway "100000000/s" local
-echo "open loop with the fleet: spillway" >&2; F_SPILL=$(with_fleet paced "$PROXY" "$NET_RATE")
-stop_spillway
-start_spillway "100000000/s" redis
-echo "open loop with the fleet: redis per request across the link" >&2; F_REDIS=$(with_fleet paced "$PROXY" "$NET_RATE")
-stop_spillway
+echo "the fleet: $FLEET_RATE/s ($FLEET_SHARE of $FLEET_CAPACITY/s)" >&2
+open_rounds "$NET_RATE" "Redis across the link, shared with the fleet" with_fleet
+F_DIRECT=$(median "${OD[@]}"); F_SPILL=$(median "${OS[@]}"); F_REDIS=$(median "${OR[@]}")
 
 row() { # $1: name, $2: result line, $3: the direct line it is compared with
   awk -v name="$1" -v d="$3" -v r="$2" 'BEGIN {
@@ -269,21 +302,11 @@ row() { # $1: name, $2: result line, $3: the direct line it is compared with
       R[4] / 1000, R[4] / D[4], dropped
   }'
 }
-goal() { # $1: direct, $2: spillway, $3: redis per request
-  awk -v d="$1" -v s="$2" -v r="$3" 'BEGIN {
-    split(d, D, " "); split(s, S, " "); split(r, R, " ");
-    sa = (S[4] - D[4]) / 1000; ra = (R[4] - D[4]) / 1000;
-    share = (ra > 0) ? 100 * sa / ra : 0;
-    verdict = (ra > 0 && sa <= 0.1 * ra) ? "met" : "not met";
-    printf "added p99.5: spillway %.2f ms, Redis per request %.2f ms: %.0f%% (goal at most 10%%: %s)\n",
-      sa, ra, share, verdict
-  }'
-}
 header() {
   echo "| path | requests/s | vs direct | p50 | p99 | p99.5 | 429s |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 }
-echo "Closed loop: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, one run, $(nproc) cores"
+echo "Closed loop: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, $(nproc) cores; direct, nginx and spillway: medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$DIRECT" "$DIRECT"
@@ -293,7 +316,7 @@ row "spillway proxy, Redis per request (store: redis, not hit)" "$REDIS_R" "$DIR
 echo
 echo "G16, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
 echo
-echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; the first three rows: medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$P_DIRECT" "$P_DIRECT"
@@ -311,7 +334,7 @@ echo
 header
 row "spillway proxy, Redis per request across the link (not hit)" "$NET_REDIS_R" "$DIRECT"
 echo
-echo "Open loop, Redis across the link: paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo "Open loop, Redis across the link: paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$N_DIRECT" "$N_DIRECT"
@@ -320,7 +343,7 @@ row "spillway proxy, Redis per request across the link (not hit)" "$N_REDIS" "$N
 echo
 echo "G16, open loop, Redis across the link: $(goal "$N_DIRECT" "$N_SPILL" "$N_REDIS")"
 echo
-echo "Open loop, Redis across the link and serving the rest of a fleet: the fleet sends $FLEET_RATE EVALSHA/s ($FLEET_SHARE of the $FLEET_CAPACITY/s it measured) during every row; paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections"
+echo "Open loop, Redis across the link and serving the rest of a fleet: the fleet sends $FLEET_RATE EVALSHA/s ($FLEET_SHARE of the $FLEET_CAPACITY/s it measured) during every row; paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$F_DIRECT" "$F_DIRECT"
@@ -328,3 +351,7 @@ row "spillway proxy, limit not hit" "$F_SPILL" "$F_DIRECT"
 row "spillway proxy, Redis per request across the link, Redis shared with the fleet (not hit)" "$F_REDIS" "$F_DIRECT"
 echo
 echo "G16, open loop, Redis across the link and shared with the fleet: $(goal "$F_DIRECT" "$F_SPILL" "$F_REDIS")"
+echo
+echo "Each round (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo
+for note in "${NOTES[@]}"; do echo "- $note"; done
