@@ -296,5 +296,41 @@ fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+
+    // A rule this proxy cannot enforce: `store: redis`, and the proxy's own file names no Redis
+    // (the applied file needs one to validate; the store keeps rules, not connections). The
+    // proxy refuses every rule set that holds it and keeps the rules in force (none), so the
+    // rule applied beside it waits too, until the first is deleted.
+    let both = dir.path().join("both.yaml");
+    std::fs::write(
+        &both,
+        "version: 1\nredis: { url: redis://127.0.0.1:1 }\nservices:\n  vault:\n    buckets:\n      - { name: exact, match: { procedure: /orders }, limit: 1/h, algorithm: token-bucket, store: redis }\n  shop:\n    buckets:\n      - { name: other, match: { procedure: /other }, limit: 1/h, algorithm: token-bucket }\n",
+    )
+    .unwrap();
+    let applied = server.client(Some(&admin), &["apply", "-f", both.to_str().unwrap()]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    // Propagation takes milliseconds (above); a second is ample for a change that would land.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        (0..5).all(|_| status("/orders") == 200 && status("/other") == 200),
+        "a rule set the proxy cannot enforce changed nothing"
+    );
+    let listed = stdout(&server.client(Some(&admin), &["list"]));
+    let exact = listed
+        .lines()
+        .find(|line| line.contains("exact"))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the exact rule is listed:\n{listed}"))
+        .to_owned();
+    let deleted = server.client(Some(&admin), &["delete", &exact]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("/other") != 429 {
+        assert!(
+            Instant::now() < deadline,
+            "the proxy stopped following the store after refusing a rule set"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(proxy.terminate().code(), Some(0));
 }

@@ -30,6 +30,12 @@ pub enum ClientError {
     /// The `redis` section names a server that cannot be addressed.
     #[error("redis: {0}")]
     Redis(#[source] StoreError),
+    /// A `store: redis` bucket arrived (from a rules store merged into the proxy's own file)
+    /// while the configuration has no `redis` section to decide it with.
+    #[error(
+        "service {service}, bucket {bucket}: store: redis needs a top-level `redis` section in this proxy's configuration, like `redis: {{ url: redis://127.0.0.1:6379 }}`"
+    )]
+    NoRedis { service: String, bucket: String },
 }
 
 /// Why an instruction from the control plane was not applied.

@@ -207,6 +207,19 @@ impl Rules {
         max_subjects: usize,
     ) -> Result<Self, ClientError> {
         let store = ExactStore::for_config(&config, previous.and_then(|p| p.store.as_ref()))?;
+        if store.is_none()
+            && let Some((service, bucket)) = config
+                .services
+                .iter()
+                .flat_map(|s| s.buckets.iter().map(move |b| (s, b)))
+                .find(|(_, b)| b.store == Store::Redis)
+        {
+            // A validated file cannot get here; rules merged from a store into a file can.
+            return Err(ClientError::NoRedis {
+                service: service.name.clone(),
+                bucket: bucket.name.clone(),
+            });
+        }
         let mut buckets = Vec::new();
         for service in &config.services {
             let service_name: Arc<str> = service.name.as_str().into();

@@ -166,3 +166,27 @@ fn a_broken_reload_keeps_the_rules_in_force() {
     assert!(!c.decide(&search(), &NoHeaders).forwards());
     assert_eq!(c.rules().version(), 1);
 }
+
+#[test]
+fn a_redis_bucket_without_a_redis_section_is_refused_and_the_rules_in_force_stay() {
+    // What a proxy following a rules store can be handed: the store's `store: redis` rule merged
+    // into a file that names no Redis. Compiled anyway, the bucket would admit everything.
+    let (c, _) = client(
+        "version: 1\nservices:\n  api:\n    buckets:\n      - { name: local, limit: 1/h, algorithm: token-bucket }\n",
+    );
+    let mut merged = load_str(
+        "version: 1\nredis: { url: redis://127.0.0.1:1 }\nservices:\n  api:\n    buckets:\n      - { name: exact, limit: 1/h, algorithm: token-bucket, store: redis }\n",
+        "store.yaml",
+    )
+    .unwrap();
+    merged.redis = None;
+    let err = c.reload(merged).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("service api, bucket exact: store: redis needs a top-level `redis` section"),
+        "{err}"
+    );
+    assert_eq!(c.rules().buckets()[0].name(), "local", "the old rules stay");
+    assert!(c.decide(&search(), &NoHeaders).forwards());
+    assert!(!c.decide(&search(), &NoHeaders).forwards());
+}
