@@ -194,16 +194,7 @@ impl Controller {
 
     /// Stops accepting, ends every stream and waits (at most 5 s) for the tasks.
     pub async fn shutdown(self) {
-        self.stop.send_replace(true);
-        for task in self.tasks {
-            let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
-        }
+        net::stop_and_join(&self.stop, self.tasks).await;
     }
 }
 

@@ -11,6 +11,21 @@ use tonic::transport::server::{Router, TcpIncoming};
 
 use crate::error::ControlError;
 
+/// How long a tier's tasks get to finish after its stop signal before they are aborted.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Fires `stop` and waits for each of `tasks`, aborting one that is still running
+/// [`SHUTDOWN_GRACE`] later: how an aggregator and a controller shut down.
+pub async fn stop_and_join(stop: &watch::Sender<bool>, tasks: Vec<JoinHandle<()>>) {
+    stop.send_replace(true);
+    for task in tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
 /// How long a connection attempt may take before it counts as a failure.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
