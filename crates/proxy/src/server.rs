@@ -284,7 +284,8 @@ struct Accepted {
 }
 
 /// What one worker's connections share: the engine and counters of the whole proxy, and the
-/// worker's own upstream pools, so its requests never wait on another thread's.
+/// worker's own HTTP/2 upstream pool, so its requests never wait on another thread's (HTTP/1.1
+/// requests go over their downstream connection's own upstream connection, [`Link`]).
 struct Worker {
     shared: Arc<Shared>,
     upstream: Upstream,
