@@ -1,5 +1,6 @@
-//! The admin listener of aggregators and controllers: `/healthz`, `/readyz`, `/metrics`
-//! (Prometheus text) and, on a controller, `/v1/hosts` (which host runs which rules version).
+//! The admin listener of every long-running role (sidecar, aggregator, controller):
+//! `/healthz`, `/readyz`, `/metrics` (Prometheus text) and, on a controller, `/v1/hosts` (which
+//! host runs which rules version). Each role says what it shows through an [`AdminView`].
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,13 +21,19 @@ use crate::error::ControlError;
 use crate::net::Stop;
 
 /// What a component shows on its admin listener.
-pub(crate) trait AdminView: Send + Sync + 'static {
+pub trait AdminView: Send + Sync + 'static {
     /// `Ok(detail)` when ready to serve, `Err(why not)` otherwise.
     fn ready(&self) -> Result<String, String>;
     /// The Prometheus text exposition.
     fn metrics(&self) -> String;
     /// A JSON document for another path, if the component serves one there.
-    fn json(&self, path: &str) -> Option<String>;
+    fn json(&self, _path: &str) -> Option<String> {
+        None
+    }
+    /// The paths [`AdminView::json`] serves, named in the answer to an unknown path.
+    fn json_paths(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// Serves the admin endpoints on `addr` when one is given, adding the task to `tasks`; returns
@@ -47,7 +54,7 @@ pub(crate) async fn start_if(
 async fn start(
     addr: SocketAddr,
     view: Arc<dyn AdminView>,
-    mut stop: Stop,
+    stop: Stop,
 ) -> Result<(SocketAddr, JoinHandle<()>), ControlError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -55,24 +62,26 @@ async fn start(
     let local = listener
         .local_addr()
         .map_err(|source| ControlError::Bind { addr, source })?;
-    let task = tokio::spawn(async move {
-        loop {
-            let stream = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(_) => continue,
-                },
-                _ = stop.changed() => return,
-            };
+    Ok((local, tokio::spawn(serve(listener, view, stop))))
+}
+
+/// Serves the admin endpoints of `view` on `listener` (HTTP/1.1) until `stop` fires.
+pub async fn serve(listener: TcpListener, view: Arc<dyn AdminView>, mut stop: Stop) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            _ = stop.changed() => return,
+        };
+        let view = view.clone();
+        let service = service_fn(move |request| {
             let view = view.clone();
-            let service = service_fn(move |request| {
-                let view = view.clone();
-                async move { Ok::<_, Infallible>(route(view.as_ref(), &request)) }
-            });
-            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
-        }
-    });
-    Ok((local, task))
+            async move { Ok::<_, Infallible>(route(view.as_ref(), &request)) }
+        });
+        tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+    }
 }
 
 fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Bytes>> {
@@ -108,11 +117,15 @@ fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Byt
         ),
         path => match view.json(path) {
             Some(body) => answer(StatusCode::OK, body, "application/json"),
-            None => answer(
-                StatusCode::NOT_FOUND,
-                "not found; try /healthz, /readyz, /metrics or /v1/hosts\n".into(),
-                "text/plain",
-            ),
+            None => {
+                let mut paths = vec!["/healthz", "/readyz", "/metrics"];
+                paths.extend_from_slice(view.json_paths());
+                answer(
+                    StatusCode::NOT_FOUND,
+                    format!("not found; try {}\n", paths.join(", ")),
+                    "text/plain",
+                )
+            }
         },
     }
 }

@@ -501,10 +501,6 @@ impl AdminView for Zone {
         let _ = encode(&mut out, &registry);
         out
     }
-
-    fn json(&self, _path: &str) -> Option<String> {
-        None
-    }
 }
 
 struct Service {

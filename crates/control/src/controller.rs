@@ -735,6 +735,10 @@ impl AdminView for Region {
         out
     }
 
+    fn json_paths(&self) -> &'static [&'static str] {
+        &["/v1/hosts"]
+    }
+
     fn json(&self, path: &str) -> Option<String> {
         if path != "/v1/hosts" {
             return None;

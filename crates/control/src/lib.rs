@@ -12,7 +12,7 @@
 //! network round trip after the interval in which the load arrived.
 #![forbid(unsafe_code)]
 
-mod admin;
+pub mod admin;
 pub mod aggregator;
 pub mod controller;
 mod error;

@@ -4,25 +4,15 @@
 //! path keeps its striped counters and nothing is kept twice. Labels are the service and bucket
 //! names of the configuration only: per-subject buckets never turn subjects into label values.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use spillway_control::admin::AdminView;
 
 use spillway_client::control::control_plane_live;
 
@@ -30,66 +20,17 @@ use crate::server::Shared;
 
 type Labels = Vec<(&'static str, String)>;
 
-pub(crate) async fn serve(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-            _ = stopped.changed() => return,
-        };
-        let shared = shared.clone();
-        let service = service_fn(move |request| {
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(route(&shared, &request)) }
-        });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        tokio::spawn(connection);
-    }
-}
+/// The proxy as its admin listener shows it (`spillway_control::admin` serves it).
+pub(crate) struct ProxyView(pub(crate) Arc<Shared>);
 
-fn route(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: String, content_type: &'static str| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        response
-    };
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "use GET\n".into(),
-            "text/plain",
-        );
+impl AdminView for ProxyView {
+    /// Standalone, the rules are loaded before the listener opens, so serving means ready.
+    fn ready(&self) -> Result<String, String> {
+        Ok(format!("rules version {}", self.0.client.rules().version()))
     }
-    match request.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
-        // Standalone, the rules are loaded before the listener opens, so serving means ready.
-        "/readyz" => text(
-            StatusCode::OK,
-            format!("ready: rules version {}\n", shared.client.rules().version()),
-            "text/plain",
-        ),
-        "/metrics" => text(
-            StatusCode::OK,
-            metrics(shared),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-        _ => text(
-            StatusCode::NOT_FOUND,
-            "not found; try /healthz, /readyz or /metrics\n".into(),
-            "text/plain",
-        ),
+
+    fn metrics(&self) -> String {
+        metrics(&self.0)
     }
 }
 

@@ -187,9 +187,9 @@ impl Proxy {
         }
         tasks.push(tokio::spawn(accept(listener, inboxes, stopped.clone())));
         if let Some(admin) = admin {
-            tasks.push(tokio::spawn(crate::admin::serve(
+            tasks.push(tokio::spawn(spillway_control::admin::serve(
                 admin,
-                shared.clone(),
+                Arc::new(crate::admin::ProxyView(shared.clone())),
                 stopped,
             )));
         }
