@@ -326,7 +326,10 @@ impl RegionCore {
             sums: BTreeMap::new(),
         });
         peer.last_heard_ms = now_ms;
-        if sums.interval_ms == interval.ms() {
+        // Sums of intervals the clock has not reached are bogus; kept, they would push the
+        // peer's real ones out of its window.
+        let current = interval.sequence_at(now_ms);
+        if sums.interval_ms == interval.ms() && sums.sequence <= current.saturating_add(1) {
             peer.sums
                 .insert(sums.sequence, Sums::from_wire(&sums.buckets));
             while peer.sums.len() as u64 > keep {

@@ -152,6 +152,12 @@ impl Sums {
     }
 }
 
+/// How far past the last closed interval a report may be: 16 intervals. In normal operation a
+/// report is one or two ahead (the interval that just ended, while the one before waits out its
+/// grace); a sequence further ahead comes from a broken or hostile sender, and accepting it would
+/// hold an open interval (and its memory) that nothing ever closes.
+pub const MAX_AHEAD: u64 = 16;
+
 /// Open intervals and what has arrived for each, from a set of members (an aggregator's hosts, a
 /// controller's zones): the rule both tiers use to decide when an interval is closed.
 ///
@@ -187,10 +193,18 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         self.closed_through
     }
 
+    /// How many intervals are open (at most [`MAX_AHEAD`] plus the one the clock says ended).
+    pub fn open(&self) -> usize {
+        self.pending.len()
+    }
+
     /// The payload of interval `sequence` for `member` to add into, or `None` when the interval
-    /// is already closed (the report is late).
+    /// is already closed (the report is late) or more than [`MAX_AHEAD`] past the last closed one
+    /// (the report is bogus).
     pub fn accept(&mut self, sequence: u64, member: K) -> Option<&mut P> {
-        if sequence <= self.closed_through {
+        if sequence <= self.closed_through
+            || sequence > self.closed_through.saturating_add(MAX_AHEAD)
+        {
             return None;
         }
         let (payload, reported) = self.pending.entry(sequence).or_default();
@@ -387,5 +401,9 @@ mod tests {
             vec![(9, 0, 0)]
         );
         assert_eq!(open.closed_through(), 9);
+        // A sequence far ahead is refused rather than held open forever.
+        assert!(open.accept(9 + MAX_AHEAD + 1, "a").is_none());
+        assert!(open.accept(u64::MAX, "a").is_none());
+        assert!(open.accept(9 + MAX_AHEAD, "a").is_some());
     }
 }
