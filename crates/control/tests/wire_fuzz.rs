@@ -1,5 +1,5 @@
-//! Wire messages from broken or hostile senders: whatever counts, sequences, intervals and
-//! names arrive, the aggregator's and the controller's bookkeeping neither panics nor grows
+//! Wire messages from broken or hostile senders: whatever counts, sequences and names
+//! arrive, the aggregator's and the controller's bookkeeping neither panics nor grows
 //! without bound, and what goes back down is a probability and a finite load.
 
 use std::collections::HashMap;
@@ -60,13 +60,9 @@ proptest! {
             if let Some(sums) = window.accept(seq, format!("h{host}")) {
                 sums.add_wire(&buckets);
             }
-            for (sequence, sums, _) in window.close_ready(now_ms, interval, 250, members.iter()) {
+            for (sequence, _, _) in window.close_ready(now_ms, interval, 250, members.iter()) {
                 prop_assert!(sequence > last_closed, "intervals close in order");
                 last_closed = sequence;
-                // Counts saturate rather than wrap.
-                for counts in sums.0.values() {
-                    prop_assert!(counts.allowed <= u64::MAX);
-                }
             }
             prop_assert!(window.open() as u64 <= MAX_AHEAD + 1, "{} open", window.open());
         }
