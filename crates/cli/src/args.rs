@@ -301,4 +301,8 @@ pub struct SimArgs {
     /// Simulated seconds to run (default: the scenario's own length).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Drop-ratio hosts wait for the control plane instead of correcting a surge of their own
+    /// between instructions (`control.surge_guard: false`).
+    #[arg(long)]
+    pub no_surge_guard: bool,
 }

@@ -30,7 +30,10 @@ pub fn sim(args: SimArgs) -> ExitCode {
     let mut scenarios = Vec::new();
     for name in names {
         match Scenario::named(name, args.duration) {
-            Ok(s) => scenarios.push(s),
+            Ok(mut s) => {
+                s.surge_guard = !args.no_surge_guard;
+                scenarios.push(s);
+            }
             Err(err) => return usage(&err),
         }
     }

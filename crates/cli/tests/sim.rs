@@ -1,0 +1,43 @@
+//! `spillway sim` as a process: the table it prints, with and without the surge guard.
+
+use std::process::Command;
+
+const SPILLWAY: &str = env!("CARGO_BIN_EXE_spillway");
+
+/// The wrongful drops of drop-ratio in `host-burst`, from the printed table.
+fn host_burst_wrongful_drops(extra: &[&str]) -> u64 {
+    let output = Command::new(SPILLWAY)
+        .args([
+            "sim",
+            "--scenario",
+            "host-burst",
+            "--algorithm",
+            "drop-ratio",
+        ])
+        .args(["--duration", "35", "--seed", "3"])
+        .args(extra)
+        .output()
+        .expect("spillway sim runs");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| drop-ratio |"))
+        .unwrap_or_else(|| panic!("a drop-ratio row:\n{table}"));
+    // | algorithm | delay | error | overshoot | Jain | wrongful drops | ...
+    row.split('|').nth(6).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn a_lone_hosts_burst_is_dropped_only_with_the_surge_guard() {
+    // Host 0 adds 50 times its load while the fleet is at 60% of the limit: its guard holds it
+    // to its part until an instruction has counted the burst; without the guard nothing drops.
+    let guarded = host_burst_wrongful_drops(&[]);
+    let unguarded = host_burst_wrongful_drops(&["--no-surge-guard"]);
+    assert!(guarded > 1_000, "{guarded} wrongful drops with the guard");
+    assert_eq!(unguarded, 0);
+}
