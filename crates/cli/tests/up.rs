@@ -94,6 +94,7 @@ fn up_runs_a_linked_node_that_forwards_and_stops_on_sigterm() {
     let forwarded = get(ports[0], "/hello");
     let rules = get(ports[2], "/healthz");
     let hosts = get(ports[4], "/v1/hosts");
+    let dashboard = get(ports[4], "/");
     let aggregator = get(ports[6], "/healthz");
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -124,9 +125,19 @@ fn up_runs_a_linked_node_that_forwards_and_stops_on_sigterm() {
         "the controller knows the sidecar: {hosts}"
     );
     assert_eq!(aggregator.map(|a| a.0), Some(200));
+    let (status_code, page) = dashboard.expect("the controller's admin answers on /");
+    assert_eq!(status_code, 200);
+    assert!(
+        page.contains("<title>spillway controller</title>"),
+        "{page}"
+    );
     assert!(
         stdout.contains("admin token (shown once): spw_"),
         "a fresh store prints an admin token: {stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("dashboard: http://127.0.0.1:{}/", ports[4])),
+        "the dashboard's address is printed: {stdout}"
     );
     assert_eq!(status.map(|s| s.success()), Some(true), "exit 0 on SIGTERM");
 }

@@ -1,6 +1,7 @@
 //! The admin listener of every long-running role (sidecar, aggregator, controller):
 //! `/healthz`, `/readyz`, `/metrics` (Prometheus text) and, on a controller, `/v1/hosts` (which
-//! host runs which rules version). Each role says what it shows through an [`AdminView`].
+//! host runs which rules version), `/v1/buckets` (limit, offered load and drop ratio of each
+//! bucket) and a live dashboard on `/`. Each role says what it shows through an [`AdminView`].
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -33,6 +34,10 @@ pub trait AdminView: Send + Sync + 'static {
     /// The paths [`AdminView::json`] serves, named in the answer to an unknown path.
     fn json_paths(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// An HTML page of live state, served on `/`, if the component has one.
+    fn dashboard(&self) -> Option<&'static str> {
+        None
     }
 }
 
@@ -101,6 +106,11 @@ fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Byt
         );
     }
     match request.uri().path() {
+        "/" if view.dashboard().is_some() => answer(
+            StatusCode::OK,
+            view.dashboard().unwrap_or_default().to_owned(),
+            "text/html; charset=utf-8",
+        ),
         "/healthz" => answer(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" => match view.ready() {
             Ok(detail) => answer(StatusCode::OK, format!("ready: {detail}\n"), "text/plain"),
@@ -120,6 +130,9 @@ fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Byt
             None => {
                 let mut paths = vec!["/healthz", "/readyz", "/metrics"];
                 paths.extend_from_slice(view.json_paths());
+                if view.dashboard().is_some() {
+                    paths.push("/ (the dashboard)");
+                }
                 answer(
                     StatusCode::NOT_FOUND,
                     format!("not found; try {}\n", paths.join(", ")),

@@ -739,13 +739,61 @@ impl AdminView for Region {
     }
 
     fn json_paths(&self) -> &'static [&'static str] {
-        &["/v1/hosts"]
+        &["/v1/hosts", "/v1/buckets"]
+    }
+
+    fn dashboard(&self) -> Option<&'static str> {
+        Some(DASHBOARD)
     }
 
     fn json(&self, path: &str) -> Option<String> {
-        if path != "/v1/hosts" {
-            return None;
+        match path {
+            "/v1/hosts" => Some(self.hosts_json()),
+            "/v1/buckets" => Some(self.buckets_json()),
+            _ => None,
         }
+    }
+}
+
+/// The live page on `/` of a controller's admin listener: its buckets (limit, offered, drop
+/// ratio, two minutes of history drawn in the page) and which host runs which rules version,
+/// from `/v1/buckets` and `/v1/hosts`, refreshed every second.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+impl Region {
+    /// `/v1/buckets`: every control-plane bucket as last computed, in configuration order.
+    fn buckets_json(&self) -> String {
+        let state = self.lock();
+        let view = state.core.view();
+        let interval = Interval::new(state.rules.config.control.report_interval);
+        let buckets: Vec<serde_json::Value> = state
+            .rules
+            .config
+            .buckets()
+            .filter_map(|(service, bucket)| {
+                let key = BucketKey::new(&service.name, &bucket.name);
+                let v = view.get(&key)?;
+                Some(serde_json::json!({
+                    "service": key.service,
+                    "bucket": key.bucket,
+                    "scope": format!("{:?}", bucket.scope).to_lowercase(),
+                    "limit_rps": v.limit_rps,
+                    "offered_rps": v.observed_rps,
+                    "drop_ratio": v.drop_ratio,
+                }))
+            })
+            .collect();
+        serde_json::json!({
+            "region": self.region,
+            "rules_version": state.rules.version,
+            "interval_ms": interval.ms(),
+            "buckets": buckets,
+        })
+        .to_string()
+    }
+
+    /// `/v1/hosts`: which host runs which rules version, and whether all run the current one.
+    fn hosts_json(&self) -> String {
         let version = self.lock().rules.version;
         let hosts = self.hosts();
         let converged = hosts.iter().all(|h| h.rules_version == version);
@@ -758,15 +806,13 @@ impl AdminView for Region {
                 )
             })
             .collect();
-        Some(
-            serde_json::json!({
-                "region": self.region,
-                "rules_version": version,
-                "converged": converged,
-                "hosts": map,
-            })
-            .to_string(),
-        )
+        serde_json::json!({
+            "region": self.region,
+            "rules_version": version,
+            "converged": converged,
+            "hosts": map,
+        })
+        .to_string()
     }
 }
 

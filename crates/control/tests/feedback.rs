@@ -65,6 +65,28 @@ async fn a_global_bucket_at_one_and_a_half_times_its_limit_drops_a_third_everywh
         assert!(close(view.observed_rps, 1.5 * L, 0.05 * L), "{view:?}");
         assert!(close(view.drop_ratio, 1.0 / 3.0, 0.03), "{view:?}");
     }
+    // What the dashboard shows: /v1/buckets, and the page on / that polls it.
+    let admin = fleet.controller_of(0).admin_addr().unwrap();
+    let (status, body) = get(admin, "/v1/buckets").await;
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let bucket = &doc["buckets"][0];
+    assert_eq!(bucket["service"], "api");
+    assert_eq!(bucket["bucket"], "global");
+    assert_eq!(bucket["scope"], "global");
+    assert_eq!(bucket["limit_rps"], 1000.0);
+    assert!(
+        close(bucket["drop_ratio"].as_f64().unwrap(), 1.0 / 3.0, 0.03),
+        "{doc}"
+    );
+    assert!(
+        close(bucket["offered_rps"].as_f64().unwrap(), 1.5 * L, 0.05 * L),
+        "{doc}"
+    );
+    assert_eq!(doc["interval_ms"], 200);
+    let (status, page) = get(admin, "/").await;
+    assert_eq!(status, 200);
+    assert!(page.starts_with("<!doctype html>") && page.contains("fetch('/v1/buckets')"));
     fleet.shutdown().await;
 }
 

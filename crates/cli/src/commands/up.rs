@@ -51,6 +51,9 @@ pub fn up(args: UpArgs) -> ExitCode {
             node.controller.local_addr(),
             node.aggregator.local_addr(),
         );
+        if let Some(admin) = node.controller.admin_addr() {
+            println!("dashboard: http://{admin}/");
+        }
         super::stop_signal().await;
         tracing::info!("stopping: draining the sidecar, then the control plane and the rules service");
         node.shutdown().await;
