@@ -96,6 +96,9 @@ pub struct BucketView {
     pub observed_rps: f64,
     /// The ratio sent (for a zone-scoped bucket, the highest of its zones).
     pub drop_ratio: f64,
+    /// What the hosts admitted over the same scope and interval, per second (after their ratios
+    /// and surge guards).
+    pub admitted_rps: f64,
 }
 
 /// A host as the controller knows it from its aggregators.
@@ -457,10 +460,12 @@ impl RegionCore {
             match bucket.scope {
                 Scope::Zone => {
                     let mut observed = 0.0;
+                    let mut admitted = 0.0;
                     let mut highest: f64 = 0.0;
                     for (zone, sums) in zone_sums {
                         let counts = sums.counts(&key);
                         let offered = counts.offered as f64 / secs;
+                        admitted += counts.allowed as f64 / secs;
                         let rise = counts.offered_for_rise() as f64 / secs;
                         let ratio = smoother(Some(zone), target_drop(limit, rise));
                         instruction(zone, ratio, 1.0, offered, counts.hosts);
@@ -473,6 +478,7 @@ impl RegionCore {
                             limit_rps: limit,
                             observed_rps: observed,
                             drop_ratio: highest,
+                            admitted_rps: admitted,
                         },
                     );
                 }
@@ -498,6 +504,7 @@ impl RegionCore {
                             limit_rps: limit,
                             observed_rps: scope,
                             drop_ratio: ratio,
+                            admitted_rps: counts.allowed as f64 / secs,
                         },
                     );
                 }
@@ -779,6 +786,7 @@ impl Region {
                     "scope": format!("{:?}", bucket.scope).to_lowercase(),
                     "limit_rps": v.limit_rps,
                     "offered_rps": v.observed_rps,
+                    "admitted_rps": v.admitted_rps,
                     "drop_ratio": v.drop_ratio,
                 }))
             })
