@@ -253,7 +253,8 @@ impl Adapter {
         let mut live = HashMap::with_capacity(guards.len());
         for bucket in rules.buckets() {
             let config = bucket.config();
-            if config.algorithm != Algorithm::DropRatio || config.store != Store::ControlPlane {
+            // Drop-ratio buckets on the control plane: the limiter says which algorithm it is.
+            if !on_control_plane(config.algorithm, config.store) {
                 continue;
             }
             let Limiters::Shared(Limiter::DropRatio(d)) = &bucket.state.limiters else {

@@ -105,12 +105,11 @@ fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Byt
             "text/plain",
         );
     }
+    let dashboard = view.dashboard();
     match request.uri().path() {
-        "/" if view.dashboard().is_some() => answer(
-            StatusCode::OK,
-            view.dashboard().unwrap_or_default().to_owned(),
-            "text/html; charset=utf-8",
-        ),
+        "/" if let Some(page) = dashboard => {
+            answer(StatusCode::OK, page.to_owned(), "text/html; charset=utf-8")
+        }
         "/healthz" => answer(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" => match view.ready() {
             Ok(detail) => answer(StatusCode::OK, format!("ready: {detail}\n"), "text/plain"),
@@ -130,7 +129,7 @@ fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Byt
             None => {
                 let mut paths = vec!["/healthz", "/readyz", "/metrics"];
                 paths.extend_from_slice(view.json_paths());
-                if view.dashboard().is_some() {
+                if dashboard.is_some() {
                     paths.push("/ (the dashboard)");
                 }
                 answer(

@@ -783,7 +783,7 @@ impl Region {
                 Some(serde_json::json!({
                     "service": key.service,
                     "bucket": key.bucket,
-                    "scope": format!("{:?}", bucket.scope).to_lowercase(),
+                    "scope": bucket.scope,
                     "limit_rps": v.limit_rps,
                     "offered_rps": v.observed_rps,
                     "admitted_rps": v.admitted_rps,

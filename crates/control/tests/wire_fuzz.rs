@@ -115,3 +115,42 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_peers_sums_from_the_future_do_not_push_its_real_ones_out() {
+    let config = load_str(RULES, "fuzz.yaml").unwrap();
+    let interval = Interval::new(config.control.report_interval);
+    let now_ms = 1_800_000_000_500u64;
+    let sequence = interval.sequence_at(now_ms) - 1;
+    let mut core = RegionCore::new("r1", sequence - 1);
+    let offered = |n: u64| v1::BucketCounts {
+        service: "api".into(),
+        bucket: "g".into(),
+        offered: n,
+        ..Default::default()
+    };
+    core.on_zone_sums(0, "r1z1", sequence, &[offered(500)]);
+    let real = v1::RegionSums {
+        region: "r2".into(),
+        sequence,
+        interval_ms: interval.ms(),
+        buckets: vec![offered(1_000)],
+    };
+    core.on_peer_sums(&config, real, now_ms);
+    // More bogus intervals than the peer's window keeps, all ahead of the clock.
+    for k in 0..20 {
+        let bogus = v1::RegionSums {
+            region: "r2".into(),
+            sequence: sequence + 100 + k,
+            interval_ms: interval.ms(),
+            buckets: vec![offered(u64::MAX)],
+        };
+        core.on_peer_sums(&config, bogus, now_ms);
+    }
+    let later = interval.end_of(sequence) + interval.ms();
+    let steps = core.poll(&config, [0u64].iter(), ["r1z1"].into_iter(), later);
+    assert!(steps.iter().any(|s| matches!(s, Step::Instruct { .. })));
+    let view = core.view()[&spillway_control::BucketKey::new("api", "g")];
+    // 500/s here and the peer's real 1,000/s.
+    assert_eq!(view.observed_rps, 1_500.0, "{view:?}");
+}

@@ -159,7 +159,7 @@ impl SurgeGuard {
             count += n;
             first.get_or_insert(at);
         }
-        let covered = first.map_or(0, |first| end.min(now) - first.saturating_sub(TICK_NS));
+        let covered = first.map_or(0, |first| end - first.saturating_sub(TICK_NS));
         let own = if covered == 0 {
             0.0
         } else {

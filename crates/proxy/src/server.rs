@@ -4,16 +4,14 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::{Frame, Incoming, SizeHint};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -29,46 +27,12 @@ use crate::answer;
 use crate::error::ProxyError;
 use crate::forward::{Link, Upstream};
 
-/// The body of every response: the upstream's, streamed, or one of ours. An enum rather than a
+/// The body of every response: the upstream's, streamed, or one of ours. `Either` rather than a
 /// boxed body, so forwarding allocates no box per response.
-pub(crate) enum Body {
-    Upstream(Incoming),
-    Own(Full<Bytes>),
-}
+pub(crate) type Body = Either<Incoming, Full<Bytes>>;
 
 pub(crate) fn full(body: Full<Bytes>) -> Body {
-    Body::Own(body)
-}
-
-impl hyper::body::Body for Body {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            Body::Upstream(body) => Pin::new(body).poll_frame(cx),
-            Body::Own(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Body::Upstream(body) => body.is_end_stream(),
-            Body::Own(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Body::Upstream(body) => body.size_hint(),
-            Body::Own(body) => body.size_hint(),
-        }
-    }
+    Either::Right(body)
 }
 
 /// What `spillway proxy` is started with.
@@ -430,7 +394,7 @@ async fn handle(
     }
     drop(rules);
     match worker.upstream.forward(request, &link).await {
-        Ok(response) => Ok(response.map(Body::Upstream)),
+        Ok(response) => Ok(response.map(Either::Left)),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("upstream request failed: {err}");

@@ -10,7 +10,7 @@ use spillway_core::algo::{Kind, Rate};
 use spillway_redis::{BucketKey, ExactAlgo};
 use spillway_testkit::RedisCluster;
 
-use common::{cluster_limiter, command_calls, raw};
+use common::{admitted_concurrently, cluster_limiter, command_calls, raw};
 
 const CLIENTS: usize = 8;
 const REQUESTS_PER_CLIENT: usize = 30;
@@ -182,24 +182,10 @@ async fn sliding_log_spanning_chunks_is_exact_on_a_cluster() {
         rate: per_hour(600),
     };
     let key = BucketKey::new("org", "acme", "/chunked");
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let (limiter, key) = (cluster_limiter(cluster.urls()), key.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            for i in 0..150 {
-                let cost = i % 3 + 1;
-                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
-                    admitted += cost;
-                }
-            }
-            admitted
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += task.await.unwrap();
-    }
+    let limiters = (0..CLIENTS)
+        .map(|_| cluster_limiter(cluster.urls()))
+        .collect();
+    let admitted = admitted_concurrently(limiters, &key, algo, 150).await;
     assert!(admitted <= 600, "admitted {admitted} > 600");
     assert!(admitted > 597, "admitted {admitted} of 600");
     let own = slot(&cluster, key.as_str()).await;

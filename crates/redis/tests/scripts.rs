@@ -11,7 +11,7 @@ use spillway_core::decision::{NEVER, Verdict};
 use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter};
 use spillway_testkit::RedisServer;
 
-use common::{command_calls, limiter, raw, server_micros};
+use common::{admitted_concurrently, command_calls, limiter, raw, server_micros};
 
 const CLIENTS: usize = 8;
 const REQUESTS_PER_CLIENT: usize = 60;
@@ -23,26 +23,8 @@ fn per_hour(n: u64) -> Rate {
 /// 8 clients, each on its own connection, send requests of cost 1, 2, 3, 1, 2, 3, ... at one
 /// bucket at once. Returns the admitted cost.
 async fn admitted_by_eight_clients(url: &str, key: &BucketKey, algo: ExactAlgo) -> u64 {
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let limiter = limiter(url);
-        let key = key.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            for i in 0..REQUESTS_PER_CLIENT {
-                let cost = (i % 3 + 1) as u64;
-                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
-                    admitted += cost;
-                }
-            }
-            admitted
-        }));
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.unwrap();
-    }
-    total
+    let limiters = (0..CLIENTS).map(|_| limiter(url)).collect();
+    admitted_concurrently(limiters, key, algo, REQUESTS_PER_CLIENT as u64).await
 }
 
 /// Asserts that `algo`, whose refill over the test is well under one unit, admits at most
@@ -542,24 +524,8 @@ async fn sliding_log_spanning_chunks_is_exact_under_eight_concurrent_clients() {
         rate: per_hour(600),
     };
     let key = BucketKey::named("chunked");
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let (limiter, key) = (limiter(&server.url()), key.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            for i in 0..150 {
-                let cost = i % 3 + 1;
-                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
-                    admitted += cost;
-                }
-            }
-            admitted
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += task.await.unwrap();
-    }
+    let limiters = (0..CLIENTS).map(|_| limiter(&server.url())).collect();
+    let admitted = admitted_concurrently(limiters, &key, algo, 150).await;
     assert!(admitted <= 600, "admitted {admitted} > 600");
     assert!(admitted > 597, "admitted {admitted}, far under 600");
     let chunks = chunks_of(&mut con, &key).await;

@@ -129,10 +129,7 @@ impl DropRatio {
     /// The ratio in force at `now`, or `None` once the instruction has expired: the
     /// instruction's, or the surge correction's when that holds and is higher.
     pub fn current(&self, now: Nanos) -> Option<Ratio> {
-        if now >= self.expires_at.load(Ordering::Acquire) {
-            return None;
-        }
-        let ratio = Ratio(self.ratio.load(Ordering::Relaxed));
+        let ratio = self.instructed(now)?;
         if now < self.surge_until.load(Ordering::Acquire) {
             Some(ratio.max(Ratio(self.surge.load(Ordering::Relaxed))))
         } else {

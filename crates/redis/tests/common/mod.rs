@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use spillway_redis::{RedisLimiter, StoreOptions, Target};
+use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
 
 /// A limiter with a generous timeout: these tests measure exactness, not latency, and a debug
 /// build on a busy machine is slow.
@@ -55,4 +55,33 @@ pub async fn command_calls(con: &mut redis::aio::MultiplexedConnection, name: &s
         .find_map(|line| line.strip_prefix(&prefix))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Each limiter, on a task of its own, sends `requests` requests of cost 1, 2, 3, 1, 2, 3, ...
+/// at `key`, all at once. Returns the admitted cost.
+pub async fn admitted_concurrently(
+    limiters: Vec<RedisLimiter>,
+    key: &BucketKey,
+    algo: ExactAlgo,
+    requests: u64,
+) -> u64 {
+    let mut tasks = Vec::new();
+    for limiter in limiters {
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for i in 0..requests {
+                let cost = i % 3 + 1;
+                if limiter.decide(&key, &algo, cost).await.unwrap().is_allow() {
+                    admitted += cost;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    total
 }
