@@ -6,10 +6,12 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
+use http_body_util::{Either, Empty};
+use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,14 +40,18 @@ pub(crate) struct Upstream {
 /// first request and closed with the downstream connection; one the upstream closed in between
 /// is replaced at the next request.
 #[derive(Default)]
-pub(crate) struct Link(Mutex<Option<http1::SendRequest<Incoming>>>);
+pub(crate) struct Link(Mutex<Option<http1::SendRequest<H1Body>>>);
+
+/// The body of a request sent upstream over HTTP/1.1: the downstream request's own, or none, for
+/// a bodiless request sent again ([`replay_of`]).
+type H1Body = Either<Incoming, Empty<Bytes>>;
 
 impl Link {
-    fn take(&self) -> Option<http1::SendRequest<Incoming>> {
+    fn take(&self) -> Option<http1::SendRequest<H1Body>> {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 
-    fn keep(&self, sender: http1::SendRequest<Incoming>) {
+    fn keep(&self, sender: http1::SendRequest<H1Body>) {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(sender);
         }
@@ -209,7 +215,12 @@ impl Upstream {
                 .insert(header::HOST, self.host.clone());
         }
         // A connection kept from an earlier request may have been closed by the upstream since:
-        // a request it gives back unsent goes out once more on a new connection.
+        // a request it gives back unsent goes out once more on a new connection. The upstream
+        // may also close it just as the request arrives (its keep-alive timeout running out at
+        // that moment): then the request was sent and no answer came, and only a request that
+        // is safe to send twice, bodiless with an idempotent method (RFC 9110 §9.2.2), goes out
+        // again on a new connection; any other gets the 502.
+        let mut request = request.map(Either::Left);
         let mut sender = link.take();
         loop {
             let reused = sender.is_some();
@@ -223,13 +234,21 @@ impl Upstream {
                 }
                 return Err(err.into());
             }
+            let replay = if reused { replay_of(&request) } else { None };
             match current.try_send_request(request).await {
                 Ok(response) => {
                     link.keep(current);
                     return Ok(response);
                 }
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) if reused => request = unsent,
+                Err(mut failed) => match (failed.take_message(), replay) {
+                    (Some(unsent), _) if reused => request = unsent,
+                    (None, Some(again)) => {
+                        tracing::debug!(
+                            "the upstream closed a kept connection as a request arrived ({}); sending it again on a new one",
+                            failed.error()
+                        );
+                        request = again;
+                    }
                     _ => return Err(failed.into_error().into()),
                 },
             }
@@ -237,7 +256,7 @@ impl Upstream {
     }
 
     /// Opens an HTTP/1.1 connection to the upstream; its task runs on this worker's runtime.
-    async fn connect_h1(&self) -> Result<http1::SendRequest<Incoming>, ForwardError> {
+    async fn connect_h1(&self) -> Result<http1::SendRequest<H1Body>, ForwardError> {
         let host = self.authority.host();
         let host = host
             .strip_prefix('[')
@@ -257,6 +276,20 @@ impl Upstream {
         });
         Ok(sender)
     }
+}
+
+/// A copy of `request` to send again should the upstream close the connection under it, when
+/// that is safe: an idempotent method and no body. `None` for any other request.
+fn replay_of(request: &Request<H1Body>) -> Option<Request<H1Body>> {
+    if !request.method().is_idempotent() || !request.body().is_end_stream() {
+        return None;
+    }
+    let mut copy = Request::new(Either::Right(Empty::new()));
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
 }
 
 #[cfg(test)]

@@ -397,3 +397,103 @@ async fn an_upstream_connection_closed_between_requests_is_replaced() {
     running.proxy.shutdown().await;
     serving.abort();
 }
+
+/// An upstream that answers the first request of each connection and closes the connection when
+/// the second one arrives, unanswered: the race of a keep-alive timeout running out just as the
+/// proxy reuses the connection. A bodiless GET is sent again on a new connection and answered;
+/// a POST with a body may not be sent twice, so it gets the 502, and the upstream saw it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request head (and a body of `content-length`), or `None` at the end.
+    async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
+        let mut data = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if data.len() >= end + 4 + length {
+                    return Some(head);
+                }
+            }
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let posts = Arc::new(AtomicUsize::new(0));
+    let serving = tokio::spawn({
+        let (connections, posts) = (connections.clone(), posts.clone());
+        async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
+                let posts = posts.clone();
+                tokio::spawn(async move {
+                    for answered in [true, false] {
+                        let Some(head) = read_request(&mut stream).await else {
+                            return;
+                        };
+                        if head.starts_with("post") {
+                            posts.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if answered {
+                            let _ = stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .await;
+                        }
+                    }
+                    // The second request is read and the connection closed, unanswered.
+                });
+            }
+        }
+    });
+    let running = proxy(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &format!("http://{upstream}"),
+    )
+    .await;
+    let stream = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let mut send = async |method: http::Method, body: &'static str| {
+        sender.ready().await.unwrap();
+        let request = http::Request::builder()
+            .method(method)
+            .uri("/")
+            .header("host", "app")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                body.as_bytes(),
+            )))
+            .unwrap();
+        sender.send_request(request).await.unwrap().status()
+    };
+    // The first GET opens the upstream connection; each later one finds it closed on arrival.
+    for _ in 0..3 {
+        assert_eq!(send(http::Method::GET, "").await, StatusCode::OK);
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        send(http::Method::POST, "charge").await,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(posts.load(Ordering::SeqCst), 1, "a POST was sent twice");
+    running.proxy.shutdown().await;
+    serving.abort();
+}
