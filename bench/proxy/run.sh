@@ -10,7 +10,9 @@
 #                      EVALSHA round trip per request, the Redis-per-request limiter of G16
 # Open loop (the `paced` example of spillway-proxy: a fixed offered rate R, bounded count), for
 # latency at a load every path carries, R being half the Redis baseline's closed-loop rate:
-#   the same four paths but nginx, and spillway with a local bucket of R / 1.5 (offered 1.5x).
+#   the same paths, plus spillway with no buckets at all (the proxy hop alone, so what each
+#   limiter adds to the same proxy reads apart from the hop), and spillway with a local bucket of
+#   R / 1.5 (offered 1.5x).
 # Redis across a network: on loopback a Redis round trip is as cheap as it ever gets, and GRL
 # compared against a Redis across the network. So the Redis-per-request rows are measured again
 # against a second redis-server in a network namespace of its own, behind a veth pair whose link
@@ -19,10 +21,10 @@
 # `tc qdisc ... netem delay` on both ends of the veth and the proxy dials the namespace's address
 # (10.254.x.2, private to this machine); without it (some VM and container kernels) the delay is
 # `delay.rs` beside this script, a relay on 127.0.0.1 that holds each chunk for the delay in
-# each direction before sending it on over the veth. The open-loop rows (direct, spillway not
-# hit, Redis per request) are measured again at the same offered rate, next to each other.
+# each direction before sending it on over the veth. The open-loop rows (all but the 1.5x one)
+# are measured again at the same offered rate, next to each other.
 # Redis shared by a fleet: GRL's Redis served a whole fleet and queued under its load, which an
-# idle Redis behind a constant-delay link does not model. So the same three open-loop rows are
+# idle Redis behind a constant-delay link does not model. So the same open-loop rows are
 # measured once more while `fleet.rs` beside this script (std-only, built with rustc -O) sends
 # the networked Redis EVALSHA calls of the same token bucket script from four other connections
 # at FLEET_SHARE (default 0.5) of the capacity it measured just before (its calls per second with
@@ -128,8 +130,11 @@ fi
 SPILLWAY=${CARGO_TARGET_DIR:-$ROOT/target}/release/spillway
 PACED=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/paced
 
-start_spillway() { # $1: limit, $2: store (local or redis), $3: burst (default: the limit's count)
-  cat > "$WORK/spillway.yaml" <<YAML
+start_spillway() { # $1: limit (or "none": no buckets), $2: store (local or redis), $3: burst (default: the limit's count)
+  if [ "$1" = none ]; then
+    printf 'version: 1\nservices: {}\n' > "$WORK/spillway.yaml"
+  else
+    cat > "$WORK/spillway.yaml" <<YAML
 version: 1
 redis: { url: "$REDIS_URL", timeout: 1s }
 services:
@@ -137,6 +142,7 @@ services:
     buckets:
       - { name: all, limit: $1, algorithm: token-bucket, store: $2${3:+, burst: $3} }
 YAML
+  fi
   RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$SPILLWAY" proxy -c "$WORK/spillway.yaml" --listen "127.0.0.1:$PROXY" \
     --upstream "http://127.0.0.1:$UPSTREAM" --admin "127.0.0.1:$ADMIN" &
   SPILLWAY_PID=$!
@@ -202,18 +208,22 @@ LIMIT=$(awk -v r="$RATE" 'BEGIN { printf "%d/s", r / 1.5 }')
 # A tenth of a second of tokens, so the full bucket at the start hardly dents the 33% to drop.
 BURST=$(awk -v r="$RATE" 'BEGIN { printf "%d", r / 15 }')
 open_rounds() { # $1: rate, $2: which table, $3: a wrapper for paced (with_fleet) or ""
-  local r d s x
-  OD=(); OS=(); OR=()
+  local r d n p s x
+  OD=(); ON=(); OP=(); OS=(); OR=()
   for r in $(seq "$ROUNDS"); do
     echo "open loop at $1/s ($2), round $r: direct" >&2; d=$(${3:-} paced "$UPSTREAM" "$1")
+    echo "open loop ($2), round $r: nginx limit_req" >&2; n=$(${3:-} paced "$NGINX_PROXY" "$1")
+    start_spillway none local
+    echo "open loop ($2), round $r: spillway, no buckets" >&2; p=$(${3:-} paced "$PROXY" "$1")
+    stop_spillway
     start_spillway "100000000/s" local
     echo "open loop ($2), round $r: spillway" >&2; s=$(${3:-} paced "$PROXY" "$1")
     stop_spillway
     start_spillway "100000000/s" redis
     echo "open loop ($2), round $r: redis per request" >&2; x=$(${3:-} paced "$PROXY" "$1")
     stop_spillway
-    OD+=("$d"); OS+=("$s"); OR+=("$x")
-    NOTES+=("open loop ($2), round $r: $(goal "$d" "$s" "$x")")
+    OD+=("$d"); ON+=("$n"); OP+=("$p"); OS+=("$s"); OR+=("$x")
+    NOTES+=("open loop ($2), round $r: $(goal "$d" "$s" "$x"); $(hop "$d" "$n" "$s"); $(limiter "$p" "$s" "$x")")
   done
 }
 goal() { # $1: direct, $2: spillway, $3: redis per request
@@ -228,8 +238,26 @@ goal() { # $1: direct, $2: spillway, $3: redis per request
       sa, ra, share, verdict
   }'
 }
+hop() { # $1: direct, $2: nginx, $3: spillway -> the two proxies' added p99.5
+  awk -v d="$1" -v n="$2" -v s="$3" 'BEGIN {
+    split(d, D, " "); split(n, N, " "); split(s, S, " ");
+    printf "the hop, added p99.5: nginx %.2f ms, spillway %.2f ms", (N[4] - D[4]) / 1000, (S[4] - D[4]) / 1000
+  }'
+}
+limiter() { # $1: spillway with no buckets, $2: spillway, $3: redis per request -> what each limiter adds to the proxy
+  awk -v p="$1" -v s="$2" -v r="$3" 'BEGIN {
+    split(p, P, " "); split(s, S, " "); split(r, R, " ");
+    printf "the limiter alone, added p99.5 over the same proxy without buckets: spillway %.2f ms, Redis per request %.2f ms",
+      (S[4] - P[4]) / 1000, (R[4] - P[4]) / 1000
+  }'
+}
+medians() { # the open-loop medians of the last open_rounds, into $1_DIRECT, $1_NGINX, $1_BARE, $1_SPILL, $1_REDIS
+  printf -v "$1_DIRECT" '%s' "$(median "${OD[@]}")"; printf -v "$1_NGINX" '%s' "$(median "${ON[@]}")"
+  printf -v "$1_BARE" '%s' "$(median "${OP[@]}")"; printf -v "$1_SPILL" '%s' "$(median "${OS[@]}")"
+  printf -v "$1_REDIS" '%s' "$(median "${OR[@]}")"
+}
 open_rounds "$RATE" "Redis on loopback" ""
-P_DIRECT=$(median "${OD[@]}"); P_SPILL=$(median "${OS[@]}"); P_REDIS=$(median "${OR[@]}")
+medians P
 start_spillway "$LIMIT" local "$BURST"
 echo "open loop: spillway at 1.5x ($LIMIT)" >&2; P_OVER=$(paced "$PROXY" "$RATE")
 stop_spillway
@@ -272,7 +300,7 @@ stop_spillway
 # The same offered rate as on loopback, unless the networked baseline carries less than twice it.
 NET_RATE=$(echo "$NET_REDIS_R" | awk -v r="$RATE" '{ h = int($1 / 2 / 1000) * 1000; printf "%d", h < r ? h : r }')
 open_rounds "$NET_RATE" "Redis across the link" ""
-N_DIRECT=$(median "${OD[@]}"); N_SPILL=$(median "${OS[@]}"); N_REDIS=$(median "${OR[@]}")
+medians N
 
 # The rest of the fleet on the networked Redis: its capacity first, then the same open-loop rows
 # with the fleet sending FLEET_SHARE of it during each one.
@@ -291,7 +319,7 @@ with_fleet() { # $@: the command to measure while the fleet runs; the fleet's ra
 }
 echo "the fleet: $FLEET_RATE/s ($FLEET_SHARE of $FLEET_CAPACITY/s)" >&2
 open_rounds "$NET_RATE" "Redis across the link, shared with the fleet" with_fleet
-F_DIRECT=$(median "${OD[@]}"); F_SPILL=$(median "${OS[@]}"); F_REDIS=$(median "${OR[@]}")
+medians F
 
 row() { # $1: name, $2: result line, $3: the direct line it is compared with
   awk -v name="$1" -v d="$3" -v r="$2" 'BEGIN {
@@ -316,15 +344,18 @@ row "spillway proxy, Redis per request (store: redis, not hit)" "$REDIS_R" "$DIR
 echo
 echo "G16, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
 echo
-echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; the first three rows: medians of $ROUNDS interleaved rounds"
+echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; the first five rows: medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$P_DIRECT" "$P_DIRECT"
+row "nginx reverse proxy, limit_req not hit" "$P_NGINX" "$P_DIRECT"
+row "spillway proxy, no buckets" "$P_BARE" "$P_DIRECT"
 row "spillway proxy, limit not hit" "$P_SPILL" "$P_DIRECT"
 row "spillway proxy, Redis per request (store: redis, not hit)" "$P_REDIS" "$P_DIRECT"
 row "spillway proxy at 1.5x (limit $LIMIT, burst $BURST)" "$P_OVER" "$P_DIRECT"
 echo
 echo "G16, open loop: $(goal "$P_DIRECT" "$P_SPILL" "$P_REDIS")"
+echo "$(hop "$P_DIRECT" "$P_NGINX" "$P_SPILL"); $(limiter "$P_BARE" "$P_SPILL" "$P_REDIS")"
 echo
 echo "Redis across a network: $LINK."
 echo "Redis PING round trip over one connection (redis-benchmark): loopback $RTT_LOOPBACK; across the link $RTT_NET."
@@ -338,19 +369,25 @@ echo "Open loop, Redis across the link: paced at $NET_RATE requests/s for ${SECO
 echo
 header
 row "direct (nginx upstream)" "$N_DIRECT" "$N_DIRECT"
+row "nginx reverse proxy, limit_req not hit" "$N_NGINX" "$N_DIRECT"
+row "spillway proxy, no buckets" "$N_BARE" "$N_DIRECT"
 row "spillway proxy, limit not hit" "$N_SPILL" "$N_DIRECT"
 row "spillway proxy, Redis per request across the link (not hit)" "$N_REDIS" "$N_DIRECT"
 echo
 echo "G16, open loop, Redis across the link: $(goal "$N_DIRECT" "$N_SPILL" "$N_REDIS")"
+echo "$(hop "$N_DIRECT" "$N_NGINX" "$N_SPILL"); $(limiter "$N_BARE" "$N_SPILL" "$N_REDIS")"
 echo
 echo "Open loop, Redis across the link and serving the rest of a fleet: the fleet sends $FLEET_RATE EVALSHA/s ($FLEET_SHARE of the $FLEET_CAPACITY/s it measured) during every row; paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; medians of $ROUNDS interleaved rounds"
 echo
 header
 row "direct (nginx upstream)" "$F_DIRECT" "$F_DIRECT"
+row "nginx reverse proxy, limit_req not hit" "$F_NGINX" "$F_DIRECT"
+row "spillway proxy, no buckets" "$F_BARE" "$F_DIRECT"
 row "spillway proxy, limit not hit" "$F_SPILL" "$F_DIRECT"
 row "spillway proxy, Redis per request across the link, Redis shared with the fleet (not hit)" "$F_REDIS" "$F_DIRECT"
 echo
 echo "G16, open loop, Redis across the link and shared with the fleet: $(goal "$F_DIRECT" "$F_SPILL" "$F_REDIS")"
+echo "$(hop "$F_DIRECT" "$F_NGINX" "$F_SPILL"); $(limiter "$F_BARE" "$F_SPILL" "$F_REDIS")"
 echo
 echo "Each round (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)):"
 echo
