@@ -2,14 +2,15 @@
 //!
 //! `cargo run --release -p spillway-redis --example decide_bench -- URL [TASKS] [SECONDS] [ALGO] [LIMIT]`
 //! runs TASKS concurrent decision loops (default 50, like redis-benchmark's default clients)
-//! over one multiplexed connection, each on its own bucket, and prints `decisions_per_sec=N`.
+//! over one multiplexed connection, each on its own bucket, and prints `decisions_per_sec=N`
+//! and `denied_share=F`, the fraction of those decisions that were denials.
 //!
 //! ALGO is `token-bucket` (the default: S5's bucket, large enough that every decision is an
 //! admission with a write) or any other configuration name, at LIMIT units per second (default
 //! 1,000,000, so every decision is admitted). `sliding-window-log` at the default limit keeps
 //! about a second of each loop's requests in its log, so every decision also expires the oldest
 //! entries: the log's steady state. A LIMIT below the loop's rate measures mostly denials, each
-//! computing its retry-after.
+//! computing its retry-after; `denied_share` says how many.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,14 +50,19 @@ async fn main() {
             .expect("ALGO: an algorithm Redis decides"),
     };
     let done = Arc::new(AtomicU64::new(0));
+    let denied = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (limiter, done, stop) = (limiter.clone(), done.clone(), stop.clone());
+        let (limiter, done, denied, stop) =
+            (limiter.clone(), done.clone(), denied.clone(), stop.clone());
         handles.push(tokio::spawn(async move {
             let key = BucketKey::new("user", &format!("u{t}"), "/search");
             while !stop.load(Ordering::Relaxed) {
-                limiter.decide(&key, &algo, 1).await.expect("a decision");
+                let verdict = limiter.decide(&key, &algo, 1).await.expect("a decision");
+                if !verdict.is_allow() {
+                    denied.fetch_add(1, Ordering::Relaxed);
+                }
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -69,5 +75,8 @@ async fn main() {
     for h in handles {
         h.await.expect("a decision loop");
     }
+    // Read after every loop has ended, so both counts cover the same decisions.
+    let (all, refused) = (done.load(Ordering::Relaxed), denied.load(Ordering::Relaxed));
     println!("decisions_per_sec={:.0}", count as f64 / elapsed);
+    println!("denied_share={:.4}", refused as f64 / all.max(1) as f64);
 }
