@@ -57,11 +57,14 @@ VETH_HOST="spw$$h"; VETH_NS="spw$$n"
 HOST_ADDR="10.254.$(( $$ % 250 )).1"; NS_ADDR="10.254.$(( $$ % 250 )).2"
 PIDS=()
 cleanup() {
+  local nginx=""
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  [ -f "$WORK/nginx.pid" ] && nginx=$(cat "$WORK/nginx.pid") && kill "$nginx" 2>/dev/null || true
   ip link del "$VETH_HOST" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
-  rm -rf "$WORK"
+  # nginx writes into the work directory until it has exited: wait for it (at most 5 s).
+  for _ in $(seq 50); do [ -n "$nginx" ] && kill -0 "$nginx" 2>/dev/null || break; sleep 0.1; done
+  rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
 
