@@ -36,7 +36,8 @@
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
 # ROUNDS sets how many times each comparison is measured (default 3; the tables show medians).
-# SPILLWAY_WORKERS sets the proxy's serving threads (default 2, one per core here).
+# SPILLWAY_WORKERS sets the proxy's serving threads (default 2, one per core here), NGINX_WORKERS
+# the nginx reverse proxy's worker processes (default 2, the same).
 # FLEET_SHARE sets the fleet's share of the networked Redis's capacity (default 0.5).
 # LINK_DELAY_US sets the one-way delay to the networked Redis (default 250).
 # Runs as root (network namespaces). Installs wrk, nginx, redis-server, redis-tools and iproute2
@@ -57,13 +58,17 @@ VETH_HOST="spw$$h"; VETH_NS="spw$$n"
 HOST_ADDR="10.254.$(( $$ % 250 )).1"; NS_ADDR="10.254.$(( $$ % 250 )).2"
 PIDS=()
 cleanup() {
-  local nginx=""
+  local nginx=() pidfile pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && nginx=$(cat "$WORK/nginx.pid") && kill "$nginx" 2>/dev/null || true
+  for pidfile in "$WORK/upstream.pid" "$WORK/proxy.pid"; do
+    [ -f "$pidfile" ] && pid=$(cat "$pidfile") && kill "$pid" 2>/dev/null && nginx+=("$pid")
+  done
   ip link del "$VETH_HOST" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
   # nginx writes into the work directory until it has exited: wait for it (at most 5 s).
-  for _ in $(seq 50); do [ -n "$nginx" ] && kill -0 "$nginx" 2>/dev/null || break; sleep 0.1; done
+  for pid in "${nginx[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
   rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -97,33 +102,38 @@ wait_port() { # $1: host, $2: port
 wait_port 127.0.0.1 "$REDIS"
 REDIS_URL="redis://127.0.0.1:$REDIS"
 
-# One nginx: the upstream, and the limit_req reverse proxy in front of it.
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx/error.log warn;
+# Two nginx instances: the upstream (one worker), and the limit_req reverse proxy in front of it,
+# a process of its own with NGINX_WORKERS workers (default 2, as many as spillway's serving
+# threads), so each proxy has the same cores and the upstream the same one worker behind both.
+nginx_conf() { # $1: name, $2: workers, $3: the http block's servers
+  mkdir -p "$WORK/$1"
+  cat > "$WORK/$1.conf" <<CONF
+worker_processes $2;
+pid $WORK/$1.pid;
+error_log $WORK/$1/error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 100000000;
-  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx;
-  fastcgi_temp_path $WORK/nginx; uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
-  limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
+  client_body_temp_path $WORK/$1; proxy_temp_path $WORK/$1;
+  fastcgi_temp_path $WORK/$1; uwsgi_temp_path $WORK/$1; scgi_temp_path $WORK/$1;
+$3
+}
+CONF
+  "$NGINX" -c "$WORK/$1.conf" -p "$WORK/$1"
+}
+nginx_conf upstream 1 "  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 \"ok\\n\"; } }"
+nginx_conf proxy "${NGINX_WORKERS:-2}" "  limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
   upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
-  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 "ok\n"; } }
   server {
     listen 127.0.0.1:$NGINX_PROXY;
     location / {
       limit_req zone=bench burst=1000000 nodelay;
       proxy_http_version 1.1;
-      proxy_set_header Connection "";
+      proxy_set_header Connection \"\";
       proxy_pass http://backend;
     }
-  }
-}
-CONF
-"$NGINX" -c "$WORK/nginx.conf" -p "$WORK/nginx"
+  }"
 
 if [ -z "${NO_BUILD:-}" ]; then # NO_BUILD=1 measures the binaries already built
   echo "building spillway and the paced load generator (release)" >&2
