@@ -144,6 +144,23 @@ pub struct ProxyArgs {
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// How long the upstream may keep a request it has received whole unanswered before the
+    /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    pub upstream_timeout: Timeout,
+}
+
+/// A timeout, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeout(pub Option<std::time::Duration>);
+
+fn parse_timeout(text: &str) -> Result<Timeout, String> {
+    if text.trim() == "off" {
+        return Ok(Timeout(None));
+    }
+    spillway_core::limit::parse_duration(text)
+        .map(|duration| Timeout(Some(duration)))
+        .map_err(|err| format!("{err}, or off"))
 }
 
 #[derive(Debug, Args)]

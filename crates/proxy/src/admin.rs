@@ -135,7 +135,7 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     upstream.inc_by(shared.upstream_errors.load(Ordering::Relaxed));
     registry.register(
         "spillway_upstream_errors",
-        "Requests answered 502 because the upstream could not be reached",
+        "Requests answered 502 or 504 because the upstream could not be reached or timed out",
         upstream,
     );
     // One Redis endpoint per configuration, so no labels: the breaker and its failures.

@@ -126,6 +126,24 @@ pub fn upstream_failed(error: &dyn std::error::Error, grpc: bool) -> Response<Fu
     problem(StatusCode::BAD_GATEWAY, &body)
 }
 
+/// The answer when the upstream kept a whole request unanswered past the upstream timeout: 504,
+/// or gRPC `UNAVAILABLE` (gRPC's mapping of a 504) for gRPC requests.
+pub fn upstream_timed_out(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {
+    let detail = chain(error);
+    if grpc {
+        let mut response = grpc_status(GRPC_UNAVAILABLE, &detail);
+        *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        return response;
+    }
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:upstream-timeout",
+        "title": "Gateway Timeout",
+        "status": 504,
+        "detail": detail,
+    });
+    problem(StatusCode::GATEWAY_TIMEOUT, &body)
+}
+
 /// An error and its sources, as one line.
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -198,6 +216,18 @@ mod tests {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
             assert_eq!(is_grpc(&headers), grpc, "{ct}");
         }
+    }
+
+    #[test]
+    fn an_upstream_timeout_is_504_and_grpc_unavailable() {
+        let err = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 60s");
+        let plain = upstream_timed_out(&err, false);
+        assert_eq!(plain.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(plain.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        let grpc = upstream_timed_out(&err, true);
+        assert_eq!(grpc.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(grpc.headers()["grpc-status"], "14");
+        assert_eq!(grpc.headers()["grpc-message"], "no answer within 60s");
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! Forwarding to the upstream: HTTP/1.1 requests over a connection of their own downstream
 //! connection, HTTP/2 requests (gRPC) over a pooled HTTP/2 prior-knowledge client so they keep
-//! their streams and trailers, and the removal of hop-by-hop headers, which belong to one
-//! connection and must not travel further.
+//! their streams and trailers, the removal of hop-by-hop headers, which belong to one connection
+//! and must not travel further, and the upstream timeout: how long the upstream may take to
+//! answer a request it has received whole.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,12 +15,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body_util::{Either, Empty};
-use hyper::body::{Body, Incoming};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 
 use crate::error::ProxyError;
 
@@ -29,7 +34,10 @@ pub(crate) struct Upstream {
     authority: Authority,
     /// `host` for requests that arrive without one.
     host: HeaderValue,
-    h2: Client<HttpConnector, Incoming>,
+    h2: Client<HttpConnector, Sent<Incoming>>,
+    /// How long the upstream may take to send a response's head once it has the whole request;
+    /// `None` waits as long as the downstream client does.
+    timeout: Option<Duration>,
 }
 
 /// The upstream connection of one downstream HTTP/1.1 connection, held between its requests.
@@ -44,7 +52,60 @@ pub(crate) struct Link(Mutex<Option<http1::SendRequest<H1Body>>>);
 
 /// The body of a request sent upstream over HTTP/1.1: the downstream request's own, or none, for
 /// a bodiless request sent again ([`replay_of`]).
-type H1Body = Either<Incoming, Empty<Bytes>>;
+type H1Body = Either<Sent<Incoming>, Empty<Bytes>>;
+
+/// A request body that says when it has been sent whole, so the upstream timeout runs from
+/// then: an upload that takes longer than the timeout is not cut off, only an upstream that
+/// keeps a whole request unanswered.
+pub(crate) struct Sent<B> {
+    body: B,
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl<B: Body> Sent<B> {
+    /// Wraps `body`, and returns the signal of its end, or `None` when it has ended already
+    /// (no body): then nothing is allocated.
+    fn new(body: B) -> (Self, Option<oneshot::Receiver<()>>) {
+        if body.is_end_stream() {
+            return (Self { body, done: None }, None);
+        }
+        let (done, sent) = oneshot::channel();
+        (
+            Self {
+                body,
+                done: Some(done),
+            },
+            Some(sent),
+        )
+    }
+}
+
+impl<B: Body + Unpin> Body for Sent<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        if (frame.is_none() || this.body.is_end_stream())
+            && let Some(done) = this.done.take()
+        {
+            let _ = done.send(());
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
 
 impl Link {
     fn take(&self) -> Option<http1::SendRequest<H1Body>> {
@@ -65,6 +126,8 @@ pub(crate) enum ForwardError {
     Connect(#[source] std::io::Error),
     #[error("connecting to the upstream timed out")]
     ConnectTimeout,
+    #[error("the upstream sent no response within {0:?} of receiving the whole request")]
+    Timeout(Duration),
     #[error(transparent)]
     Http1(#[from] hyper::Error),
     #[error(transparent)]
@@ -126,7 +189,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 impl Upstream {
     /// Parses `http://HOST:PORT` and builds the HTTP/2 pool.
-    pub(crate) fn new(url: &str) -> Result<Self, ProxyError> {
+    pub(crate) fn new(url: &str, timeout: Option<Duration>) -> Result<Self, ProxyError> {
         let fail = |problem: &str| ProxyError::Upstream {
             url: url.to_owned(),
             problem: problem.to_owned(),
@@ -153,7 +216,35 @@ impl Upstream {
             authority,
             host,
             h2,
+            timeout,
         })
+    }
+
+    /// Awaits `response` (the upstream's answer to a request being sent), failing with
+    /// [`ForwardError::Timeout`] when the upstream holds a whole request longer than the timeout.
+    /// The clock starts when `sent` fires (the body has gone out), or at once without it.
+    async fn within<F: Future>(
+        &self,
+        response: F,
+        sent: &mut Option<oneshot::Receiver<()>>,
+    ) -> Result<F::Output, ForwardError> {
+        let Some(limit) = self.timeout else {
+            return Ok(response.await);
+        };
+        let mut response = std::pin::pin!(response);
+        if let Some(signal) = sent.as_mut() {
+            tokio::select! {
+                biased;
+                output = &mut response => return Ok(output),
+                // Sent whole, or the body was dropped unsent (a failed request): either way
+                // the upstream's answer is what is left to wait for.
+                _ = signal => {}
+            }
+            *sent = None;
+        }
+        tokio::time::timeout(limit, response)
+            .await
+            .map_err(|_| ForwardError::Timeout(limit))
     }
 
     /// Sends `request` to the upstream, keeping its method, path, query, headers (but the
@@ -165,10 +256,13 @@ impl Upstream {
         link: &Link,
     ) -> Result<Response<Incoming>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
+        let (parts, body) = request.into_parts();
+        let (body, mut sent) = Sent::new(body);
+        let request = Request::from_parts(parts, body);
         let mut response = if request.version() == Version::HTTP_2 {
-            self.forward_h2(request).await?
+            self.forward_h2(request, &mut sent).await?
         } else {
-            self.forward_h1(request, link).await?
+            self.forward_h1(request, link, &mut sent).await?
         };
         strip_hop_by_hop(response.headers_mut());
         Ok(response)
@@ -176,7 +270,8 @@ impl Upstream {
 
     async fn forward_h2(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Request<Sent<Incoming>>,
+        sent: &mut Option<oneshot::Receiver<()>>,
     ) -> Result<Response<Incoming>, ForwardError> {
         // The pool is keyed by the absolute URI.
         let path = request
@@ -191,13 +286,14 @@ impl Upstream {
         if let Ok(uri) = Uri::from_parts(parts) {
             *request.uri_mut() = uri;
         }
-        Ok(self.h2.request(request).await?)
+        Ok(self.within(self.h2.request(request), sent).await??)
     }
 
     async fn forward_h1(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Request<Sent<Incoming>>,
         link: &Link,
+        sent: &mut Option<oneshot::Receiver<()>>,
     ) -> Result<Response<Incoming>, ForwardError> {
         *request.version_mut() = Version::HTTP_11;
         // Origin form (`/path?query`): a request in absolute form keeps only its path and query.
@@ -235,7 +331,7 @@ impl Upstream {
                 return Err(err.into());
             }
             let replay = if reused { replay_of(&request) } else { None };
-            match current.try_send_request(request).await {
+            match self.within(current.try_send_request(request), sent).await? {
                 Ok(response) => {
                     link.keep(current);
                     return Ok(response);
@@ -315,9 +411,9 @@ mod tests {
 
     #[test]
     fn upstream_urls_are_checked() {
-        assert!(Upstream::new("http://127.0.0.1:8080").is_ok());
-        assert!(Upstream::new("https://127.0.0.1:8080").is_err());
-        assert!(Upstream::new("http://127.0.0.1:8080/api").is_err());
-        assert!(Upstream::new("127.0.0.1:8080").is_err());
+        assert!(Upstream::new("http://127.0.0.1:8080", None).is_ok());
+        assert!(Upstream::new("https://127.0.0.1:8080", None).is_err());
+        assert!(Upstream::new("http://127.0.0.1:8080/api", None).is_err());
+        assert!(Upstream::new("127.0.0.1:8080", None).is_err());
     }
 }

@@ -13,7 +13,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_client::control::{ControlOptions, ControlPlane, LinkStatus};
@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::{Link, Upstream};
+use crate::forward::{ForwardError, Link, Upstream};
 
 /// The body of every response: the upstream's, streamed, or one of ours. `Either` rather than a
 /// boxed body, so forwarding allocates no box per response.
@@ -63,6 +63,14 @@ pub struct ProxyOptions {
     /// are dealt to the threads in turn. 0 (the default) serves on the runtime [`Proxy::start`]
     /// is called on, which suits a proxy embedded in a larger program (tests, the demo).
     pub workers: usize,
+    /// How long the upstream may hold a request it has received whole (its body sent) before
+    /// the proxy gives up on it and answers 504 (gRPC: `UNAVAILABLE`). `None` waits as long as
+    /// the client does. Default 60 s, nginx's `proxy_read_timeout`.
+    pub upstream_timeout: Option<Duration>,
+    /// How long a client may take to send a request's head, and an idle keep-alive connection
+    /// may wait for its next request, before the connection is closed: a client that opens
+    /// connections and trickles bytes into them cannot hold them forever. Default 30 s.
+    pub header_timeout: Duration,
 }
 
 impl ProxyOptions {
@@ -77,6 +85,8 @@ impl ProxyOptions {
             control: None,
             watch_file: true,
             workers: 0,
+            upstream_timeout: Some(Duration::from_secs(60)),
+            header_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -108,7 +118,7 @@ impl Proxy {
     /// on [`ProxyOptions::workers`] threads of their own.
     pub async fn start(options: ProxyOptions) -> Result<Self, ProxyError> {
         // Checked once here, so a worker's own `Upstream::new` cannot fail.
-        Upstream::new(&options.upstream)?;
+        Upstream::new(&options.upstream, options.upstream_timeout)?;
         let (client, control) = crate::control::start(&options)?;
         let bind = |addr| async move {
             TcpListener::bind(addr)
@@ -137,7 +147,7 @@ impl Proxy {
         if options.workers == 0 {
             let (inbox, connections) = mpsc::unbounded_channel();
             inboxes.push(inbox);
-            let worker = Worker::new(shared.clone(), &options.upstream)?;
+            let worker = Worker::new(shared.clone(), &options)?;
             tasks.push(tokio::spawn(
                 worker.serve(connections, options.drain_timeout),
             ));
@@ -145,7 +155,7 @@ impl Proxy {
             for index in 0..options.workers {
                 let (inbox, connections) = mpsc::unbounded_channel();
                 inboxes.push(inbox);
-                let worker = Worker::new(shared.clone(), &options.upstream)?;
+                let worker = Worker::new(shared.clone(), &options)?;
                 workers.spawn(index, worker, connections, options.drain_timeout)?;
             }
         }
@@ -253,13 +263,15 @@ struct Accepted {
 struct Worker {
     shared: Arc<Shared>,
     upstream: Upstream,
+    header_timeout: Duration,
 }
 
 impl Worker {
-    fn new(shared: Arc<Shared>, upstream: &str) -> Result<Arc<Self>, ProxyError> {
+    fn new(shared: Arc<Shared>, options: &ProxyOptions) -> Result<Arc<Self>, ProxyError> {
         Ok(Arc::new(Self {
             shared,
-            upstream: Upstream::new(upstream)?,
+            upstream: Upstream::new(&options.upstream, options.upstream_timeout)?,
+            header_timeout: options.header_timeout,
         }))
     }
 
@@ -271,7 +283,11 @@ impl Worker {
         drain_timeout: Duration,
     ) {
         let graceful = GracefulShutdown::new();
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout);
         while let Some(Accepted { stream, peer }) = connections.recv().await {
             let stream = match TcpStream::from_std(stream) {
                 Ok(stream) => stream,
@@ -398,7 +414,11 @@ async fn handle(
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("upstream request failed: {err}");
-            Ok(answer::upstream_failed(&err, grpc).map(full))
+            Ok(match err {
+                ForwardError::Timeout(_) => answer::upstream_timed_out(&err, grpc),
+                _ => answer::upstream_failed(&err, grpc),
+            }
+            .map(full))
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use spillway_core::algo::Ratio;
-use support::{Upstream, admin, config, get, grpc_call, proxy, proxy_on, statuses};
+use support::{Upstream, admin, config, get, grpc_call, proxy, proxy_on, proxy_with, statuses};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_local_algorithm_is_enforced_through_the_proxy() {
@@ -406,29 +406,7 @@ async fn an_upstream_connection_closed_between_requests_is_replaced() {
 async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// Reads one request head (and a body of `content-length`), or `None` at the end.
-    async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
-        let mut data = Vec::new();
-        let mut buf = [0u8; 1024];
-        loop {
-            if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if data.len() >= end + 4 + length {
-                    return Some(head);
-                }
-            }
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => data.extend_from_slice(&buf[..n]),
-            }
-        }
-    }
+    use tokio::io::AsyncWriteExt;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
@@ -496,4 +474,147 @@ async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent
     assert_eq!(posts.load(Ordering::SeqCst), 1, "a POST was sent twice");
     running.proxy.shutdown().await;
     serving.abort();
+}
+
+/// For the raw upstreams below: reads one request head (and a body of `content-length`), or `None` at the end.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if data.len() >= end + 4 + length {
+                return Some(head);
+            }
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// An upstream that reads each request whole and then answers it after `delay` (`None`: never),
+/// holding the connection open; returns its address.
+async fn raw_upstream(delay: Option<Duration>) -> std::net::SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                while read_request(&mut stream).await.is_some() {
+                    let Some(delay) = delay else {
+                        // Never answered: keep the connection open until the test ends.
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        return;
+                    };
+                    tokio::time::sleep(delay).await;
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An upstream that keeps a whole request unanswered past the upstream timeout: the client gets
+/// a 504 problem document (not a 502, not a hang), and `/metrics` counts an upstream error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_holding_a_whole_request_past_the_timeout_gives_504() {
+    let upstream = raw_upstream(None).await;
+    let running = proxy_with(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &format!("http://{upstream}"),
+        |options| options.upstream_timeout = Some(Duration::from_millis(300)),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let answer = get(running.proxy.addr(), "/", &[]).await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(body["type"], "urn:spillway:problem:upstream-timeout");
+    assert_eq!(body["status"], 504);
+    let metrics = admin(&running, "/metrics").await;
+    assert!(
+        metrics.body.contains("spillway_upstream_errors_total 1"),
+        "{}",
+        metrics.body
+    );
+    running.proxy.shutdown().await;
+}
+
+/// The upstream timeout runs from the end of the request body: an upload slower than the timeout
+/// is answered by the upstream, not cut off with a 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_slower_than_the_upstream_timeout_is_not_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = raw_upstream(Some(Duration::ZERO)).await;
+    let running = proxy_with(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &format!("http://{upstream}"),
+        |options| options.upstream_timeout = Some(Duration::from_millis(300)),
+    )
+    .await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    client
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\n\r\nabc")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    client.write_all(b"def").await.unwrap();
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut answer))
+        .await
+        .expect("no answer within 5 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    running.proxy.shutdown().await;
+}
+
+/// A client that opens a connection and never finishes its request head is disconnected after
+/// the header timeout, so such clients cannot hold connections forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let running = proxy_with(
+        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &upstream.url(),
+        |options| options.header_timeout = Duration::from_millis(300),
+    )
+    .await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: app\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+        .await
+        .expect("the connection was still open after 5 s");
+    // Closed (end of stream), or reset: either way the connection is gone.
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(upstream.seen(), 0);
+    running.proxy.shutdown().await;
 }

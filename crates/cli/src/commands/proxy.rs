@@ -51,6 +51,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
     options.workers = workers();
+    options.upstream_timeout = args.upstream_timeout.0;
     if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
     {
         let host_id = args

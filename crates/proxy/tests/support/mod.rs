@@ -150,6 +150,15 @@ pub async fn proxy(yaml: &str, upstream: &str) -> Running {
 
 /// A proxy serving on `workers` threads of its own (0: on the test's runtime).
 pub async fn proxy_on(yaml: &str, upstream: &str, workers: usize) -> Running {
+    proxy_with(yaml, upstream, |options| options.workers = workers).await
+}
+
+/// A proxy whose options `configure` changes from the tests' defaults.
+pub async fn proxy_with(
+    yaml: &str,
+    upstream: &str,
+    configure: impl FnOnce(&mut ProxyOptions),
+) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spillway.yaml");
     std::fs::write(&config, yaml).unwrap();
@@ -161,7 +170,7 @@ pub async fn proxy_on(yaml: &str, upstream: &str, workers: usize) -> Running {
     options.admin = Some("127.0.0.1:0".parse().unwrap());
     options.reload_every = Duration::from_millis(50);
     options.drain_timeout = Duration::from_secs(10);
-    options.workers = workers;
+    configure(&mut options);
     let proxy = Proxy::start(options).await.unwrap();
     Running {
         proxy,
