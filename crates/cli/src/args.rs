@@ -148,6 +148,14 @@ pub struct ProxyArgs {
     /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     pub upstream_timeout: Timeout,
+    /// How long a client may take to send a request's head, and a keep-alive connection may
+    /// stay idle, before the connection is closed (`10s`, `30s`, `2m`).
+    #[arg(long, default_value = "30s", value_parser = parse_header_timeout)]
+    pub header_timeout: std::time::Duration,
+}
+
+fn parse_header_timeout(text: &str) -> Result<std::time::Duration, String> {
+    spillway_core::limit::parse_duration(text).map_err(|err| err.to_string())
 }
 
 /// A timeout, or none (`off`).

@@ -61,3 +61,28 @@ fn a_bad_configuration_exits_2_naming_the_line_and_column() {
     );
     assert!(stderr.contains("fast"), "{stderr}");
 }
+
+#[test]
+fn bad_timeouts_exit_2_saying_what_a_timeout_looks_like() {
+    for (flag, value, expected) in [
+        ("--upstream-timeout", "0s", "at least 1ms, or off"),
+        ("--upstream-timeout", "soon", "or off"),
+        ("--header-timeout", "30", "has no unit"),
+        ("--header-timeout", "off", "off"),
+    ] {
+        let output = Command::new(SPILLWAY)
+            .arg("proxy")
+            .args(["-c", "spillway.yaml"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--upstream", "http://127.0.0.1:9"])
+            .args([flag, value])
+            .output()
+            .expect("spillway proxy runs");
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains(expected),
+            "{flag} {value}: {stderr}"
+        );
+    }
+}

@@ -52,6 +52,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     options.admin = args.admin;
     options.workers = workers();
     options.upstream_timeout = args.upstream_timeout.0;
+    options.header_timeout = args.header_timeout;
     if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
     {
         let host_id = args
