@@ -19,62 +19,20 @@ ROUNDS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
 PIDS=()
+# shellcheck source=bench/proxy/common.sh
+. "$ROOT/bench/proxy/common.sh"
 cleanup() {
-  local nginx=() pidfile pid
+  local pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pidfile in "$WORK/upstream.pid" "$WORK/proxy.pid"; do
-    [ -f "$pidfile" ] && pid=$(cat "$pidfile") && kill "$pid" 2>/dev/null && nginx+=("$pid")
-  done
-  for pid in "${nginx[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  done
+  stop_nginx
   rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
-
-need() {
-  command -v "$1" >/dev/null 2>&1 && return
-  [ -x "/usr/sbin/$1" ] && return
-  echo "installing $2 from Debian" >&2
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2
-}
 need wrk wrk
 need nginx nginx-light
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PROXY=$(free_port)
 
-nginx_conf() { # $1: name, $2: workers, $3: the http block's servers
-  mkdir -p "$WORK/$1"
-  cat > "$WORK/$1.conf" <<CONF
-worker_processes $2;
-pid $WORK/$1.pid;
-error_log $WORK/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  client_body_temp_path $WORK/$1; proxy_temp_path $WORK/$1;
-  fastcgi_temp_path $WORK/$1; uwsgi_temp_path $WORK/$1; scgi_temp_path $WORK/$1;
-$3
-}
-CONF
-  "$NGINX" -c "$WORK/$1.conf" -p "$WORK/$1"
-}
-nginx_conf upstream 1 "  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 \"ok\\n\"; } }"
-nginx_conf proxy "${NGINX_WORKERS:-2}" "  limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
-  upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
-  server {
-    listen 127.0.0.1:$NGINX_PROXY;
-    location / {
-      limit_req zone=bench burst=1000000 nodelay;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-      proxy_pass http://backend;
-    }
-  }"
+start_nginx
 
 if [ -z "${NO_BUILD:-}" ]; then
   echo "building spillway (release)" >&2

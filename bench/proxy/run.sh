@@ -57,38 +57,23 @@ NS="spw-bench-$$"
 VETH_HOST="spw$$h"; VETH_NS="spw$$n"
 HOST_ADDR="10.254.$(( $$ % 250 )).1"; NS_ADDR="10.254.$(( $$ % 250 )).2"
 PIDS=()
+# shellcheck source=bench/proxy/common.sh
+. "$ROOT/bench/proxy/common.sh"
 cleanup() {
-  local nginx=() pidfile pid
+  local pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pidfile in "$WORK/upstream.pid" "$WORK/proxy.pid"; do
-    [ -f "$pidfile" ] && pid=$(cat "$pidfile") && kill "$pid" 2>/dev/null && nginx+=("$pid")
-  done
   ip link del "$VETH_HOST" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
-  # nginx writes into the work directory until it has exited: wait for it (at most 5 s).
-  for pid in "${nginx[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  done
+  stop_nginx
   rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
 
-need() {
-  command -v "$1" >/dev/null 2>&1 && return
-  [ -x "/usr/sbin/$1" ] && return
-  echo "installing $2 from Debian" >&2
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2
-}
 need wrk wrk
 need nginx nginx-light
 need redis-server redis-server
 need redis-benchmark redis-tools
 need ip iproute2
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PROXY=$(free_port); ADMIN=$(free_port)
 REDIS=$(free_port)
 
@@ -102,38 +87,7 @@ wait_port() { # $1: host, $2: port
 wait_port 127.0.0.1 "$REDIS"
 REDIS_URL="redis://127.0.0.1:$REDIS"
 
-# Two nginx instances: the upstream (one worker), and the limit_req reverse proxy in front of it,
-# a process of its own with NGINX_WORKERS workers (default 2, as many as spillway's serving
-# threads), so each proxy has the same cores and the upstream the same one worker behind both.
-nginx_conf() { # $1: name, $2: workers, $3: the http block's servers
-  mkdir -p "$WORK/$1"
-  cat > "$WORK/$1.conf" <<CONF
-worker_processes $2;
-pid $WORK/$1.pid;
-error_log $WORK/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  client_body_temp_path $WORK/$1; proxy_temp_path $WORK/$1;
-  fastcgi_temp_path $WORK/$1; uwsgi_temp_path $WORK/$1; scgi_temp_path $WORK/$1;
-$3
-}
-CONF
-  "$NGINX" -c "$WORK/$1.conf" -p "$WORK/$1"
-}
-nginx_conf upstream 1 "  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 \"ok\\n\"; } }"
-nginx_conf proxy "${NGINX_WORKERS:-2}" "  limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
-  upstream backend { server 127.0.0.1:$UPSTREAM; keepalive 64; }
-  server {
-    listen 127.0.0.1:$NGINX_PROXY;
-    location / {
-      limit_req zone=bench burst=1000000 nodelay;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-      proxy_pass http://backend;
-    }
-  }"
+start_nginx
 
 if [ -z "${NO_BUILD:-}" ]; then # NO_BUILD=1 measures the binaries already built
   echo "building spillway and the paced load generator (release)" >&2
@@ -347,6 +301,22 @@ header() {
   echo "| path | requests/s | vs direct | p50 | p99 | p99.5 | 429s |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 }
+# One open-loop table from the medians `medians` stored under $1 (P, N or F): its rows, named
+# after the Redis row $2, an extra row named $4 with result $5 when given, and its verdicts,
+# labelled $3.
+open_table() {
+  local d="$1_DIRECT" n="$1_NGINX" b="$1_BARE" s="$1_SPILL" x="$1_REDIS"
+  header
+  row "direct (nginx upstream)" "${!d}" "${!d}"
+  row "nginx reverse proxy, limit_req not hit" "${!n}" "${!d}"
+  row "spillway proxy, no buckets" "${!b}" "${!d}"
+  row "spillway proxy, limit not hit" "${!s}" "${!d}"
+  row "$2" "${!x}" "${!d}"
+  [ -n "${4:-}" ] && row "$4" "$5" "${!d}"
+  echo
+  echo "G16, $3: $(goal "${!d}" "${!s}" "${!x}")"
+  echo "$(hop "${!d}" "${!n}" "${!s}"); $(limiter "${!b}" "${!s}" "${!x}")"
+}
 echo "Closed loop: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, $(nproc) cores; direct, nginx and spillway: medians of $ROUNDS interleaved rounds"
 echo
 header
@@ -359,16 +329,8 @@ echo "G16, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
 echo
 echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; the first five rows: medians of $ROUNDS interleaved rounds"
 echo
-header
-row "direct (nginx upstream)" "$P_DIRECT" "$P_DIRECT"
-row "nginx reverse proxy, limit_req not hit" "$P_NGINX" "$P_DIRECT"
-row "spillway proxy, no buckets" "$P_BARE" "$P_DIRECT"
-row "spillway proxy, limit not hit" "$P_SPILL" "$P_DIRECT"
-row "spillway proxy, Redis per request (store: redis, not hit)" "$P_REDIS" "$P_DIRECT"
-row "spillway proxy at 1.5x (limit $LIMIT, burst $BURST)" "$P_OVER" "$P_DIRECT"
-echo
-echo "G16, open loop: $(goal "$P_DIRECT" "$P_SPILL" "$P_REDIS")"
-echo "$(hop "$P_DIRECT" "$P_NGINX" "$P_SPILL"); $(limiter "$P_BARE" "$P_SPILL" "$P_REDIS")"
+open_table P "spillway proxy, Redis per request (store: redis, not hit)" "open loop" \
+  "spillway proxy at 1.5x (limit $LIMIT, burst $BURST)" "$P_OVER"
 echo
 echo "Redis across a network: $LINK."
 echo "Redis PING round trip over one connection (redis-benchmark): loopback $RTT_LOOPBACK; across the link $RTT_NET."
@@ -380,27 +342,13 @@ row "spillway proxy, Redis per request across the link (not hit)" "$NET_REDIS_R"
 echo
 echo "Open loop, Redis across the link: paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; medians of $ROUNDS interleaved rounds"
 echo
-header
-row "direct (nginx upstream)" "$N_DIRECT" "$N_DIRECT"
-row "nginx reverse proxy, limit_req not hit" "$N_NGINX" "$N_DIRECT"
-row "spillway proxy, no buckets" "$N_BARE" "$N_DIRECT"
-row "spillway proxy, limit not hit" "$N_SPILL" "$N_DIRECT"
-row "spillway proxy, Redis per request across the link (not hit)" "$N_REDIS" "$N_DIRECT"
-echo
-echo "G16, open loop, Redis across the link: $(goal "$N_DIRECT" "$N_SPILL" "$N_REDIS")"
-echo "$(hop "$N_DIRECT" "$N_NGINX" "$N_SPILL"); $(limiter "$N_BARE" "$N_SPILL" "$N_REDIS")"
+open_table N "spillway proxy, Redis per request across the link (not hit)" \
+  "open loop, Redis across the link"
 echo
 echo "Open loop, Redis across the link and serving the rest of a fleet: the fleet sends $FLEET_RATE EVALSHA/s ($FLEET_SHARE of the $FLEET_CAPACITY/s it measured) during every row; paced at $NET_RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; medians of $ROUNDS interleaved rounds"
 echo
-header
-row "direct (nginx upstream)" "$F_DIRECT" "$F_DIRECT"
-row "nginx reverse proxy, limit_req not hit" "$F_NGINX" "$F_DIRECT"
-row "spillway proxy, no buckets" "$F_BARE" "$F_DIRECT"
-row "spillway proxy, limit not hit" "$F_SPILL" "$F_DIRECT"
-row "spillway proxy, Redis per request across the link, Redis shared with the fleet (not hit)" "$F_REDIS" "$F_DIRECT"
-echo
-echo "G16, open loop, Redis across the link and shared with the fleet: $(goal "$F_DIRECT" "$F_SPILL" "$F_REDIS")"
-echo "$(hop "$F_DIRECT" "$F_NGINX" "$F_SPILL"); $(limiter "$F_BARE" "$F_SPILL" "$F_REDIS")"
+open_table F "spillway proxy, Redis per request across the link, Redis shared with the fleet (not hit)" \
+  "open loop, Redis across the link and shared with the fleet"
 echo
 echo "Each round (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)):"
 echo

@@ -68,7 +68,7 @@ fn bad_timeouts_exit_2_saying_what_a_timeout_looks_like() {
         ("--upstream-timeout", "0s", "at least 1ms, or off"),
         ("--upstream-timeout", "soon", "or off"),
         ("--header-timeout", "30", "has no unit"),
-        ("--header-timeout", "off", "off"),
+        ("--header-timeout", "off", "a whole number and a unit"),
     ] {
         let output = Command::new(SPILLWAY)
             .arg("proxy")

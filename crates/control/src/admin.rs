@@ -72,14 +72,7 @@ async fn start(
 
 /// Serves the admin endpoints of `view` on `listener` (HTTP/1.1) until `stop` fires.
 pub async fn serve(listener: TcpListener, view: Arc<dyn AdminView>, mut stop: Stop) {
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-            _ = stop.changed() => return,
-        };
+    while let Some((stream, _)) = crate::net::accept_or_stop(&listener, &mut stop).await {
         let view = view.clone();
         let service = service_fn(move |request| {
             let view = view.clone();

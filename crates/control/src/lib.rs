@@ -28,6 +28,7 @@ pub use error::ControlError;
 pub use link::{
     BucketReport, ClientLink, Instruction, InstructionSink, LinkOptions, LinkStatus, ReportSource,
 };
+pub use net::accept_or_stop;
 pub use rules::{FileRules, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Sums};
 pub use timing::{Backoff, Interval};

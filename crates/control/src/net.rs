@@ -1,9 +1,10 @@
 //! What every tier's links share: endpoints with the same timeouts and keep-alives, serving
-//! until stopped, a stop signal, and a sleep that gives way to it.
+//! until stopped, a stop signal, and a sleep and an accept that give way to it.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
@@ -84,5 +85,27 @@ pub async fn sleep_or_stop(delay: Duration, stop: &mut Stop) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(delay) => false,
         _ = stop.changed() => true,
+    }
+}
+
+/// The next connection on `listener`, or `None` once `stop` fires. A failed accept (out of file
+/// descriptors and the like) is logged and retried 50 ms later rather than in a busy loop.
+pub async fn accept_or_stop(
+    listener: &TcpListener,
+    stop: &mut Stop,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(err) => {
+                    tracing::warn!("accept failed: {err}");
+                    if sleep_or_stop(Duration::from_millis(50), stop).await {
+                        return None;
+                    }
+                }
+            },
+            _ = stop.changed() => return None,
+        }
     }
 }

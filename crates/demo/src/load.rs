@@ -36,14 +36,7 @@ pub async fn upstream(
         .map_err(DemoError::io("the demo upstream"))?;
     let task = tokio::spawn(async move {
         let mut stop = stop;
-        loop {
-            let stream = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(_) => continue,
-                },
-                _ = stop.changed() => return,
-            };
+        while let Some((stream, _)) = spillway_control::accept_or_stop(&listener, &mut stop).await {
             let _ = stream.set_nodelay(true);
             let service = service_fn(|_request: Request<hyper::body::Incoming>| async {
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))

@@ -112,36 +112,45 @@ pub fn dropped(
 /// `UNAVAILABLE` (which gRPC clients also derive from a 502) for gRPC requests.
 pub fn upstream_failed(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {
     let detail = format!("the upstream could not be reached: {}", chain(error));
-    if grpc {
-        let mut response = grpc_status(GRPC_UNAVAILABLE, &detail);
-        *response.status_mut() = StatusCode::BAD_GATEWAY;
-        return response;
-    }
-    let body = serde_json::json!({
-        "type": "urn:spillway:problem:upstream-unreachable",
-        "title": "Bad Gateway",
-        "status": 502,
-        "detail": detail,
-    });
-    problem(StatusCode::BAD_GATEWAY, &body)
+    upstream_problem(
+        StatusCode::BAD_GATEWAY,
+        "upstream-unreachable",
+        &detail,
+        grpc,
+    )
 }
 
 /// The answer when the upstream kept a whole request unanswered past the upstream timeout: 504,
 /// or gRPC `UNAVAILABLE` (gRPC's mapping of a 504) for gRPC requests.
 pub fn upstream_timed_out(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {
-    let detail = chain(error);
+    upstream_problem(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream-timeout",
+        &chain(error),
+        grpc,
+    )
+}
+
+/// An upstream fault as `status` with a problem document of type `kind`, or for gRPC as a
+/// trailers-only `UNAVAILABLE` carrying the same HTTP status.
+fn upstream_problem(
+    status: StatusCode,
+    kind: &str,
+    detail: &str,
+    grpc: bool,
+) -> Response<Full<Bytes>> {
     if grpc {
-        let mut response = grpc_status(GRPC_UNAVAILABLE, &detail);
-        *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        let mut response = grpc_status(GRPC_UNAVAILABLE, detail);
+        *response.status_mut() = status;
         return response;
     }
     let body = serde_json::json!({
-        "type": "urn:spillway:problem:upstream-timeout",
-        "title": "Gateway Timeout",
-        "status": 504,
+        "type": format!("urn:spillway:problem:{kind}"),
+        "title": status.canonical_reason().unwrap_or("Upstream Error"),
+        "status": status.as_u16(),
         "detail": detail,
     });
-    problem(StatusCode::GATEWAY_TIMEOUT, &body)
+    problem(status, &body)
 }
 
 /// An error and its sources, as one line.

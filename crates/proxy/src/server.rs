@@ -226,19 +226,8 @@ async fn accept(
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut next = 0;
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
-                    tracing::warn!("accept failed: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stopped.changed() => break,
-        };
+    while let Some((stream, peer)) = spillway_control::accept_or_stop(&listener, &mut stopped).await
+    {
         let _ = stream.set_nodelay(true);
         // Off this runtime's reactor, onto the worker's.
         let Ok(stream) = stream.into_std() else {

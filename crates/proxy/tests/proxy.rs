@@ -9,6 +9,11 @@ use http::StatusCode;
 use spillway_core::algo::Ratio;
 use support::{Upstream, admin, config, get, grpc_call, proxy, proxy_on, proxy_with, statuses};
 
+/// A bucket these tests never fill.
+const UNHIT: &str = "{ name: b, limit: 100/h, algorithm: token-bucket }";
+/// What the raw upstreams below answer.
+const OK_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_local_algorithm_is_enforced_through_the_proxy() {
     let upstream = Upstream::start().await;
@@ -219,12 +224,7 @@ async fn worker_threads_give_502_for_a_killed_upstream() {
 
 async fn killed_upstream_gives_502(workers: usize) {
     let upstream = Upstream::start().await;
-    let running = proxy_on(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
-        &upstream.url(),
-        workers,
-    )
-    .await;
+    let running = proxy_on(&config(&[UNHIT]), &upstream.url(), workers).await;
     let addr = running.proxy.addr();
     assert_eq!(get(addr, "/", &[]).await.status, StatusCode::OK);
     upstream.kill().await;
@@ -306,12 +306,7 @@ async fn worker_threads_drain_requests_in_flight() {
 
 async fn drains_requests_in_flight(workers: usize) {
     let mut upstream = Upstream::start().await;
-    let running = proxy_on(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
-        &upstream.url(),
-        workers,
-    )
-    .await;
+    let running = proxy_on(&config(&[UNHIT]), &upstream.url(), workers).await;
     let addr = running.proxy.addr();
     let in_flight = tokio::spawn(async move { get(addr, "/slow", &[]).await });
     // The request has reached the upstream, which holds it.
@@ -344,45 +339,25 @@ async fn drains_requests_in_flight(workers: usize) {
 /// new one instead of failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_connection_closed_between_requests_is_replaced() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
     let serving = tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .await;
+            read_request(&mut stream).await;
+            let _ = stream.write_all(OK_ANSWER).await;
             drop(stream);
             let _ = closed_tx.send(());
         }
     });
-    let running = proxy(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
-        &format!("http://{upstream}"),
-    )
-    .await;
-    let stream = tokio::net::TcpStream::connect(running.proxy.addr())
-        .await
-        .unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut sender = h1_client(running.proxy.addr()).await;
     for _ in 0..3 {
         sender.ready().await.unwrap();
         let request = http::Request::get("/")
             .header("host", "app")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .body(http_body_util::Full::default())
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
@@ -427,9 +402,7 @@ async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent
                             posts.fetch_add(1, Ordering::SeqCst);
                         }
                         if answered {
-                            let _ = stream
-                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                                .await;
+                            let _ = stream.write_all(OK_ANSWER).await;
                         }
                     }
                     // The second request is read and the connection closed, unanswered.
@@ -437,19 +410,8 @@ async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent
             }
         }
     });
-    let running = proxy(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
-        &format!("http://{upstream}"),
-    )
-    .await;
-    let stream = tokio::net::TcpStream::connect(running.proxy.addr())
-        .await
-        .unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut sender = h1_client(running.proxy.addr()).await;
     let mut send = async |method: http::Method, body: &'static str| {
         sender.ready().await.unwrap();
         let request = http::Request::builder()
@@ -515,8 +477,7 @@ async fn raw_upstream(delay: Option<Duration>) -> std::net::SocketAddr {
                         return;
                     };
                     tokio::time::sleep(delay).await;
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if stream.write_all(answer).await.is_err() {
+                    if stream.write_all(OK_ANSWER).await.is_err() {
                         return;
                     }
                 }
@@ -532,7 +493,7 @@ async fn raw_upstream(delay: Option<Duration>) -> std::net::SocketAddr {
 async fn an_upstream_holding_a_whole_request_past_the_timeout_gives_504() {
     let upstream = raw_upstream(None).await;
     let running = proxy_with(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &config(&[UNHIT]),
         &format!("http://{upstream}"),
         |options| options.upstream_timeout = Some(Duration::from_millis(300)),
     )
@@ -564,7 +525,7 @@ async fn an_upload_slower_than_the_upstream_timeout_is_not_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = raw_upstream(Some(Duration::ZERO)).await;
     let running = proxy_with(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
+        &config(&[UNHIT]),
         &format!("http://{upstream}"),
         |options| options.upstream_timeout = Some(Duration::from_millis(300)),
     )
@@ -594,11 +555,9 @@ async fn an_upload_slower_than_the_upstream_timeout_is_not_cut_off() {
 async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = Upstream::start().await;
-    let running = proxy_with(
-        &config(&["{ name: b, limit: 100/h, algorithm: token-bucket }"]),
-        &upstream.url(),
-        |options| options.header_timeout = Duration::from_millis(300),
-    )
+    let running = proxy_with(&config(&[UNHIT]), &upstream.url(), |options| {
+        options.header_timeout = Duration::from_millis(300)
+    })
     .await;
     // Before connecting: the proxy's clock starts once it serves the connection.
     let started = std::time::Instant::now();
@@ -618,4 +577,17 @@ async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(upstream.seen(), 0);
     running.proxy.shutdown().await;
+}
+
+/// One HTTP/1.1 client connection to `addr`, its requests sent in turn.
+async fn h1_client(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
 }
