@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -47,8 +47,22 @@ pub(crate) struct Upstream {
 /// key, and without a second connection's task waiting on another one's. It is opened at the
 /// first request and closed with the downstream connection; one the upstream closed in between
 /// is replaced at the next request.
+///
+/// The connection has no task of its own: the downstream connection's task drives it while it
+/// waits for the upstream's answer ([`Driven`]) and while it relays the answer's body
+/// ([`Relay`]), so a request and its answer cross no task boundary. Between requests nothing
+/// reads it; an upstream's close is seen at the next request.
 #[derive(Default)]
-pub(crate) struct Link(Mutex<Option<http1::SendRequest<H1Body>>>);
+pub(crate) struct Link(Mutex<Option<Held>>);
+
+/// An upstream HTTP/1.1 connection: the handle requests are sent through, and the connection
+/// itself, which does the reading and writing when polled.
+pub(crate) struct Held {
+    sender: http1::SendRequest<H1Body>,
+    connection: H1Connection,
+}
+
+type H1Connection = http1::Connection<TokioIo<TcpStream>, H1Body>;
 
 /// The body of a request sent upstream over HTTP/1.1: the downstream request's own, or none, for
 /// a bodiless request sent again ([`replay_of`]).
@@ -108,13 +122,115 @@ impl<B: Body + Unpin> Body for Sent<B> {
 }
 
 impl Link {
-    fn take(&self) -> Option<http1::SendRequest<H1Body>> {
+    fn take(&self) -> Option<Held> {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 
-    fn keep(&self, sender: http1::SendRequest<H1Body>) {
+    fn keep(&self, held: Held) {
         if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(sender);
+            *slot = Some(held);
+        }
+    }
+}
+
+/// `future` (waiting on the upstream connection) with the connection driven by the same poll:
+/// the connection first, so what it read or wrote is there for the future to see. A connection
+/// that ends is dropped here, which fails the requests it still held, so the future cannot wait
+/// on a connection that is gone.
+struct Driven<'a, F> {
+    connection: &'a mut Option<H1Connection>,
+    future: F,
+}
+
+impl<F: Future + Unpin> Future for Driven<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        drive(this.connection, cx);
+        Pin::new(&mut this.future).poll(cx)
+    }
+}
+
+/// Polls `connection`, dropping it if it has ended.
+fn drive(connection: &mut Option<H1Connection>, cx: &mut Context<'_>) {
+    if let Some(open) = connection
+        && let Poll::Ready(ended) = Pin::new(open).poll(cx)
+    {
+        if let Err(err) = ended {
+            tracing::debug!("upstream connection ended with an error: {err}");
+        }
+        *connection = None;
+    }
+}
+
+/// The body of an upstream response, read through the connection it arrives on, which this body
+/// drives; once read whole the connection goes back to its [`Link`] for the next request. A
+/// response dropped before its end closes the connection, since the rest of it is still coming.
+/// An HTTP/2 response carries no connection (the pool's tasks drive those).
+pub(crate) struct Relay {
+    body: Incoming,
+    held: Option<Returning>,
+}
+
+/// A connection on its way back to its [`Link`].
+struct Returning {
+    sender: http1::SendRequest<H1Body>,
+    connection: Option<H1Connection>,
+    link: Arc<Link>,
+}
+
+impl Relay {
+    fn give_back(&mut self) {
+        if let Some(Returning {
+            sender,
+            connection: Some(connection),
+            link,
+        }) = self.held.take()
+        {
+            link.keep(Held { sender, connection });
+        }
+    }
+}
+
+impl Body for Relay {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let mut frame = Pin::new(&mut this.body).poll_frame(cx);
+        if frame.is_pending()
+            && let Some(held) = &mut this.held
+        {
+            // The body waits on the connection: read more of it, and look again.
+            drive(&mut held.connection, cx);
+            frame = Pin::new(&mut this.body).poll_frame(cx);
+        }
+        let frame = ready!(frame);
+        if frame.is_none() || this.body.is_end_stream() {
+            this.give_back();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Relay {
+    /// A bodiless response (`HEAD`, 204, 304) is never polled: it is whole from the start.
+    fn drop(&mut self) {
+        if self.body.is_end_stream() {
+            self.give_back();
         }
     }
 }
@@ -253,14 +369,16 @@ impl Upstream {
     pub(crate) async fn forward(
         &self,
         mut request: Request<Incoming>,
-        link: &Link,
-    ) -> Result<Response<Incoming>, ForwardError> {
+        link: &Arc<Link>,
+    ) -> Result<Response<Relay>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
         let (parts, body) = request.into_parts();
         let (body, mut sent) = Sent::new(body);
         let request = Request::from_parts(parts, body);
         let mut response = if request.version() == Version::HTTP_2 {
-            self.forward_h2(request, &mut sent).await?
+            self.forward_h2(request, &mut sent)
+                .await?
+                .map(|body| Relay { body, held: None })
         } else {
             self.forward_h1(request, link, &mut sent).await?
         };
@@ -292,9 +410,9 @@ impl Upstream {
     async fn forward_h1(
         &self,
         mut request: Request<Sent<Incoming>>,
-        link: &Link,
+        link: &Arc<Link>,
         sent: &mut Option<oneshot::Receiver<()>>,
-    ) -> Result<Response<Incoming>, ForwardError> {
+    ) -> Result<Response<Relay>, ForwardError> {
         *request.version_mut() = Version::HTTP_11;
         // Origin form (`/path?query`): a request in absolute form keeps only its path and query.
         if request.uri().scheme().is_some() || request.uri().authority().is_some() {
@@ -317,24 +435,43 @@ impl Upstream {
         // is safe to send twice, bodiless with an idempotent method (RFC 9110 §9.2.2), goes out
         // again on a new connection; any other gets the 502.
         let mut request = request.map(Either::Left);
-        let mut sender = link.take();
+        let mut kept = link.take();
         loop {
-            let reused = sender.is_some();
-            let mut current = match sender.take() {
-                Some(kept) if !kept.is_closed() => kept,
-                _ => self.connect_h1().await?,
+            let reused = kept.is_some();
+            let Held {
+                mut sender,
+                connection,
+            } = match kept.take() {
+                Some(held) => held,
+                None => self.connect_h1().await?,
             };
-            if let Err(err) = current.ready().await {
+            let mut connection = Some(connection);
+            let ready = Driven {
+                connection: &mut connection,
+                future: std::future::poll_fn(|cx| sender.poll_ready(cx)),
+            };
+            if let Err(err) = ready.await {
                 if reused {
                     continue;
                 }
                 return Err(err.into());
             }
             let replay = if reused { replay_of(&request) } else { None };
-            match self.within(current.try_send_request(request), sent).await? {
+            let response = Driven {
+                connection: &mut connection,
+                future: std::pin::pin!(sender.try_send_request(request)),
+            };
+            match self.within(response, sent).await? {
                 Ok(response) => {
-                    link.keep(current);
-                    return Ok(response);
+                    let held = Returning {
+                        sender,
+                        connection,
+                        link: link.clone(),
+                    };
+                    return Ok(response.map(|body| Relay {
+                        body,
+                        held: Some(held),
+                    }));
                 }
                 Err(mut failed) => match (failed.take_message(), replay) {
                     (Some(unsent), _) if reused => request = unsent,
@@ -351,8 +488,8 @@ impl Upstream {
         }
     }
 
-    /// Opens an HTTP/1.1 connection to the upstream; its task runs on this worker's runtime.
-    async fn connect_h1(&self) -> Result<http1::SendRequest<H1Body>, ForwardError> {
+    /// Opens an HTTP/1.1 connection to the upstream, to be driven by the requests sent on it.
+    async fn connect_h1(&self) -> Result<Held, ForwardError> {
         let host = self.authority.host();
         let host = host
             .strip_prefix('[')
@@ -365,12 +502,7 @@ impl Upstream {
             .map_err(ForwardError::Connect)?;
         let _ = stream.set_nodelay(true);
         let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!("upstream connection ended with an error: {err}");
-            }
-        });
-        Ok(sender)
+        Ok(Held { sender, connection })
     }
 }
 

@@ -25,11 +25,11 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Link, Upstream};
+use crate::forward::{ForwardError, Link, Relay, Upstream};
 
 /// The body of every response: the upstream's, streamed, or one of ours. `Either` rather than a
 /// boxed body, so forwarding allocates no box per response.
-pub(crate) type Body = Either<Incoming, Full<Bytes>>;
+pub(crate) type Body = Either<Relay, Full<Bytes>>;
 
 pub(crate) fn full(body: Full<Bytes>) -> Body {
     Either::Right(body)

@@ -373,6 +373,94 @@ async fn an_upstream_connection_closed_between_requests_is_replaced() {
     serving.abort();
 }
 
+/// A downstream connection's requests all go over one upstream connection, whatever their
+/// answers' bodies: one larger than the socket buffers (relayed in many reads), a chunked one,
+/// the bodiless answers to a `HEAD` and a 204, and a plain one. Each body arrives whole, and the
+/// upstream connection is handed on to the next request after each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_of_body() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+
+    const BIG: usize = 1 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let serving = tokio::spawn({
+        let connections = connections.clone();
+        async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    while let Some(head) = read_request(&mut stream).await {
+                        let answer: Vec<u8> = match head.lines().next().unwrap_or_default() {
+                            "get /big http/1.1" => {
+                                let mut answer =
+                                    format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n")
+                                        .into_bytes();
+                                answer.resize(answer.len() + BIG, b'x');
+                                answer
+                            }
+                            "get /chunked http/1.1" => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".to_vec(),
+                            "head / http/1.1" => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n".to_vec(),
+                            "get /none http/1.1" => b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(),
+                            _ => OK_ANSWER.to_vec(),
+                        };
+                        if stream.write_all(&answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut sender = h1_client(running.proxy.addr()).await;
+    for _ in 0..2 {
+        for (method, path, status, body) in [
+            (http::Method::GET, "/big", StatusCode::OK, vec![b'x'; BIG]),
+            (
+                http::Method::GET,
+                "/chunked",
+                StatusCode::OK,
+                b"hello world".to_vec(),
+            ),
+            (http::Method::HEAD, "/", StatusCode::OK, Vec::new()),
+            (
+                http::Method::GET,
+                "/none",
+                StatusCode::NO_CONTENT,
+                Vec::new(),
+            ),
+            (http::Method::GET, "/", StatusCode::OK, b"ok".to_vec()),
+        ] {
+            sender.ready().await.unwrap();
+            let request = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .header("host", "app")
+                .body(http_body_util::Full::default())
+                .unwrap();
+            let response = sender.send_request(request).await.unwrap();
+            assert_eq!(response.status(), status, "{path}");
+            let got = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert!(
+                got[..] == body[..],
+                "{path}: {} bytes, not {}",
+                got.len(),
+                body.len()
+            );
+        }
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
 /// An upstream that answers the first request of each connection and closes the connection when
 /// the second one arrives, unanswered: the race of a keep-alive timeout running out just as the
 /// proxy reuses the connection. A bodiless GET is sent again on a new connection and answered;
