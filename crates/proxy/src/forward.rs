@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -137,6 +137,11 @@ impl Link {
 /// the connection first, so what it read or wrote is there for the future to see. A connection
 /// that ends is dropped here, which fails the requests it still held, so the future cannot wait
 /// on a connection that is gone.
+///
+/// Only the connection moves the future on (it answers or fails the request, and says when it
+/// can take one), and every poll drives it first, so the future is polled without a waker of its
+/// own: given this task's, the connection would wake the task for what the same poll goes on to
+/// see, and the task would be polled once more for nothing.
 struct Driven<'a, F> {
     connection: &'a mut Option<H1Connection>,
     future: F,
@@ -148,7 +153,7 @@ impl<F: Future + Unpin> Future for Driven<'_, F> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = &mut *self;
         drive(this.connection, cx);
-        Pin::new(&mut this.future).poll(cx)
+        Pin::new(&mut this.future).poll(&mut Context::from_waker(Waker::noop()))
     }
 }
 
@@ -202,14 +207,21 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let mut frame = Pin::new(&mut this.body).poll_frame(cx);
-        if frame.is_pending()
-            && let Some(held) = &mut this.held
-        {
-            // The body waits on the connection: read more of it, and look again.
-            drive(&mut held.connection, cx);
-            frame = Pin::new(&mut this.body).poll_frame(cx);
-        }
+        let frame = match &mut this.held {
+            // HTTP/1.1: only the connection fills the body, and it is driven here, so the body is
+            // polled without a waker of its own, as in [`Driven`].
+            Some(held) => {
+                let mut quiet = Context::from_waker(Waker::noop());
+                let mut frame = Pin::new(&mut this.body).poll_frame(&mut quiet);
+                if frame.is_pending() {
+                    // The body waits on the connection: read more of it, and look again.
+                    drive(&mut held.connection, cx);
+                    frame = Pin::new(&mut this.body).poll_frame(&mut quiet);
+                }
+                frame
+            }
+            None => Pin::new(&mut this.body).poll_frame(cx),
+        };
         let frame = ready!(frame);
         if frame.is_none() || this.body.is_end_stream() {
             this.give_back();

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Two builds of `spillway proxy` side by side: the latency each adds over direct, open loop, in
+# interleaved rounds. For a change to the request path, measure the build before it against the
+# build with it; on a shared machine one run of each says little, rounds that alternate do.
+#
+# Both proxies (no buckets: the hop alone, SPILLWAY_WORKERS serving threads each, default 2) run
+# in front of the same upstream (nginx, one worker, answering 200 from memory) for the whole run.
+# Each round measures direct, A and B with the `paced` load generator (RATE requests/s for
+# SECONDS over 32 connections); odd rounds measure A before B, even rounds B before A, so neither
+# always runs right after direct. Prints every round, then for each build the median over the
+# rounds of what it added to direct's p50, p99 and p99.5 in the same round.
+#
+# Usage: bench/proxy/ab.sh BINARY_A BINARY_B [RATE] [SECONDS] [ROUNDS]   (defaults 19000 8 6)
+# Installs nginx-light from Debian when missing; builds the `paced` example in release mode.
+set -euo pipefail
+
+if [ $# -lt 2 ]; then
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+A_BIN=$1
+B_BIN=$2
+RATE=${3:-19000}
+SECONDS_PER_RUN=${4:-8}
+ROUNDS=${5:-6}
+for bin in "$A_BIN" "$B_BIN"; do
+  [ -x "$bin" ] || { echo "ab.sh: $bin is not an executable" >&2; exit 2; }
+done
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=$(mktemp -d)
+PIDS=()
+# shellcheck source=bench/proxy/common.sh
+. "$ROOT/bench/proxy/common.sh"
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  stop_nginx
+  rm -rf "$WORK" 2>/dev/null || true
+}
+trap cleanup EXIT
+need nginx nginx-light
+UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PORT_A=$(free_port); PORT_B=$(free_port)
+start_nginx
+
+(cd "$ROOT" && cargo build --release -q -p spillway-proxy --example paced)
+PACED=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/paced
+printf 'version: 1\nservices: {}\n' > "$WORK/spillway.yaml"
+for side in A:"$A_BIN":"$PORT_A" B:"$B_BIN":"$PORT_B"; do
+  IFS=: read -r _ bin port <<<"$side"
+  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$bin" proxy -c "$WORK/spillway.yaml" \
+    --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UPSTREAM" &
+  PIDS+=("$!")
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+done
+
+# paced prints `RESULT rps p50 p99 p99.5 non2xx total`, latencies in microseconds.
+measure() { "$PACED" "http://127.0.0.1:$1/" "$RATE" "$SECONDS_PER_RUN" 32 | awk '/^RESULT/ { print $3, $4, $5 }'; }
+
+echo "A: $A_BIN"
+echo "B: $B_BIN"
+echo "open loop, $RATE requests/s for $SECONDS_PER_RUN s over 32 connections; microseconds"
+echo "round path p50 p99 p99.5"
+: > "$WORK/added"
+for round in $(seq "$ROUNDS"); do
+  read -r d50 d99 d995 <<<"$(measure "$UPSTREAM")"
+  echo "$round direct $d50 $d99 $d995"
+  order="A:$PORT_A B:$PORT_B"
+  [ $((round % 2)) -eq 0 ] && order="B:$PORT_B A:$PORT_A"
+  for side in $order; do
+    read -r p50 p99 p995 <<<"$(measure "${side#*:}")"
+    echo "$round ${side%%:*} $p50 $p99 $p995"
+    echo "${side%%:*} $((p50 - d50)) $((p99 - d99)) $((p995 - d995))" >> "$WORK/added"
+  done
+done
+echo
+echo "added over direct in the same round, median of $ROUNDS rounds; microseconds"
+echo "build p50 p99 p99.5"
+for side in A B; do
+  printf '%s' "$side"
+  for field in 2 3 4; do
+    awk -v s="$side" -v f="$field" '$1 == s { print $f }' "$WORK/added" | sort -n \
+      | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf " %d", m }'
+  done
+  echo
+done
