@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Two builds of `spillway proxy` side by side: the latency each adds over direct, open loop, in
-# interleaved rounds. For a change to the request path, measure the build before it against the
+# Two builds of `spillway proxy` side by side: the latency each adds over direct (open loop) and
+# the rate each carries (closed loop), in interleaved rounds. For a change to the request path, measure the build before it against the
 # build with it; on a shared machine one run of each says little, rounds that alternate do.
 #
 # Both proxies (no buckets: the hop alone, SPILLWAY_WORKERS serving threads each, default 2) run
 # in front of the same upstream (nginx, one worker, answering 200 from memory) for the whole run.
 # Each round measures direct, A and B with the `paced` load generator (RATE requests/s for
 # SECONDS over 32 connections); odd rounds measure A before B, even rounds B before A, so neither
-# always runs right after direct. Prints every round, then for each build the median over the
-# rounds of what it added to direct's p50, p99 and p99.5 in the same round.
+# always runs right after direct; then `wrk -t2 -c32` for SECONDS against A and B in the same
+# order. Prints every round, then for each build the median over the rounds of what it added to
+# direct's p50, p99 and p99.5 in the same round and of its closed-loop requests/s, and in how
+# many rounds B carried more than A.
 #
 # Usage: bench/proxy/ab.sh BINARY_A BINARY_B [RATE] [SECONDS] [ROUNDS]   (defaults 19000 8 6)
-# Installs nginx-light from Debian when missing; builds the `paced` example in release mode.
+# Installs wrk and nginx-light from Debian when missing; builds the `paced` example in release mode.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -38,6 +40,7 @@ cleanup() {
   rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
+need wrk wrk
 need nginx nginx-light
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PORT_A=$(free_port); PORT_B=$(free_port)
 start_nginx
@@ -59,8 +62,10 @@ measure() { "$PACED" "http://127.0.0.1:$1/" "$RATE" "$SECONDS_PER_RUN" 32 | awk 
 echo "A: $A_BIN"
 echo "B: $B_BIN"
 echo "open loop, $RATE requests/s for $SECONDS_PER_RUN s over 32 connections; microseconds"
-echo "round path p50 p99 p99.5"
+echo "closed loop: wrk -t2 -c32 -d${SECONDS_PER_RUN}s; requests/s"
+echo "round path p50 p99 p99.5 | requests/s"
 : > "$WORK/added"
+: > "$WORK/rates"
 for round in $(seq "$ROUNDS"); do
   read -r d50 d99 d995 <<<"$(measure "$UPSTREAM")"
   echo "$round direct $d50 $d99 $d995"
@@ -71,15 +76,25 @@ for round in $(seq "$ROUNDS"); do
     echo "$round ${side%%:*} $p50 $p99 $p995"
     echo "${side%%:*} $((p50 - d50)) $((p99 - d99)) $((p995 - d995))" >> "$WORK/added"
   done
+  declare -A rate
+  for side in $order; do
+    rate[${side%%:*}]=$(wrk -t2 -c32 -d"${SECONDS_PER_RUN}s" "http://127.0.0.1:${side#*:}/" \
+      | awk '/^Requests\/sec/ { print int($2) }')
+    echo "$round ${side%%:*} closed loop | ${rate[${side%%:*}]}"
+  done
+  echo "${rate[A]} ${rate[B]}" >> "$WORK/rates"
 done
 echo
 echo "added over direct in the same round, median of $ROUNDS rounds; microseconds"
-echo "build p50 p99 p99.5"
+echo "build p50 p99 p99.5 | closed loop requests/s"
+median() { sort -n | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf " %d", m }'; }
 for side in A B; do
   printf '%s' "$side"
   for field in 2 3 4; do
-    awk -v s="$side" -v f="$field" '$1 == s { print $f }' "$WORK/added" | sort -n \
-      | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf " %d", m }'
+    awk -v s="$side" -v f="$field" '$1 == s { print $f }' "$WORK/added" | median
   done
+  printf ' |'
+  awk -v f="$([ "$side" = A ] && echo 1 || echo 2)" '{ print $f }' "$WORK/rates" | median
   echo
 done
+awk '$2 > $1 { b++ } END { printf "B carried more than A in %d of %d rounds\n", b, NR }' "$WORK/rates"
