@@ -461,6 +461,59 @@ async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_o
     serving.abort();
 }
 
+/// A client that goes away in the middle of an answer takes the upstream connection with it: the
+/// rest of that answer would be unread, so the connection cannot serve another request, and it is
+/// closed, not leaked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_answer_closes_its_upstream_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let serving = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                read_request(&mut stream).await;
+                // An answer far larger than the socket buffers, written until the proxy hangs up.
+                let length = 1u64 << 32;
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n");
+                let chunk = vec![b'x'; 64 * 1024];
+                let mut written = 0u64;
+                if stream.write_all(head.as_bytes()).await.is_ok() {
+                    while written < length && stream.write_all(&chunk).await.is_ok() {
+                        written += chunk.len() as u64;
+                    }
+                }
+                let _ = closed_tx.send(written);
+            });
+        }
+    });
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nhost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 64 * 1024];
+    let read = client.read(&mut head).await.unwrap();
+    assert!(head[..read].starts_with(b"HTTP/1.1 200 OK"));
+    drop(client);
+    let written = tokio::time::timeout(Duration::from_secs(10), closed.recv())
+        .await
+        .expect("the upstream connection stayed open after its client left")
+        .unwrap();
+    assert!(
+        written < 1u64 << 32,
+        "the whole answer was read: {written} bytes"
+    );
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
 /// An upstream that answers the first request of each connection and closes the connection when
 /// the second one arrives, unanswered: the race of a keep-alive timeout running out just as the
 /// proxy reuses the connection. A bodiless GET is sent again on a new connection and answered;
