@@ -49,9 +49,10 @@ pub(crate) struct Upstream {
 /// is replaced at the next request.
 ///
 /// The connection has no task of its own: the downstream connection's task drives it while it
-/// waits for the upstream's answer ([`Driven`]) and while it relays the answer's body
-/// ([`Relay`]), so a request and its answer cross no task boundary. Between requests nothing
-/// reads it; an upstream's close is seen at the next request.
+/// waits for the upstream's answer ([`Driven`]), while it relays the answer's body ([`Relay`]),
+/// and between requests while it waits to read the next one ([`Link::tend`]), so a request and
+/// its answer cross no task boundary and an upstream's close of an idle connection is answered
+/// with a close at once.
 #[derive(Default)]
 pub(crate) struct Link(Mutex<Option<Held>>);
 
@@ -122,6 +123,21 @@ impl<B: Body + Unpin> Body for Sent<B> {
 }
 
 impl Link {
+    /// Drives the connection held between requests, if any, and lets it go if it has ended (the
+    /// upstream closed it): called while the downstream connection waits for its next request,
+    /// so an upstream's close is answered at once rather than at the next request.
+    pub(crate) fn tend(&self, cx: &mut Context<'_>) {
+        if let Ok(mut slot) = self.0.try_lock()
+            && let Some(held) = slot.as_mut()
+            && let Poll::Ready(ended) = Pin::new(&mut held.connection).poll(cx)
+        {
+            if let Err(err) = ended {
+                tracing::debug!("idle upstream connection ended with an error: {err}");
+            }
+            *slot = None;
+        }
+    }
+
     fn take(&self) -> Option<Held> {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }

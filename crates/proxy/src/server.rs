@@ -4,8 +4,10 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -289,10 +291,17 @@ impl Worker {
             let peer: Arc<str> = peer.ip().to_string().into();
             let worker = self.clone();
             let link = Arc::new(Link::default());
-            let service = service_fn(move |request| {
-                handle(worker.clone(), peer.clone(), link.clone(), request)
+            let service = service_fn({
+                let link = link.clone();
+                move |request| handle(worker.clone(), peer.clone(), link.clone(), request)
             });
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection = builder.serve_connection(
+                Downstream {
+                    io: TokioIo::new(stream),
+                    link,
+                },
+                service,
+            );
             let connection = graceful.watch(connection.into_owned());
             tokio::spawn(async move {
                 if let Err(err) = connection.await {
@@ -306,6 +315,60 @@ impl Worker {
                 tracing::warn!("drain timeout passed; closing the connections still open");
             }
         }
+    }
+}
+
+/// A downstream connection's socket, which also tends the connection's idle upstream connection
+/// ([`Link::tend`]) whenever the server has to wait to read from it: between requests the server
+/// waits on this read, and the upstream connection's close wakes the same task.
+struct Downstream {
+    io: TokioIo<TcpStream>,
+    link: Arc<Link>,
+}
+
+impl hyper::rt::Read for Downstream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if read.is_pending() {
+            // Waiting for the next request (or the rest of this one): the upstream connection
+            // may have been closed meanwhile.
+            self.link.tend(cx);
+        }
+        read
+    }
+}
+
+impl hyper::rt::Write for Downstream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -514,6 +514,55 @@ async fn a_client_gone_mid_answer_closes_its_upstream_connection() {
     serving.abort();
 }
 
+/// An upstream that closes a kept connection while its client sits idle gets the connection
+/// closed back at once: the proxy does not hold it half-closed until the client's next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_closing_an_idle_connection_is_answered_with_a_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let serving = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_request(&mut stream).await;
+        stream.write_all(OK_ANSWER).await.unwrap();
+        // Its keep-alive timeout: it closes its side, then waits for the proxy to close.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stream.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let _ = closed_tx.send(stream.read_to_end(&mut rest).await.map(|_| rest.len()));
+    });
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut sender = h1_client(running.proxy.addr()).await;
+    sender.ready().await.unwrap();
+    let request = http::Request::get("/")
+        .header("host", "app")
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap();
+    // The client stays connected and idle while the upstream closes.
+    let read = tokio::time::timeout(Duration::from_secs(5), closed.recv())
+        .await
+        .expect("the proxy held the closed upstream connection open while its client was idle")
+        .unwrap();
+    assert_eq!(
+        read.unwrap(),
+        0,
+        "the proxy sent bytes on a closed connection"
+    );
+    assert!(
+        !sender.is_closed(),
+        "the client's own connection was closed"
+    );
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
 /// An upstream that answers the first request of each connection and closes the connection when
 /// the second one arrives, unanswered: the race of a keep-alive timeout running out just as the
 /// proxy reuses the connection. A bodiless GET is sent again on a new connection and answered;
