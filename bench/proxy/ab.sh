@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Two builds of `spillway proxy` side by side: the latency each adds over direct (open loop) and
-# the rate each carries (closed loop), in interleaved rounds. For a change to the request path, measure the build before it against the
-# build with it; on a shared machine one run of each says little, rounds that alternate do.
+# the rate each carries (closed loop), in interleaved rounds. For a change to the request path,
+# measure the build before it against the build with it; on a shared machine one run of each
+# says little, rounds that alternate do.
 #
 # Both proxies (no buckets: the hop alone, SPILLWAY_WORKERS serving threads each, default 2) run
-# in front of the same upstream (nginx, one worker, answering 200 from memory) for the whole run.
+# in front of the same upstream (nginx, one worker, answering 200 from memory) for the whole run,
+# with nginx as a reverse proxy (NGINX_WORKERS workers, default 2) beside them for reference.
 # Each round measures direct, A and B with the `paced` load generator (RATE requests/s for
 # SECONDS over 32 connections); odd rounds measure A before B, even rounds B before A, so neither
 # always runs right after direct; then `wrk -t2 -c32` for SECONDS against A and B in the same
-# order. Prints every round, then for each build the median over the rounds of what it added to
-# direct's p50, p99 and p99.5 in the same round and of its closed-loop requests/s, and in how
-# many rounds B carried more than A.
+# order, and nginx. Prints every round, then for each build the median over the rounds of what
+# it added to direct's p50, p99 and p99.5 in the same round, of its closed-loop requests/s and
+# of its rate against nginx's in the same round; and in how many rounds B carried more than A.
 #
 # Usage: bench/proxy/ab.sh BINARY_A BINARY_B [RATE] [SECONDS] [ROUNDS]   (defaults 19000 8 6)
-# Installs wrk and nginx-light from Debian when missing; builds the `paced` example in release mode.
+# Installs wrk and nginx-light from Debian when missing; builds the `paced` example in release
+# mode.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 A_BIN=$1
@@ -77,16 +80,16 @@ for round in $(seq "$ROUNDS"); do
     echo "${side%%:*} $((p50 - d50)) $((p99 - d99)) $((p995 - d995))" >> "$WORK/added"
   done
   declare -A rate
-  for side in $order; do
+  for side in $order N:$NGINX_PROXY; do
     rate[${side%%:*}]=$(wrk -t2 -c32 -d"${SECONDS_PER_RUN}s" "http://127.0.0.1:${side#*:}/" \
       | awk '/^Requests\/sec/ { print int($2) }')
     echo "$round ${side%%:*} closed loop | ${rate[${side%%:*}]}"
   done
-  echo "${rate[A]} ${rate[B]}" >> "$WORK/rates"
+  echo "${rate[A]} ${rate[B]} ${rate[N]}" >> "$WORK/rates"
 done
 echo
 echo "added over direct in the same round, median of $ROUNDS rounds; microseconds"
-echo "build p50 p99 p99.5 | closed loop requests/s"
+echo "build p50 p99 p99.5 | closed loop requests/s, and against nginx's in the same round"
 median() { sort -n | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf " %d", m }'; }
 for side in A B; do
   printf '%s' "$side"
@@ -94,7 +97,13 @@ for side in A B; do
     awk -v s="$side" -v f="$field" '$1 == s { print $f }' "$WORK/added" | median
   done
   printf ' |'
-  awk -v f="$([ "$side" = A ] && echo 1 || echo 2)" '{ print $f }' "$WORK/rates" | median
+  field=$([ "$side" = A ] && echo 1 || echo 2)
+  awk -v f="$field" '{ print $f }' "$WORK/rates" | median
+  # Ratios in thousandths, so that `median` can sort them as integers.
+  awk -v f="$field" '{ print int(1000 * $f / $3) }' "$WORK/rates" | median | awk '{ printf " (%.2fx)", $1 / 1000 }'
   echo
 done
+printf 'nginx |'
+awk '{ print $3 }' "$WORK/rates" | median
+echo
 awk '$2 > $1 { b++ } END { printf "B carried more than A in %d of %d rounds\n", b, NR }' "$WORK/rates"
