@@ -128,12 +128,10 @@ impl Link {
     /// so an upstream's close is answered at once rather than at the next request.
     pub(crate) fn tend(&self, cx: &mut Context<'_>) {
         if let Ok(mut slot) = self.0.try_lock()
-            && let Some(held) = slot.as_mut()
-            && let Poll::Ready(ended) = Pin::new(&mut held.connection).poll(cx)
+            && slot
+                .as_mut()
+                .is_some_and(|held| has_ended(&mut held.connection, cx))
         {
-            if let Err(err) = ended {
-                tracing::debug!("idle upstream connection ended with an error: {err}");
-            }
             *slot = None;
         }
     }
@@ -175,41 +173,38 @@ impl<F: Future + Unpin> Future for Driven<'_, F> {
 
 /// Polls `connection`, dropping it if it has ended.
 fn drive(connection: &mut Option<H1Connection>, cx: &mut Context<'_>) {
-    if let Some(open) = connection
-        && let Poll::Ready(ended) = Pin::new(open).poll(cx)
-    {
-        if let Err(err) = ended {
-            tracing::debug!("upstream connection ended with an error: {err}");
-        }
+    if connection.as_mut().is_some_and(|open| has_ended(open, cx)) {
         *connection = None;
+    }
+}
+
+/// Polls `connection`: whether it has ended (the upstream closed it, or it failed).
+fn has_ended(connection: &mut H1Connection, cx: &mut Context<'_>) -> bool {
+    match Pin::new(connection).poll(cx) {
+        Poll::Ready(ended) => {
+            if let Err(err) = ended {
+                tracing::debug!("upstream connection ended with an error: {err}");
+            }
+            true
+        }
+        Poll::Pending => false,
     }
 }
 
 /// The body of an upstream response, read through the connection it arrives on, which this body
 /// drives; once read whole the connection goes back to its [`Link`] for the next request. A
 /// response dropped before its end closes the connection, since the rest of it is still coming.
-/// An HTTP/2 response carries no connection (the pool's tasks drive those).
+/// An HTTP/2 response carries no connection (the pool's tasks drive those), nor does one whose
+/// connection ended with its head.
 pub(crate) struct Relay {
     body: Incoming,
-    held: Option<Returning>,
-}
-
-/// A connection on its way back to its [`Link`].
-struct Returning {
-    sender: http1::SendRequest<H1Body>,
-    connection: Option<H1Connection>,
-    link: Arc<Link>,
+    returning: Option<(Held, Arc<Link>)>,
 }
 
 impl Relay {
     fn give_back(&mut self) {
-        if let Some(Returning {
-            sender,
-            connection: Some(connection),
-            link,
-        }) = self.held.take()
-        {
-            link.keep(Held { sender, connection });
+        if let Some((held, link)) = self.returning.take() {
+            link.keep(held);
         }
     }
 }
@@ -223,18 +218,21 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let frame = match &mut this.held {
+        let frame = match &mut this.returning {
             // HTTP/1.1: only the connection fills the body, and it is driven here, so the body is
             // polled without a waker of its own, as in [`Driven`].
-            Some(held) => {
+            Some((held, _)) => {
                 let mut quiet = Context::from_waker(Waker::noop());
-                let mut frame = Pin::new(&mut this.body).poll_frame(&mut quiet);
-                if frame.is_pending() {
+                match Pin::new(&mut this.body).poll_frame(&mut quiet) {
                     // The body waits on the connection: read more of it, and look again.
-                    drive(&mut held.connection, cx);
-                    frame = Pin::new(&mut this.body).poll_frame(&mut quiet);
+                    Poll::Pending if has_ended(&mut held.connection, cx) => {
+                        // Gone: what the body still has, or its error, is all there is.
+                        this.returning = None;
+                        Pin::new(&mut this.body).poll_frame(cx)
+                    }
+                    Poll::Pending => Pin::new(&mut this.body).poll_frame(&mut quiet),
+                    frame => frame,
                 }
-                frame
             }
             None => Pin::new(&mut this.body).poll_frame(cx),
         };
@@ -397,7 +395,7 @@ impl Upstream {
     pub(crate) async fn forward(
         &self,
         mut request: Request<Incoming>,
-        link: &Arc<Link>,
+        link: Arc<Link>,
     ) -> Result<Response<Relay>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
         let (parts, body) = request.into_parts();
@@ -406,7 +404,10 @@ impl Upstream {
         let mut response = if request.version() == Version::HTTP_2 {
             self.forward_h2(request, &mut sent)
                 .await?
-                .map(|body| Relay { body, held: None })
+                .map(|body| Relay {
+                    body,
+                    returning: None,
+                })
         } else {
             self.forward_h1(request, link, &mut sent).await?
         };
@@ -438,7 +439,7 @@ impl Upstream {
     async fn forward_h1(
         &self,
         mut request: Request<Sent<Incoming>>,
-        link: &Arc<Link>,
+        link: Arc<Link>,
         sent: &mut Option<oneshot::Receiver<()>>,
     ) -> Result<Response<Relay>, ForwardError> {
         *request.version_mut() = Version::HTTP_11;
@@ -491,15 +492,9 @@ impl Upstream {
             };
             match self.within(response, sent).await? {
                 Ok(response) => {
-                    let held = Returning {
-                        sender,
-                        connection,
-                        link: link.clone(),
-                    };
-                    return Ok(response.map(|body| Relay {
-                        body,
-                        held: Some(held),
-                    }));
+                    let returning =
+                        connection.map(|connection| (Held { sender, connection }, link));
+                    return Ok(response.map(|body| Relay { body, returning }));
                 }
                 Err(mut failed) => match (failed.take_message(), replay) {
                     (Some(unsent), _) if reused => request = unsent,

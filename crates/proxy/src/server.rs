@@ -461,7 +461,7 @@ async fn handle(
         return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
     }
     drop(rules);
-    match worker.upstream.forward(request, &link).await {
+    match worker.upstream.forward(request, link).await {
         Ok(response) => Ok(response.map(Either::Left)),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
