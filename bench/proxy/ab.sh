@@ -33,16 +33,9 @@ for bin in "$A_BIN" "$B_BIN"; do
 done
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
-PIDS=()
 # shellcheck source=bench/proxy/common.sh
 . "$ROOT/bench/proxy/common.sh"
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  stop_nginx
-  rm -rf "$WORK" 2>/dev/null || true
-}
-trap cleanup EXIT
+trap stop_started EXIT
 need wrk wrk
 need nginx nginx-light
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PORT_A=$(free_port); PORT_B=$(free_port)
@@ -56,7 +49,7 @@ for side in A:"$A_BIN":"$PORT_A" B:"$B_BIN":"$PORT_B"; do
   RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$bin" proxy -c "$WORK/spillway.yaml" \
     --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UPSTREAM" &
   PIDS+=("$!")
-  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  wait_port 127.0.0.1 "$port"
 done
 
 # paced prints `RESULT rps p50 p99 p99.5 non2xx total`, latencies in microseconds.

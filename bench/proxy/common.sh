@@ -1,5 +1,8 @@
-# What bench/proxy/run.sh and bench/proxy/cpu.sh share, sourced by both after they set WORK (a
-# fresh temporary directory) and, for start_nginx, UPSTREAM and NGINX_PROXY (free ports).
+# What bench/proxy/run.sh, cpu.sh and ab.sh share, sourced after they set WORK (a fresh
+# temporary directory) and, for start_nginx, UPSTREAM and NGINX_PROXY (free ports). A script
+# adds the pid of each process it starts to PIDS, and stops everything with stop_started.
+
+PIDS=()
 
 # Installs Debian package $2 when command $1 is missing.
 need() {
@@ -58,4 +61,18 @@ stop_nginx() {
     [ -f "$pidfile" ] && pid=$(cat "$pidfile") && kill "$pid" 2>/dev/null || continue
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   done
+}
+
+# Waits (at most 5 s) until something listens on $1:$2, or exits saying what is missing.
+wait_port() {
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return; sleep 0.1; done
+  echo "nothing listens on $1:$2" >&2; exit 1
+}
+
+# Stops the processes in PIDS and both nginx, then removes WORK: for a script's EXIT trap.
+stop_started() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  stop_nginx
+  rm -rf "$WORK" 2>/dev/null || true
 }

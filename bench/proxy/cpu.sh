@@ -18,16 +18,9 @@ SECONDS_PER_RUN=${1:-5}
 ROUNDS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
-PIDS=()
 # shellcheck source=bench/proxy/common.sh
 . "$ROOT/bench/proxy/common.sh"
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  stop_nginx
-  rm -rf "$WORK" 2>/dev/null || true
-}
-trap cleanup EXIT
+trap stop_started EXIT
 need wrk wrk
 need nginx nginx-light
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PROXY=$(free_port)
@@ -50,7 +43,7 @@ RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$SPILLWAY" proxy -c "
   --listen "127.0.0.1:$PROXY" --upstream "http://127.0.0.1:$UPSTREAM" &
 SPILLWAY_PID=$!
 PIDS+=("$SPILLWAY_PID")
-for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PROXY") 2>/dev/null && break; sleep 0.1; done
+wait_port 127.0.0.1 "$PROXY"
 # The nginx proxy's CPU is its workers'; the master only waits.
 for _ in $(seq 50); do [ -n "$(pgrep -P "$(cat "$WORK/proxy.pid")")" ] && break; sleep 0.1; done
 NGINX_WORKER_PIDS=$(pgrep -P "$(cat "$WORK/proxy.pid")" | tr '\n' ' ')

@@ -56,16 +56,12 @@ LINK_DELAY_US=${LINK_DELAY_US:-250}
 NS="spw-bench-$$"
 VETH_HOST="spw$$h"; VETH_NS="spw$$n"
 HOST_ADDR="10.254.$(( $$ % 250 )).1"; NS_ADDR="10.254.$(( $$ % 250 )).2"
-PIDS=()
 # shellcheck source=bench/proxy/common.sh
 . "$ROOT/bench/proxy/common.sh"
 cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  stop_started
   ip link del "$VETH_HOST" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
-  stop_nginx
-  rm -rf "$WORK" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -80,10 +76,6 @@ REDIS=$(free_port)
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$WORK/redis.log" --dir "$WORK" &
 PIDS+=("$!")
-wait_port() { # $1: host, $2: port
-  for _ in $(seq 50); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return; sleep 0.1; done
-  echo "nothing listens on $1:$2" >&2; exit 1
-}
 wait_port 127.0.0.1 "$REDIS"
 REDIS_URL="redis://127.0.0.1:$REDIS"
 
