@@ -340,31 +340,22 @@ async fn drains_requests_in_flight(workers: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_connection_closed_between_requests_is_replaced() {
     use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
     let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
-    let serving = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+    let (upstream, _, serving) = serve_raw(move |mut stream| {
+        let closed_tx = closed_tx.clone();
+        async move {
             read_request(&mut stream).await;
             let _ = stream.write_all(OK_ANSWER).await;
             drop(stream);
             let _ = closed_tx.send(());
         }
-    });
+    })
+    .await;
     let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
     let mut sender = h1_client(running.proxy.addr()).await;
     for _ in 0..3 {
-        sender.ready().await.unwrap();
-        let request = http::Request::get("/")
-            .header("host", "app")
-            .body(http_body_util::Full::default())
-            .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let body = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
+        let (status, body) = exchange(&mut sender, http::Method::GET, "/", "").await;
+        assert_eq!(status, StatusCode::OK);
         assert_eq!(&body[..], b"ok");
         // The upstream has closed that connection before the next request is sent.
         closed.recv().await.unwrap();
@@ -379,20 +370,11 @@ async fn an_upstream_connection_closed_between_requests_is_replaced() {
 /// upstream connection is handed on to the next request after each of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_of_body() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     use tokio::io::AsyncWriteExt;
 
     const BIG: usize = 1 << 20;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let serving = tokio::spawn({
-        let connections = connections.clone();
-        async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                connections.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
+    let (upstream, connections, serving) = serve_raw(|mut stream| async move {
                     while let Some(head) = read_request(&mut stream).await {
                         let answer: Vec<u8> = match head.lines().next().unwrap_or_default() {
                             "get /big http/1.1" => {
@@ -411,10 +393,8 @@ async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_o
                             return;
                         }
                     }
-                });
-            }
-        }
-    });
+    })
+    .await;
     let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
     let mut sender = h1_client(running.proxy.addr()).await;
     for _ in 0..2 {
@@ -435,19 +415,8 @@ async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_o
             ),
             (http::Method::GET, "/", StatusCode::OK, b"ok".to_vec()),
         ] {
-            sender.ready().await.unwrap();
-            let request = http::Request::builder()
-                .method(method)
-                .uri(path)
-                .header("host", "app")
-                .body(http_body_util::Full::default())
-                .unwrap();
-            let response = sender.send_request(request).await.unwrap();
-            assert_eq!(response.status(), status, "{path}");
-            let got = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
+            let (got_status, got) = exchange(&mut sender, method, path, "").await;
+            assert_eq!(got_status, status, "{path}");
             assert!(
                 got[..] == body[..],
                 "{path}: {} bytes, not {}",
@@ -468,28 +437,25 @@ async fn one_client_connection_keeps_one_upstream_connection_across_every_kind_o
 async fn a_client_gone_mid_answer_closes_its_upstream_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
     let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
-    let serving = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let closed_tx = closed_tx.clone();
-            tokio::spawn(async move {
-                read_request(&mut stream).await;
-                // An answer far larger than the socket buffers, written until the proxy hangs up.
-                let length = 1u64 << 32;
-                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n");
-                let chunk = vec![b'x'; 64 * 1024];
-                let mut written = 0u64;
-                if stream.write_all(head.as_bytes()).await.is_ok() {
-                    while written < length && stream.write_all(&chunk).await.is_ok() {
-                        written += chunk.len() as u64;
-                    }
+    let (upstream, _, serving) = serve_raw(move |mut stream| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            read_request(&mut stream).await;
+            // An answer far larger than the socket buffers, written until the proxy hangs up.
+            let length = 1u64 << 32;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n");
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut written = 0u64;
+            if stream.write_all(head.as_bytes()).await.is_ok() {
+                while written < length && stream.write_all(&chunk).await.is_ok() {
+                    written += chunk.len() as u64;
                 }
-                let _ = closed_tx.send(written);
-            });
+            }
+            let _ = closed_tx.send(written);
         }
-    });
+    })
+    .await;
     let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
     let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
         .await
@@ -520,31 +486,24 @@ async fn a_client_gone_mid_answer_closes_its_upstream_connection() {
 async fn an_upstream_closing_an_idle_connection_is_answered_with_a_close() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
     let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
-    let serving = tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        read_request(&mut stream).await;
-        stream.write_all(OK_ANSWER).await.unwrap();
-        // Its keep-alive timeout: it closes its side, then waits for the proxy to close.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        stream.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        let _ = closed_tx.send(stream.read_to_end(&mut rest).await.map(|_| rest.len()));
-    });
+    let (upstream, _, serving) = serve_raw(move |mut stream| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            read_request(&mut stream).await;
+            stream.write_all(OK_ANSWER).await.unwrap();
+            // Its keep-alive timeout: it closes its side, then waits for the proxy to close.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            stream.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = closed_tx.send(stream.read_to_end(&mut rest).await.map(|_| rest.len()));
+        }
+    })
+    .await;
     let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
     let mut sender = h1_client(running.proxy.addr()).await;
-    sender.ready().await.unwrap();
-    let request = http::Request::get("/")
-        .header("host", "app")
-        .body(http_body_util::Full::default())
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .unwrap();
+    let (status, _) = exchange(&mut sender, http::Method::GET, "/", "").await;
+    assert_eq!(status, StatusCode::OK);
     // The client stays connected and idle while the upstream closes.
     let read = tokio::time::timeout(Duration::from_secs(5), closed.recv())
         .await
@@ -573,46 +532,32 @@ async fn a_request_the_upstream_closed_on_arrival_is_resent_only_when_idempotent
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncWriteExt;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
     let posts = Arc::new(AtomicUsize::new(0));
-    let serving = tokio::spawn({
-        let (connections, posts) = (connections.clone(), posts.clone());
-        async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                connections.fetch_add(1, Ordering::SeqCst);
-                let posts = posts.clone();
-                tokio::spawn(async move {
-                    for answered in [true, false] {
-                        let Some(head) = read_request(&mut stream).await else {
-                            return;
-                        };
-                        if head.starts_with("post") {
-                            posts.fetch_add(1, Ordering::SeqCst);
-                        }
-                        if answered {
-                            let _ = stream.write_all(OK_ANSWER).await;
-                        }
+    let (upstream, connections, serving) = serve_raw({
+        let posts = posts.clone();
+        move |mut stream| {
+            let posts = posts.clone();
+            async move {
+                for answered in [true, false] {
+                    let Some(head) = read_request(&mut stream).await else {
+                        return;
+                    };
+                    if head.starts_with("post") {
+                        posts.fetch_add(1, Ordering::SeqCst);
                     }
-                    // The second request is read and the connection closed, unanswered.
-                });
+                    if answered {
+                        let _ = stream.write_all(OK_ANSWER).await;
+                    }
+                }
+                // The second request is read and the connection closed, unanswered.
             }
         }
-    });
+    })
+    .await;
     let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
     let mut sender = h1_client(running.proxy.addr()).await;
     let mut send = async |method: http::Method, body: &'static str| {
-        sender.ready().await.unwrap();
-        let request = http::Request::builder()
-            .method(method)
-            .uri("/")
-            .header("host", "app")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                body.as_bytes(),
-            )))
-            .unwrap();
-        sender.send_request(request).await.unwrap().status()
+        exchange(&mut sender, method, "/", body).await.0
     };
     // The first GET opens the upstream connection; each later one finds it closed on arrival.
     for _ in 0..3 {
@@ -655,26 +600,74 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
 /// holding the connection open; returns its address.
 async fn raw_upstream(delay: Option<Duration>) -> std::net::SocketAddr {
     use tokio::io::AsyncWriteExt;
+    let (addr, _, _) = serve_raw(move |mut stream| async move {
+        while read_request(&mut stream).await.is_some() {
+            let Some(delay) = delay else {
+                // Never answered: keep the connection open until the test ends.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return;
+            };
+            tokio::time::sleep(delay).await;
+            if stream.write_all(OK_ANSWER).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    addr
+}
+
+/// A raw upstream on 127.0.0.1 that runs `serve` on each connection it accepts, each on a task
+/// of its own. Returns its address, how many connections it has accepted, and its accept loop,
+/// to abort at the end.
+async fn serve_raw<F, Fut>(
+    serve: F,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                while read_request(&mut stream).await.is_some() {
-                    let Some(delay) = delay else {
-                        // Never answered: keep the connection open until the test ends.
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                        return;
-                    };
-                    tokio::time::sleep(delay).await;
-                    if stream.write_all(OK_ANSWER).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let accepted = connections.clone();
+    let serving = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(serve(stream));
         }
     });
-    addr
+    (addr, connections, serving)
+}
+
+/// Sends `method path` (host `app`) with `body` over `sender`, and returns the answer's status
+/// and whole body.
+async fn exchange(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    method: http::Method,
+    path: &str,
+    body: &'static str,
+) -> (StatusCode, bytes::Bytes) {
+    sender.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "app")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, body)
 }
 
 /// An upstream that keeps a whole request unanswered past the upstream timeout: the client gets
