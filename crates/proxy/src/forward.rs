@@ -1,29 +1,29 @@
-//! Forwarding to the upstream: HTTP/1.1 requests over a connection of their own downstream
-//! connection, HTTP/2 requests (gRPC) over a pooled HTTP/2 prior-knowledge client so they keep
+//! Forwarding to the upstream: HTTP/1.1 requests over the upstream connection of their own
+//! downstream connection, spoken by [`crate::h1`], HTTP/2 requests (gRPC) over a pooled HTTP/2 prior-knowledge client so they keep
 //! their streams and trailers, the removal of hop-by-hop headers, which belong to one connection
 //! and must not travel further, and the upstream timeout: how long the upstream may take to
 //! answer a request it has received whole.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker, ready};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri, Version};
-use http_body_util::{Either, Empty};
+use http::{Method, Request, Response, Uri, Version};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::error::ProxyError;
+use crate::h1::{self, Conn, H1Error, Head, Link, Outgoing, Reading};
 
 /// How long dialing the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -39,35 +39,6 @@ pub(crate) struct Upstream {
     /// `None` waits as long as the downstream client does.
     timeout: Option<Duration>,
 }
-
-/// The upstream connection of one downstream HTTP/1.1 connection, held between its requests.
-///
-/// HTTP/1.1 answers one request at a time per connection, so a downstream connection needs one
-/// upstream connection, no more: its requests go out on it without a pool's checkout, lock and
-/// key, and without a second connection's task waiting on another one's. It is opened at the
-/// first request and closed with the downstream connection; one the upstream closed in between
-/// is replaced at the next request.
-///
-/// The connection has no task of its own: the downstream connection's task drives it while it
-/// waits for the upstream's answer ([`Driven`]), while it relays the answer's body ([`Relay`]),
-/// and between requests while it waits to read the next one ([`Link::tend`]), so a request and
-/// its answer cross no task boundary and an upstream's close of an idle connection is answered
-/// with a close at once.
-#[derive(Default)]
-pub(crate) struct Link(Mutex<Option<Held>>);
-
-/// An upstream HTTP/1.1 connection: the handle requests are sent through, and the connection
-/// itself, which does the reading and writing when polled.
-pub(crate) struct Held {
-    sender: http1::SendRequest<H1Body>,
-    connection: H1Connection,
-}
-
-type H1Connection = http1::Connection<TokioIo<TcpStream>, H1Body>;
-
-/// The body of a request sent upstream over HTTP/1.1: the downstream request's own, or none, for
-/// a bodiless request sent again ([`replay_of`]).
-type H1Body = Either<Sent<Incoming>, Empty<Bytes>>;
 
 /// A request body that says when it has been sent whole, so the upstream timeout runs from
 /// then: an upload that takes longer than the timeout is not cut off, only an upstream that
@@ -122,141 +93,51 @@ impl<B: Body + Unpin> Body for Sent<B> {
     }
 }
 
-impl Link {
-    /// Drives the connection held between requests, if any, and lets it go if it has ended (the
-    /// upstream closed it): called while the downstream connection waits for its next request,
-    /// so an upstream's close is answered at once rather than at the next request.
-    pub(crate) fn tend(&self, cx: &mut Context<'_>) {
-        if let Ok(mut slot) = self.0.try_lock()
-            && slot
-                .as_mut()
-                .is_some_and(|held| has_ended(&mut held.connection, cx))
-        {
-            *slot = None;
-        }
-    }
-
-    fn take(&self) -> Option<Held> {
-        self.0.lock().ok().and_then(|mut slot| slot.take())
-    }
-
-    fn keep(&self, held: Held) {
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(held);
-        }
-    }
+/// The body of an upstream answer: an HTTP/1.1 one read off its connection ([`Reading`]), an
+/// HTTP/2 one from the pool's stream, or none.
+pub(crate) enum Relay {
+    H1(Reading),
+    H2(Incoming),
+    Empty,
 }
 
-/// `future` (waiting on the upstream connection) with the connection driven by the same poll:
-/// the connection first, so what it read or wrote is there for the future to see. A connection
-/// that ends is dropped here, which fails the requests it still held, so the future cannot wait
-/// on a connection that is gone.
-///
-/// Only the connection moves the future on (it answers or fails the request, and says when it
-/// can take one), and every poll drives it first, so the future is polled without a waker of its
-/// own: given this task's, the connection would wake the task for what the same poll goes on to
-/// see, and the task would be polled once more for nothing.
-struct Driven<'a, F> {
-    connection: &'a mut Option<H1Connection>,
-    future: F,
-}
-
-impl<F: Future + Unpin> Future for Driven<'_, F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = &mut *self;
-        drive(this.connection, cx);
-        Pin::new(&mut this.future).poll(&mut Context::from_waker(Waker::noop()))
-    }
-}
-
-/// Polls `connection`, dropping it if it has ended.
-fn drive(connection: &mut Option<H1Connection>, cx: &mut Context<'_>) {
-    if connection.as_mut().is_some_and(|open| has_ended(open, cx)) {
-        *connection = None;
-    }
-}
-
-/// Polls `connection`: whether it has ended (the upstream closed it, or it failed).
-fn has_ended(connection: &mut H1Connection, cx: &mut Context<'_>) -> bool {
-    match Pin::new(connection).poll(cx) {
-        Poll::Ready(ended) => {
-            if let Err(err) = ended {
-                tracing::debug!("upstream connection ended with an error: {err}");
-            }
-            true
-        }
-        Poll::Pending => false,
-    }
-}
-
-/// The body of an upstream response, read through the connection it arrives on, which this body
-/// drives; once read whole the connection goes back to its [`Link`] for the next request. A
-/// response dropped before its end closes the connection, since the rest of it is still coming.
-/// An HTTP/2 response carries no connection (the pool's tasks drive those), nor does one whose
-/// connection ended with its head.
-pub(crate) struct Relay {
-    body: Incoming,
-    returning: Option<(Held, Arc<Link>)>,
-}
-
-impl Relay {
-    fn give_back(&mut self) {
-        if let Some((held, link)) = self.returning.take() {
-            link.keep(held);
-        }
-    }
+/// Why an answer's body could not be relayed whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RelayError {
+    #[error(transparent)]
+    H1(#[from] H1Error),
+    #[error(transparent)]
+    H2(#[from] hyper::Error),
 }
 
 impl Body for Relay {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = RelayError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        let frame = match &mut this.returning {
-            // HTTP/1.1: only the connection fills the body, and it is driven here, so the body is
-            // polled without a waker of its own, as in [`Driven`].
-            Some((held, _)) => {
-                let mut quiet = Context::from_waker(Waker::noop());
-                match Pin::new(&mut this.body).poll_frame(&mut quiet) {
-                    // The body waits on the connection: read more of it, and look again.
-                    Poll::Pending if has_ended(&mut held.connection, cx) => {
-                        // Gone: what the body still has, or its error, is all there is.
-                        this.returning = None;
-                        Pin::new(&mut this.body).poll_frame(cx)
-                    }
-                    Poll::Pending => Pin::new(&mut this.body).poll_frame(&mut quiet),
-                    frame => frame,
-                }
-            }
-            None => Pin::new(&mut this.body).poll_frame(cx),
-        };
-        let frame = ready!(frame);
-        if frame.is_none() || this.body.is_end_stream() {
-            this.give_back();
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        match self.get_mut() {
+            Relay::H1(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Relay::H2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Relay::Empty => Poll::Ready(None),
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match self {
+            Relay::H1(body) => body.is_end_stream(),
+            Relay::H2(body) => body.is_end_stream(),
+            Relay::Empty => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for Relay {
-    /// A bodiless response (`HEAD`, 204, 304) is never polled: it is whole from the start.
-    fn drop(&mut self) {
-        if self.body.is_end_stream() {
-            self.give_back();
+        match self {
+            Relay::H1(body) => body.size_hint(),
+            Relay::H2(body) => body.size_hint(),
+            Relay::Empty => SizeHint::with_exact(0),
         }
     }
 }
@@ -271,7 +152,11 @@ pub(crate) enum ForwardError {
     #[error("the upstream sent no response within {0:?} of receiving the whole request")]
     Timeout(Duration),
     #[error(transparent)]
-    Http1(#[from] hyper::Error),
+    Http1(#[from] H1Error),
+    #[error("the request body could not be read: {0}")]
+    RequestBody(#[source] hyper::Error),
+    #[error("CONNECT is not forwarded")]
+    Tunnel,
     #[error(transparent)]
     Http2(#[from] hyper_util::client::legacy::Error),
 }
@@ -398,18 +283,10 @@ impl Upstream {
         link: Arc<Link>,
     ) -> Result<Response<Relay>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
-        let (parts, body) = request.into_parts();
-        let (body, mut sent) = Sent::new(body);
-        let request = Request::from_parts(parts, body);
         let mut response = if request.version() == Version::HTTP_2 {
-            self.forward_h2(request, &mut sent)
-                .await?
-                .map(|body| Relay {
-                    body,
-                    returning: None,
-                })
+            self.forward_h2(request).await?.map(Relay::H2)
         } else {
-            self.forward_h1(request, link, &mut sent).await?
+            self.forward_h1(request, link).await?
         };
         strip_hop_by_hop(response.headers_mut());
         Ok(response)
@@ -417,9 +294,11 @@ impl Upstream {
 
     async fn forward_h2(
         &self,
-        mut request: Request<Sent<Incoming>>,
-        sent: &mut Option<oneshot::Receiver<()>>,
+        request: Request<Incoming>,
     ) -> Result<Response<Incoming>, ForwardError> {
+        let (parts, body) = request.into_parts();
+        let (body, mut sent) = Sent::new(body);
+        let mut request = Request::from_parts(parts, body);
         // The pool is keyed by the absolute URI.
         let path = request
             .uri()
@@ -433,86 +312,156 @@ impl Upstream {
         if let Ok(uri) = Uri::from_parts(parts) {
             *request.uri_mut() = uri;
         }
-        Ok(self.within(self.h2.request(request), sent).await??)
+        Ok(self.within(self.h2.request(request), &mut sent).await??)
     }
 
     async fn forward_h1(
         &self,
-        mut request: Request<Sent<Incoming>>,
+        request: Request<Incoming>,
         link: Arc<Link>,
-        sent: &mut Option<oneshot::Receiver<()>>,
     ) -> Result<Response<Relay>, ForwardError> {
-        *request.version_mut() = Version::HTTP_11;
-        // Origin form (`/path?query`): a request in absolute form keeps only its path and query.
-        if request.uri().scheme().is_some() || request.uri().authority().is_some() {
-            let path = request
-                .uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/"));
-            *request.uri_mut() = Uri::from(path);
+        if request.method() == Method::CONNECT {
+            return Err(ForwardError::Tunnel);
         }
-        if !request.headers().contains_key(header::HOST) {
-            request
-                .headers_mut()
-                .insert(header::HOST, self.host.clone());
-        }
+        let (parts, mut body) = request.into_parts();
+        let outgoing = if body.is_end_stream() {
+            Outgoing::Empty {
+                length_field: parts.headers.contains_key(header::CONTENT_LENGTH),
+            }
+        } else if let Some(length) = body.size_hint().exact() {
+            Outgoing::Length(length)
+        } else {
+            Outgoing::Chunked
+        };
         // A connection kept from an earlier request may have been closed by the upstream since:
-        // a request it gives back unsent goes out once more on a new connection. The upstream
-        // may also close it just as the request arrives (its keep-alive timeout running out at
-        // that moment): then the request was sent and no answer came, and only a request that
-        // is safe to send twice, bodiless with an idempotent method (RFC 9110 §9.2.2), goes out
-        // again on a new connection; any other gets the 502.
-        let mut request = request.map(Either::Left);
-        let mut kept = link.take();
-        loop {
-            let reused = kept.is_some();
-            let Held {
-                mut sender,
-                connection,
-            } = match kept.take() {
-                Some(held) => held,
-                None => self.connect_h1().await?,
-            };
-            let mut connection = Some(connection);
-            let ready = Driven {
-                connection: &mut connection,
-                future: std::future::poll_fn(|cx| sender.poll_ready(cx)),
-            };
-            if let Err(err) = ready.await {
-                if reused {
-                    continue;
+        // a request whose head could not be written on it at all goes out once more on a new
+        // connection (nothing of its body has been read yet). The upstream may also close it
+        // just as the request arrives (its keep-alive timeout running out at that moment): then
+        // the request was sent and no answer came, and only a request that is safe to send
+        // twice, bodiless with an idempotent method (RFC 9110 §9.2.2), goes out again on a new
+        // connection; any other gets the 502.
+        let safe_twice = parts.method.is_idempotent() && matches!(outgoing, Outgoing::Empty { .. });
+        let (mut conn, mut reused) = match link.take() {
+            Some(conn) => (conn, true),
+            None => (self.connect_h1().await?, false),
+        };
+        // Origin form (`/path?query`): a request in absolute form keeps only its path and query.
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        h1::encode_head(
+            &mut conn.head,
+            &parts.method,
+            target,
+            &parts.headers,
+            &self.host,
+            outgoing,
+        );
+        let head = loop {
+            match self
+                .exchange(&mut conn, &mut body, outgoing, &parts.method)
+                .await
+            {
+                Ok(head) => break head,
+                Err(Failed::Unsent(err)) if reused => tracing::debug!(
+                    "a kept upstream connection was closed before a request went out ({err}); sending it on a new one"
+                ),
+                Err(Failed::Unanswered(err)) if reused && safe_twice => tracing::debug!(
+                    "the upstream closed a kept connection as a request arrived ({err}); sending it again on a new one"
+                ),
+                Err(Failed::Unsent(err) | Failed::Unanswered(err) | Failed::Other(err)) => {
+                    return Err(err);
                 }
-                return Err(err.into());
             }
-            let replay = if reused { replay_of(&request) } else { None };
-            let response = Driven {
-                connection: &mut connection,
-                future: std::pin::pin!(sender.try_send_request(request)),
-            };
-            match self.within(response, sent).await? {
-                Ok(response) => {
-                    let returning =
-                        connection.map(|connection| (Held { sender, connection }, link));
-                    return Ok(response.map(|body| Relay { body, returning }));
+            let head = std::mem::take(&mut conn.head);
+            conn = self.connect_h1().await?;
+            conn.head = head;
+            reused = false;
+        };
+        let Head {
+            response,
+            framing,
+            keep,
+        } = head;
+        let body = match framing {
+            Some(framing) => Relay::H1(Reading::new(conn, framing, keep, link)),
+            None => {
+                if keep {
+                    link.keep(conn);
                 }
-                Err(mut failed) => match (failed.take_message(), replay) {
-                    (Some(unsent), _) if reused => request = unsent,
-                    (None, Some(again)) => {
-                        tracing::debug!(
-                            "the upstream closed a kept connection as a request arrived ({}); sending it again on a new one",
-                            failed.error()
-                        );
-                        request = again;
+                Relay::Empty
+            }
+        };
+        Ok(response.map(|()| body))
+    }
+
+    /// One request and its answer's head over `conn`, whose head buffer holds the request's
+    /// head: the head written, the body sent while the answer is watched for (an upstream may
+    /// answer before it has read the whole body, and then the answer is taken and the connection
+    /// not reused), then the answer's head read within the upstream timeout.
+    async fn exchange(
+        &self,
+        conn: &mut Conn,
+        body: &mut Incoming,
+        outgoing: Outgoing,
+        method: &Method,
+    ) -> Result<Head, Failed> {
+        let (io, read, scratch) = conn.parts();
+        if let Err((err, written)) = h1::write_all(io, scratch).await {
+            let err = ForwardError::Http1(err.into());
+            return Err(if written {
+                Failed::Unanswered(err)
+            } else {
+                Failed::Unsent(err)
+            });
+        }
+        let reading = std::pin::pin!(h1::read_head(io, read, method));
+        let mut reading = reading;
+        if !matches!(outgoing, Outgoing::Empty { .. }) {
+            let sending = std::pin::pin!(send_body(io, scratch, body, outgoing));
+            let early = tokio::select! {
+                biased;
+                head = &mut reading => Some(head),
+                sent = sending => match sent {
+                    Ok(()) => None,
+                    Err(err @ ForwardError::RequestBody(_)) => return Err(Failed::Other(err)),
+                    // The upstream stopped reading: it may have answered already, and if it
+                    // did, that answer is what the client gets.
+                    Err(err) => {
+                        return match self.timed(&mut reading).await {
+                            Ok(Ok(mut head)) => {
+                                head.keep = false;
+                                Ok(head)
+                            }
+                            _ => Err(Failed::Other(err)),
+                        };
                     }
-                    _ => return Err(failed.into_error().into()),
                 },
+            };
+            if let Some(head) = early {
+                let mut head = head.map_err(|err| Failed::Other(err.into()))?;
+                head.keep = false;
+                return Ok(head);
             }
+        }
+        match self.timed(reading).await {
+            Ok(Ok(head)) => Ok(head),
+            Ok(Err(H1Error::Unanswered)) => Err(Failed::Unanswered(H1Error::Unanswered.into())),
+            Ok(Err(err)) => Err(Failed::Other(err.into())),
+            Err(err) => Err(Failed::Other(err)),
         }
     }
 
-    /// Opens an HTTP/1.1 connection to the upstream, to be driven by the requests sent on it.
-    async fn connect_h1(&self) -> Result<Held, ForwardError> {
+    /// `future` (the upstream's answer to a request it has whole), within the upstream timeout.
+    async fn timed<F: Future>(&self, future: F) -> Result<F::Output, ForwardError> {
+        match self.timeout {
+            Some(limit) => tokio::time::timeout(limit, future)
+                .await
+                .map_err(|_| ForwardError::Timeout(limit)),
+            None => Ok(future.await),
+        }
+    }
+
+    /// Opens an HTTP/1.1 connection to the upstream.
+    async fn connect_h1(&self) -> Result<Conn, ForwardError> {
         let host = self.authority.host();
         let host = host
             .strip_prefix('[')
@@ -524,23 +473,51 @@ impl Upstream {
             .map_err(|_| ForwardError::ConnectTimeout)?
             .map_err(ForwardError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-        Ok(Held { sender, connection })
+        Ok(Conn::new(stream))
     }
 }
 
-/// A copy of `request` to send again should the upstream close the connection under it, when
-/// that is safe: an idempotent method and no body. `None` for any other request.
-fn replay_of(request: &Request<H1Body>) -> Option<Request<H1Body>> {
-    if !request.method().is_idempotent() || !request.body().is_end_stream() {
-        return None;
+/// How an exchange failed, which says whether its request may go again on a new connection.
+enum Failed {
+    /// Nothing of the request was written.
+    Unsent(ForwardError),
+    /// The request (or part of it) was written, and the connection ended before any answer.
+    Unanswered(ForwardError),
+    Other(ForwardError),
+}
+
+/// Sends a request's body after its head: as it is, when its length was given, or in chunks,
+/// with its trailers. `scratch` holds the chunks' framing.
+async fn send_body(
+    io: &TcpStream,
+    scratch: &mut Vec<u8>,
+    body: &mut Incoming,
+    outgoing: Outgoing,
+) -> Result<(), ForwardError> {
+    let chunked = outgoing == Outgoing::Chunked;
+    let mut trailers = None;
+    let written = |err: std::io::Error| ForwardError::Http1(err.into());
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(ForwardError::RequestBody)?;
+        match frame.into_data() {
+            Ok(data) if data.is_empty() => {}
+            Ok(data) if chunked => h1::write_chunk(io, scratch, &data).await.map_err(written)?,
+            Ok(data) => h1::write_all(io, &data)
+                .await
+                .map_err(|(err, _)| written(err))?,
+            Err(frame) => {
+                if let Ok(fields) = frame.into_trailers() {
+                    trailers = Some(fields);
+                }
+            }
+        }
     }
-    let mut copy = Request::new(Either::Right(Empty::new()));
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    Some(copy)
+    if chunked {
+        h1::write_last_chunk(io, scratch, trailers.as_ref())
+            .await
+            .map_err(written)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

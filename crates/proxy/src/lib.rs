@@ -12,6 +12,7 @@ pub mod answer;
 mod control;
 mod error;
 mod forward;
+mod h1;
 mod server;
 
 pub use error::ProxyError;

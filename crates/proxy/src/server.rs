@@ -27,7 +27,8 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Link, Relay, Upstream};
+use crate::forward::{ForwardError, Relay, Upstream};
+use crate::h1::Link;
 
 /// The body of every response: the upstream's, streamed, or one of ours. `Either` rather than a
 /// boxed body, so forwarding allocates no box per response.

@@ -774,3 +774,263 @@ async fn h1_client(
     tokio::spawn(connection);
     sender
 }
+
+/// Request bodies go upstream framed as they came: one with a `content-length` keeps it, a
+/// chunked one goes chunked (its own `transfer-encoding` dropped as hop-by-hop and written anew),
+/// and each arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_go_upstream_whole_with_their_framing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (upstream, _, serving) = serve_raw(move |mut stream| {
+        let seen_tx = seen_tx.clone();
+        async move {
+            // Reads until a request's end: its length, or the last chunk.
+            let mut data = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let text = String::from_utf8_lossy(&data).to_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length: Option<usize> = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map(|v| v.trim().parse().unwrap());
+                    let whole = match length {
+                        Some(length) => data.len() >= end + 4 + length,
+                        None => text[end..].ends_with("\r\n0\r\n\r\n"),
+                    };
+                    if whole {
+                        let _ = seen_tx.send(String::from_utf8_lossy(&data).into_owned());
+                        data.clear();
+                        if stream.write_all(OK_ANSWER).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => data.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
+    })
+    .await;
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    let mut answer = [0u8; 1024];
+    client
+        .write_all(b"POST /one HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let request = seen.recv().await.unwrap();
+    assert!(request.starts_with("POST /one HTTP/1.1\r\n"), "{request}");
+    assert!(request.contains("content-length: 5\r\n"), "{request}");
+    assert!(request.ends_with("\r\n\r\nhello"), "{request}");
+    let n = client.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+    client
+        .write_all(
+            b"POST /two HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let request = seen.recv().await.unwrap();
+    let (head, body) = request.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("POST /two HTTP/1.1\r\n"), "{request}");
+    assert!(head.contains("transfer-encoding: chunked"), "{request}");
+    assert!(!head.contains("content-length"), "{request}");
+    // The chunks may be cut differently; their data is the same.
+    let mut data = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        data.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+    assert_eq!(data, "abcdefg");
+    let n = client.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
+/// An upstream that answers an upload before reading it (a 413 for a body too large) has its
+/// answer relayed while the client is still sending (not a 502, not a wait for a body that is
+/// not coming), and its connection is closed afterwards, since the rest of the body was never
+/// sent on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_comes_before_the_whole_upload_is_relayed_and_its_connection_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let (upstream, _, serving) = serve_raw(move |mut stream| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            // Answers as soon as the head is in, then reads (and drops) whatever else comes
+            // until the proxy closes the connection.
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 3\r\n\r\nbig")
+                .await;
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    let _ = closed_tx.send(());
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    // Announces a body and sends only its first half; the rest would come after the answer.
+    client
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: app\r\ncontent-length: 20\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut answer))
+        .await
+        .expect("no answer within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.ends_with("\r\n\r\nbig"), "{text}");
+    tokio::time::timeout(Duration::from_secs(5), closed.recv())
+        .await
+        .expect("the upstream connection was kept after an answer to a half-sent body");
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
+/// What an upstream may answer besides a plain length: an interim `100 Continue` before the
+/// answer (skipped), and an HTTP/1.0 body that runs to the close (relayed whole; the next
+/// request opens a new connection). What it may not: conflicting lengths, a malformed status
+/// line, a protocol switch, a head that never ends within the limit: each is a 502 with a
+/// problem document, counted as an upstream error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_answers_are_framed_by_the_rfc_and_malformed_ones_give_502() {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt;
+
+    let (upstream, connections, serving) = serve_raw(|mut stream| async move {
+        while let Some(head) = read_request(&mut stream).await {
+            let answer: Vec<u8> = match head.lines().next().unwrap_or_default() {
+                "get /interim http/1.1" => {
+                    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                        .to_vec()
+                }
+                "get /to-close http/1.1" => {
+                    let _ = stream
+                        .write_all(b"HTTP/1.0 200 OK\r\n\r\nread until the close")
+                        .await;
+                    return;
+                }
+                "get /two-lengths http/1.1" => {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok".to_vec()
+                }
+                "get /garbage http/1.1" => b"HTTP/1.1 2OO OK\r\n\r\n".to_vec(),
+                "get /switch http/1.1" => {
+                    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: other\r\n\r\n".to_vec()
+                }
+                "get /endless http/1.1" => {
+                    let mut answer = b"HTTP/1.1 200 OK\r\nx-long: ".to_vec();
+                    answer.resize(200 * 1024, b'a');
+                    answer
+                }
+                _ => OK_ANSWER.to_vec(),
+            };
+            if stream.write_all(&answer).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut sender = h1_client(running.proxy.addr()).await;
+    let (status, body) = exchange(&mut sender, http::Method::GET, "/interim", "").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let (status, body) = exchange(&mut sender, http::Method::GET, "/to-close", "").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::OK, &b"read until the close"[..])
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+    let (status, body) = exchange(&mut sender, http::Method::GET, "/", "").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    for (n, path) in ["/two-lengths", "/garbage", "/switch", "/endless"]
+        .into_iter()
+        .enumerate()
+    {
+        let (status, body) = exchange(&mut sender, http::Method::GET, path, "").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}");
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["status"], 502, "{path}");
+        let metrics = admin(&running, "/metrics").await;
+        let counted = format!("spillway_upstream_errors_total {}", n + 1);
+        assert!(metrics.body.contains(&counted), "{path}: {}", metrics.body);
+    }
+    // A connection that carried a malformed answer is not used again: each of the four went
+    // over a new one.
+    assert_eq!(connections.load(Ordering::SeqCst), 5);
+    running.proxy.shutdown().await;
+    serving.abort();
+}
+
+/// An answer whose body ends before its `content-length` is not passed off as whole, and does
+/// not hang: the client's connection ends, without the rest of the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_answer_is_not_passed_off_as_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (upstream, _, serving) = serve_raw(|mut stream| async move {
+        read_request(&mut stream).await;
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+            .await;
+    })
+    .await;
+    let running = proxy(&config(&[UNHIT]), &format!("http://{upstream}")).await;
+    let mut client = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer))
+        .await
+        .expect("the client's connection stayed open after the upstream's ended");
+    // The head and the part of the body that came may or may not have gone out before the end
+    // was seen; a whole body never does.
+    let text = String::from_utf8_lossy(&answer);
+    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+        assert!(head.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(
+            body.len() < 10,
+            "a body of {} bytes for 10 announced: {read:?}",
+            body.len()
+        );
+    }
+    running.proxy.shutdown().await;
+    serving.abort();
+}
