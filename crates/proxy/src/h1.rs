@@ -11,6 +11,7 @@
 //! answer costs no allocation of its own but its header map.
 
 use std::io::{self, Write as _};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -21,11 +22,10 @@ use http::{Method, Response, StatusCode};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
-/// The most a response head (status line and fields, with any interim responses before it) or a
-/// trailer section may take.
+/// What a response head (status line and fields) or a trailer section must take less than.
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
-/// The most fields a response head may have.
-const MAX_FIELDS: usize = 128;
+/// The most fields a response head may have (hyper's default too).
+const MAX_FIELDS: usize = 100;
 /// The most a chunk-size line (with its extensions) may take.
 const MAX_CHUNK_LINE: usize = 4096;
 /// The room each read of the upstream socket asks for.
@@ -51,7 +51,9 @@ pub(crate) enum H1Error {
     Truncated,
     #[error("the upstream's answer head is malformed: {0}")]
     Head(httparse::Error),
-    #[error("the upstream's answer head is larger than {MAX_HEAD} bytes")]
+    #[error(
+        "the upstream's answer head is too large: {MAX_HEAD} bytes or more, or more than {MAX_FIELDS} fields"
+    )]
     HeadTooLarge,
     #[error("the upstream's answer has a malformed field: {0}")]
     Field(&'static str),
@@ -290,32 +292,38 @@ pub(crate) async fn read_head(
 pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, H1Error> {
     loop {
         // Where each field's name and value lie in the head, so that the head can be split off
-        // the buffer after parsing and the values taken as slices of it.
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
+        // the buffer after parsing and the values taken as slices of it. A head is at most
+        // `MAX_HEAD` bytes, so every offset and length fits in 16 bits.
+        let mut spans = [[0u16; 4]; MAX_FIELDS];
         let (length, code, minor, count) = {
-            let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-            let mut parsed = httparse::Response::new(&mut fields);
-            let length = match parsed.parse(read) {
+            let mut fields = [const { MaybeUninit::uninit() }; MAX_FIELDS];
+            let mut parsed = httparse::Response::new(&mut []);
+            let parsing = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut parsed,
+                read,
+                &mut fields,
+            );
+            let length = match parsing {
                 Ok(httparse::Status::Complete(length)) => length,
-                Ok(httparse::Status::Partial) if read.len() > MAX_HEAD => {
+                Ok(httparse::Status::Partial) if read.len() >= MAX_HEAD => {
                     return Err(H1Error::HeadTooLarge);
                 }
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
                 Err(err) => return Err(H1Error::Head(err)),
             };
-            if length > MAX_HEAD {
+            if length >= MAX_HEAD {
                 return Err(H1Error::HeadTooLarge);
             }
             let base = read.as_ptr() as usize;
-            let offset = |part: &[u8]| (part.as_ptr() as usize - base) as u32;
+            let offset = |part: &[u8]| (part.as_ptr() as usize - base) as u16;
             for (span, field) in spans.iter_mut().zip(parsed.headers.iter()) {
-                *span = (
+                *span = [
                     offset(field.name.as_bytes()),
-                    field.name.len() as u32,
+                    field.name.len() as u16,
                     offset(field.value),
-                    field.value.len() as u32,
-                );
+                    field.value.len() as u16,
+                ];
             }
             // A complete parse always has a code and a version.
             (
@@ -336,13 +344,12 @@ pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<
         }
         let head = read.split_to(length).freeze();
         let mut fields = HeaderMap::with_capacity(count);
-        for &(name, name_len, value, value_len) in &spans[..count] {
-            let (name, value) = (name as usize, value as usize);
-            let name = HeaderName::from_bytes(&head[name..name + name_len as usize])
+        for span in &spans[..count] {
+            let [name, name_len, value, value_len] = span.map(usize::from);
+            let name = HeaderName::from_bytes(&head[name..name + name_len])
                 .map_err(|_| H1Error::Field("a field name"))?;
-            let value =
-                HeaderValue::from_maybe_shared(head.slice(value..value + value_len as usize))
-                    .map_err(|_| H1Error::Field("a field value"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(value..value + value_len))
+                .map_err(|_| H1Error::Field("a field value"))?;
             fields.append(name, value);
         }
         let (framing, keep) = framing(&mut fields, status, method, minor == 1)?;
@@ -677,6 +684,15 @@ mod tests {
         huge.resize(MAX_HEAD + 10, b'a');
         assert!(matches!(
             head(&huge, &Method::GET),
+            Err(H1Error::HeadTooLarge)
+        ));
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for n in 0..=MAX_FIELDS {
+            many.extend_from_slice(format!("x-{n}: {n}\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert!(matches!(
+            head(&many, &Method::GET),
             Err(H1Error::HeadTooLarge)
         ));
         assert!(matches!(
