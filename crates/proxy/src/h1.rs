@@ -89,9 +89,20 @@ impl Conn {
 
     /// For a connection held between requests: whether it has ended. An upstream says nothing on
     /// an idle connection, so anything readable (its close, an error, or bytes no request asked
-    /// for) ends it. Registers `cx` to be woken when it becomes readable.
+    /// for) ends it. Registers `cx` to be woken when it becomes readable. The read buffer is
+    /// left alone: the last answer's body may still hold slices of it.
     fn idle_ended(&mut self, cx: &mut Context<'_>) -> bool {
-        !matches!(self.poll_fill(cx), Poll::Pending)
+        loop {
+            match self.io.poll_read_ready(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(())) => match self.io.try_read(&mut [0u8; 1]) {
+                    // A stale readiness, now cleared: look again, which registers `cx`.
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                    _ => return true,
+                },
+            }
+        }
     }
 
     /// Splits the connection into its socket, its read buffer and its head buffer, for a request
