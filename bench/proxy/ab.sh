@@ -7,12 +7,14 @@
 # Both proxies (no buckets: the hop alone, SPILLWAY_WORKERS serving threads each, default 2) run
 # in front of the same upstream (nginx, one worker, answering 200 from memory) for the whole run,
 # with nginx as a reverse proxy (NGINX_WORKERS workers, default 2) beside them for reference.
-# Each round measures direct, A and B with the `paced` load generator (RATE requests/s for
-# SECONDS over 32 connections); odd rounds measure A before B, even rounds B before A, so neither
-# always runs right after direct; then `wrk -t2 -c32` for SECONDS against A and B in the same
-# order, and nginx. Prints every round, then for each build the median over the rounds of what
-# it added to direct's p50, p99 and p99.5 in the same round, of its closed-loop requests/s and
-# of its rate against nginx's in the same round; and in how many rounds B carried more than A.
+# Each round measures direct, A, B and nginx with the `paced` load generator (RATE requests/s
+# for SECONDS over 32 connections); odd rounds measure A, B, nginx in that order, even rounds
+# the reverse, so none always runs right after direct; then `wrk -t2 -c32` for SECONDS against
+# A and B in the same order, and nginx. Prints every round, then for each build (and nginx) the
+# median over the rounds of what it added to direct's p50, p99 and p99.5 in the same round, of
+# its closed-loop requests/s and of its rate against nginx's in the same round; and in how many
+# rounds B carried more than A. HOG=N runs N busy loops for the whole run, for the proxies'
+# behaviour on a host whose cores are taken by something else (a sidecar's application).
 #
 # Usage: bench/proxy/ab.sh BINARY_A BINARY_B [RATE] [SECONDS] [ROUNDS]   (defaults 19000 8 6)
 # Installs wrk and nginx-light from Debian when missing; builds the `paced` example in release
@@ -52,6 +54,12 @@ for side in A:"$A_BIN":"$PORT_A" B:"$B_BIN":"$PORT_B"; do
   wait_port 127.0.0.1 "$port"
 done
 
+for _ in $(seq "${HOG:-0}"); do
+  # Bounded: never longer than the run could take.
+  timeout $((ROUNDS * SECONDS_PER_RUN * 10 + 60)) sh -c 'while :; do :; done' &
+  PIDS+=("$!")
+done
+
 # paced prints `RESULT rps p50 p99 p99.5 non2xx total`, latencies in microseconds.
 measure() { "$PACED" "http://127.0.0.1:$1/" "$RATE" "$SECONDS_PER_RUN" 32 | awk '/^RESULT/ { print $3, $4, $5 }'; }
 
@@ -59,6 +67,7 @@ echo "A: $A_BIN"
 echo "B: $B_BIN"
 echo "open loop, $RATE requests/s for $SECONDS_PER_RUN s over 32 connections; microseconds"
 echo "closed loop: wrk -t2 -c32 -d${SECONDS_PER_RUN}s; requests/s"
+[ "${HOG:-0}" -gt 0 ] && echo "with $HOG busy loops running"
 echo "round path p50 p99 p99.5 | requests/s"
 : > "$WORK/added"
 : > "$WORK/rates"
@@ -67,7 +76,9 @@ for round in $(seq "$ROUNDS"); do
   echo "$round direct $d50 $d99 $d995"
   order="A:$PORT_A B:$PORT_B"
   [ $((round % 2)) -eq 0 ] && order="B:$PORT_B A:$PORT_A"
-  for side in $order; do
+  paced_order="$order N:$NGINX_PROXY"
+  [ $((round % 2)) -eq 0 ] && paced_order="N:$NGINX_PROXY $order"
+  for side in $paced_order; do
     read -r p50 p99 p995 <<<"$(measure "${side#*:}")"
     echo "$round ${side%%:*} $p50 $p99 $p995"
     echo "${side%%:*} $((p50 - d50)) $((p99 - d99)) $((p995 - d995))" >> "$WORK/added"
@@ -96,7 +107,11 @@ for side in A B; do
   awk -v f="$field" '{ print int(1000 * $f / $3) }' "$WORK/rates" | median | awk '{ printf " (%.2fx)", $1 / 1000 }'
   echo
 done
-printf 'nginx |'
+printf 'nginx'
+for field in 2 3 4; do
+  awk -v f="$field" '$1 == "N" { print $f }' "$WORK/added" | median
+done
+printf ' |'
 awk '{ print $3 }' "$WORK/rates" | median
 echo
 awk '$2 > $1 { b++ } END { printf "B carried more than A in %d of %d rounds\n", b, NR }' "$WORK/rates"
