@@ -48,7 +48,7 @@ PACED=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/paced
 printf 'version: 1\nservices: {}\n' > "$WORK/spillway.yaml"
 for side in A:"$A_BIN":"$PORT_A" B:"$B_BIN":"$PORT_B"; do
   IFS=: read -r _ bin port <<<"$side"
-  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$bin" proxy -c "$WORK/spillway.yaml" \
+  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} setsid "$bin" proxy -c "$WORK/spillway.yaml" \
     --listen "127.0.0.1:$port" --upstream "http://127.0.0.1:$UPSTREAM" &
   PIDS+=("$!")
   wait_port 127.0.0.1 "$port"

@@ -4,6 +4,14 @@
 
 PIDS=()
 
+# Every server a script starts (spillway, Redis; nginx daemonizes into one by itself) runs in a
+# session of its own, `setsid SERVER ... &`, and the load generators stay in the script's. With
+# the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled, on in most
+# distributions) each session is a scheduling group with its own share of the CPU, so a server
+# left in the script's session would share one share with wrk, paced and the busy loops, while
+# nginx had one of its own. In a script without job control a background job is not a process
+# group leader, so setsid makes the session in place and $! stays the server's pid.
+
 # Installs Debian package $2 when command $1 is missing.
 need() {
   command -v "$1" >/dev/null 2>&1 && return

@@ -39,7 +39,7 @@ services:
     buckets:
       - { name: all, limit: 100000000/s, algorithm: token-bucket, store: local }
 YAML
-RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$SPILLWAY" proxy -c "$WORK/spillway.yaml" \
+RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} setsid "$SPILLWAY" proxy -c "$WORK/spillway.yaml" \
   --listen "127.0.0.1:$PROXY" --upstream "http://127.0.0.1:$UPSTREAM" &
 SPILLWAY_PID=$!
 PIDS+=("$SPILLWAY_PID")

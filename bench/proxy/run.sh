@@ -73,7 +73,7 @@ need ip iproute2
 UPSTREAM=$(free_port); NGINX_PROXY=$(free_port); PROXY=$(free_port); ADMIN=$(free_port)
 REDIS=$(free_port)
 
-redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+setsid redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$WORK/redis.log" --dir "$WORK" &
 PIDS+=("$!")
 wait_port 127.0.0.1 "$REDIS"
@@ -102,7 +102,7 @@ services:
       - { name: all, limit: $1, algorithm: token-bucket, store: $2${3:+, burst: $3} }
 YAML
   fi
-  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} "$SPILLWAY" proxy -c "$WORK/spillway.yaml" --listen "127.0.0.1:$PROXY" \
+  RUST_LOG=warn TOKIO_WORKER_THREADS=${SPILLWAY_WORKERS:-2} setsid "$SPILLWAY" proxy -c "$WORK/spillway.yaml" --listen "127.0.0.1:$PROXY" \
     --upstream "http://127.0.0.1:$UPSTREAM" --admin "127.0.0.1:$ADMIN" &
   SPILLWAY_PID=$!
   PIDS+=("$SPILLWAY_PID")
@@ -228,7 +228,7 @@ ip link set "$VETH_NS" netns "$NS"
 ip addr add "$HOST_ADDR/30" dev "$VETH_HOST"; ip link set "$VETH_HOST" up
 ip -n "$NS" addr add "$NS_ADDR/30" dev "$VETH_NS"; ip -n "$NS" link set "$VETH_NS" up
 ip -n "$NS" link set lo up
-ip netns exec "$NS" redis-server --port 6379 --bind "$NS_ADDR" --protected-mode no --save "" \
+ip netns exec "$NS" setsid redis-server --port 6379 --bind "$NS_ADDR" --protected-mode no --save "" \
   --appendonly no --daemonize no --logfile "$WORK/redis-net.log" --dir "$WORK" &
 PIDS+=("$!")
 wait_port "$NS_ADDR" 6379

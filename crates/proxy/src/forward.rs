@@ -413,9 +413,10 @@ impl Upstream {
                 Failed::Unsent(err)
             });
         }
-        let reading = std::pin::pin!(h1::read_head(io, read, method));
-        let mut reading = reading;
+        let mut reading = std::pin::pin!(h1::read_head(io, read, method));
         if !matches!(outgoing, Outgoing::Empty { .. }) {
+            // The head buffer frames the body's chunks from here on: only a bodiless request,
+            // whose head is still in it, is ever sent again after this point.
             let sending = std::pin::pin!(send_body(io, scratch, body, outgoing));
             let early = tokio::select! {
                 biased;
