@@ -137,8 +137,9 @@ impl Link {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 
-    /// Keeps `conn` for the next request, if it can serve one: kept alive, and nothing read
-    /// past the answer just relayed.
+    /// Keeps `conn` for the next request, unless something was read past the answer just
+    /// relayed (an upstream that sent more than it announced cannot be trusted with another
+    /// request). The caller has checked that the answer lets the connection stay open.
     pub(crate) fn keep(&self, conn: Conn) {
         if !conn.read.is_empty() {
             return;

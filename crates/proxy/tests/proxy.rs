@@ -921,8 +921,9 @@ async fn an_answer_that_comes_before_the_whole_upload_is_relayed_and_its_connect
 }
 
 /// What an upstream may answer besides a plain length: an interim `100 Continue` before the
-/// answer (skipped), and an HTTP/1.0 body that runs to the close (relayed whole; the next
-/// request opens a new connection). What it may not: conflicting lengths, a malformed status
+/// answer (skipped), an HTTP/1.0 body that runs to the close (relayed whole; the next request
+/// opens a new connection), and more bytes than it announced (the announced ones relayed, the
+/// connection not reused). What it may not: conflicting lengths, a malformed status
 /// line, a protocol switch, a head that never ends within the limit: each is a 502 with a
 /// problem document, counted as an upstream error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -942,6 +943,9 @@ async fn upstream_answers_are_framed_by_the_rfc_and_malformed_ones_give_502() {
                         .write_all(b"HTTP/1.0 200 OK\r\n\r\nread until the close")
                         .await;
                     return;
+                }
+                "get /extra http/1.1" => {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokUNASKED".to_vec()
                 }
                 "get /two-lengths http/1.1" => {
                     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok".to_vec()
@@ -976,6 +980,13 @@ async fn upstream_answers_are_framed_by_the_rfc_and_malformed_ones_give_502() {
     let (status, body) = exchange(&mut sender, http::Method::GET, "/", "").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
     assert_eq!(connections.load(Ordering::SeqCst), 2);
+    // Bytes past the announced length: the answer is relayed as announced, and a connection
+    // whose upstream sent more than it said is not trusted with the next request.
+    let (status, body) = exchange(&mut sender, http::Method::GET, "/extra", "").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let (status, body) = exchange(&mut sender, http::Method::GET, "/", "").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
     for (n, path) in ["/two-lengths", "/garbage", "/switch", "/endless"]
         .into_iter()
         .enumerate()
@@ -990,7 +1001,7 @@ async fn upstream_answers_are_framed_by_the_rfc_and_malformed_ones_give_502() {
     }
     // A connection that carried a malformed answer is not used again: each of the four went
     // over a new one.
-    assert_eq!(connections.load(Ordering::SeqCst), 5);
+    assert_eq!(connections.load(Ordering::SeqCst), 6);
     running.proxy.shutdown().await;
     serving.abort();
 }
