@@ -253,13 +253,12 @@ impl Upstream {
     async fn within<F: Future>(
         &self,
         response: F,
-        sent: &mut Option<oneshot::Receiver<()>>,
+        sent: Option<oneshot::Receiver<()>>,
     ) -> Result<F::Output, ForwardError> {
-        let Some(limit) = self.timeout else {
-            return Ok(response.await);
-        };
         let mut response = std::pin::pin!(response);
-        if let Some(signal) = sent.as_mut() {
+        if let Some(signal) = sent
+            && self.timeout.is_some()
+        {
             tokio::select! {
                 biased;
                 output = &mut response => return Ok(output),
@@ -267,11 +266,8 @@ impl Upstream {
                 // the upstream's answer is what is left to wait for.
                 _ = signal => {}
             }
-            *sent = None;
         }
-        tokio::time::timeout(limit, response)
-            .await
-            .map_err(|_| ForwardError::Timeout(limit))
+        self.timed(response).await
     }
 
     /// Sends `request` to the upstream, keeping its method, path, query, headers (but the
@@ -297,7 +293,7 @@ impl Upstream {
         request: Request<Incoming>,
     ) -> Result<Response<Incoming>, ForwardError> {
         let (parts, body) = request.into_parts();
-        let (body, mut sent) = Sent::new(body);
+        let (body, sent) = Sent::new(body);
         let mut request = Request::from_parts(parts, body);
         // The pool is keyed by the absolute URI.
         let path = request
@@ -312,7 +308,7 @@ impl Upstream {
         if let Ok(uri) = Uri::from_parts(parts) {
             *request.uri_mut() = uri;
         }
-        Ok(self.within(self.h2.request(request), &mut sent).await??)
+        Ok(self.within(self.h2.request(request), sent).await??)
     }
 
     async fn forward_h1(
@@ -503,9 +499,7 @@ async fn send_body(
         match frame.into_data() {
             Ok(data) if data.is_empty() => {}
             Ok(data) if chunked => h1::write_chunk(io, scratch, &data).await.map_err(written)?,
-            Ok(data) => h1::write_all(io, &data)
-                .await
-                .map_err(|(err, _)| written(err))?,
+            Ok(data) => h1::write_whole(io, &data).await.map_err(written)?,
             Err(frame) => {
                 if let Ok(fields) = frame.into_trailers() {
                     trailers = Some(fields);

@@ -23,7 +23,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
 /// What a response head (status line and fields) or a trailer section must take less than.
-pub(crate) const MAX_HEAD: usize = 64 * 1024;
+const MAX_HEAD: usize = 64 * 1024;
 /// The most fields a response head may have (hyper's default too).
 const MAX_FIELDS: usize = 100;
 /// The most a chunk-size line (with its extensions) may take.
@@ -227,6 +227,11 @@ pub(crate) async fn write_all(io: &TcpStream, mut data: &[u8]) -> Result<(), (io
     Ok(())
 }
 
+/// Writes all of `data`, waiting while the socket is full.
+pub(crate) async fn write_whole(io: &TcpStream, data: &[u8]) -> io::Result<()> {
+    write_all(io, data).await.map_err(|(err, _)| err)
+}
+
 /// Writes one chunk of a chunked body: its size line, `data`, and its CRLF. `scratch` holds the
 /// framing, and small data with it, so a small chunk is one write.
 pub(crate) async fn write_chunk(
@@ -240,11 +245,11 @@ pub(crate) async fn write_chunk(
     if data.len() <= COPIED {
         scratch.extend_from_slice(data);
         scratch.extend_from_slice(b"\r\n");
-        return write_all(io, scratch).await.map_err(|(err, _)| err);
+        return write_whole(io, scratch).await;
     }
-    write_all(io, scratch).await.map_err(|(err, _)| err)?;
-    write_all(io, data).await.map_err(|(err, _)| err)?;
-    write_all(io, b"\r\n").await.map_err(|(err, _)| err)
+    write_whole(io, scratch).await?;
+    write_whole(io, data).await?;
+    write_whole(io, b"\r\n").await
 }
 
 /// Writes the end of a chunked body: the last chunk and the trailer fields, if any.
@@ -259,7 +264,7 @@ pub(crate) async fn write_last_chunk(
         put_field(scratch, name.as_str().as_bytes(), value.as_bytes());
     }
     scratch.extend_from_slice(b"\r\n");
-    write_all(io, scratch).await.map_err(|(err, _)| err)
+    write_whole(io, scratch).await
 }
 
 /// A response head read from the upstream, with how its body is framed.
@@ -481,7 +486,7 @@ impl Framing {
         loop {
             match self {
                 Framing::Length(0) => return Ok(Decoded::End(None)),
-                Framing::Length(left) | Framing::Chunked(Chunk::Data(left)) if *left > 0 => {
+                Framing::Length(left) | Framing::Chunked(Chunk::Data(left @ 1..)) => {
                     if read.is_empty() {
                         return Ok(Decoded::More);
                     }
@@ -496,6 +501,7 @@ impl Framing {
                     return Ok(Decoded::Data(read.split().freeze()));
                 }
                 Framing::Chunked(chunk) => match chunk {
+                    // A chunk's data taken whole (with data left, the arm above).
                     Chunk::Data(_) => *chunk = Chunk::DataEnd,
                     Chunk::Size => match httparse::parse_chunk_size(read) {
                         Ok(httparse::Status::Complete((used, size))) => {
@@ -539,8 +545,6 @@ impl Framing {
                         return Ok(Decoded::End(trailers));
                     }
                 },
-                // Unreachable: a length left is handled above.
-                Framing::Length(_) => return Err(H1Error::Length),
             }
         }
     }
@@ -650,7 +654,8 @@ impl Body for Reading {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.conn.is_none() || self.framing.done()
+        // The connection goes (back to its link, or closed) as the body ends.
+        self.conn.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
