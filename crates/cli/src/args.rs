@@ -148,13 +148,17 @@ pub struct ProxyArgs {
     /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     pub upstream_timeout: Timeout,
-    /// How long a client may take to send a request's head, and a keep-alive connection may
-    /// stay idle, before the connection is closed (`10s`, `30s`, `2m`).
-    #[arg(long, default_value = "30s", value_parser = parse_header_timeout)]
+    /// How long a new connection may take to send its first request's head, and any request's
+    /// head may take once begun, before the connection is closed (`10s`, `30s`, `2m`).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub header_timeout: std::time::Duration,
+    /// How long a kept-alive connection may stay idle after an answer before it is closed
+    /// (`75s`, `5m`). HTTP/2 connections have neither timeout.
+    #[arg(long, default_value = "75s", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
 }
 
-fn parse_header_timeout(text: &str) -> Result<std::time::Duration, String> {
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     spillway_core::limit::parse_duration(text).map_err(|err| err.to_string())
 }
 

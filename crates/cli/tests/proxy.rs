@@ -69,6 +69,8 @@ fn bad_timeouts_exit_2_saying_what_a_timeout_looks_like() {
         ("--upstream-timeout", "soon", "or off"),
         ("--header-timeout", "30", "has no unit"),
         ("--header-timeout", "off", "a whole number and a unit"),
+        ("--idle-timeout", "75", "has no unit"),
+        ("--idle-timeout", "off", "a whole number and a unit"),
     ] {
         let output = Command::new(SPILLWAY)
             .arg("proxy")

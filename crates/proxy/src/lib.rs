@@ -13,6 +13,7 @@ mod control;
 mod error;
 mod forward;
 mod h1;
+mod pause;
 mod server;
 
 pub use error::ProxyError;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -27,15 +27,41 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Relay, Upstream};
+use crate::forward::{ForwardError, Relay, RelayError, Upstream};
 use crate::h1::Link;
+use crate::pause::{Answering, Answers, Pause};
 
-/// The body of every response: the upstream's, streamed, or one of ours. `Either` rather than a
-/// boxed body, so forwarding allocates no box per response.
-pub(crate) type Body = Either<Relay, Full<Bytes>>;
+/// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
+/// boxed body, so forwarding allocates no box per response), with its request counted as being
+/// answered until it has been sent whole ([`Answers`]).
+pub(crate) struct Body {
+    inner: Either<Relay, Full<Bytes>>,
+    _answering: Answering,
+}
 
-pub(crate) fn full(body: Full<Bytes>) -> Body {
-    Either::Right(body)
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        match &mut self.get_mut().inner {
+            Either::Left(relayed) => Pin::new(relayed).poll_frame(cx),
+            Either::Right(ours) => Pin::new(ours)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// What `spillway proxy` is started with.
@@ -70,10 +96,15 @@ pub struct ProxyOptions {
     /// the proxy gives up on it and answers 504 (gRPC: `UNAVAILABLE`). `None` waits as long as
     /// the client does. Default 60 s, nginx's `proxy_read_timeout`.
     pub upstream_timeout: Option<Duration>,
-    /// How long a client may take to send a request's head, and an idle keep-alive connection
-    /// may wait for its next request, before the connection is closed: a client that opens
-    /// connections and trickles bytes into them cannot hold them forever. Default 30 s.
+    /// How long a new HTTP/1.1 connection may take to send its first request's head, and any
+    /// request's head may take once it has begun, before the connection is closed: a client that
+    /// opens connections and trickles bytes into them cannot hold them forever. Default 30 s.
     pub header_timeout: Duration,
+    /// How long a kept-alive HTTP/1.1 connection may stay idle after an answer before it is
+    /// closed. Default 75 s, nginx's `keepalive_timeout`: longer than most clients keep an idle
+    /// connection (Go's 90 s the exception), so the client, not the proxy, usually closes it.
+    /// HTTP/2 connections have neither timeout.
+    pub idle_timeout: Duration,
 }
 
 impl ProxyOptions {
@@ -90,6 +121,7 @@ impl ProxyOptions {
             workers: 0,
             upstream_timeout: Some(Duration::from_secs(60)),
             header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
         }
     }
 }
@@ -256,6 +288,7 @@ struct Worker {
     shared: Arc<Shared>,
     upstream: Upstream,
     header_timeout: Duration,
+    idle_timeout: Duration,
 }
 
 impl Worker {
@@ -264,6 +297,7 @@ impl Worker {
             shared,
             upstream: Upstream::new(&options.upstream, options.upstream_timeout)?,
             header_timeout: options.header_timeout,
+            idle_timeout: options.idle_timeout,
         }))
     }
 
@@ -276,10 +310,11 @@ impl Worker {
     ) {
         let graceful = GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // The connection's socket keeps the header and idle timeouts ([`Pause`]).
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(self.header_timeout);
+            .header_read_timeout(None);
         while let Some(Accepted { stream, peer }) = connections.recv().await {
             let stream = match TcpStream::from_std(stream) {
                 Ok(stream) => stream,
@@ -292,17 +327,24 @@ impl Worker {
             let peer: Arc<str> = peer.ip().to_string().into();
             let worker = self.clone();
             let link = Arc::new(Link::default());
-            let service = service_fn({
-                let link = link.clone();
-                move |request| handle(worker.clone(), peer.clone(), link.clone(), request)
+            let answers = Arc::new(Answers::default());
+            let downstream = Downstream {
+                io: TokioIo::new(stream),
+                link: link.clone(),
+                answers: answers.clone(),
+                pause: Pause::new(self.header_timeout, self.idle_timeout),
+            };
+            let service = service_fn(move |request| {
+                let answering = answers.begin();
+                handle(
+                    worker.clone(),
+                    peer.clone(),
+                    link.clone(),
+                    answering,
+                    request,
+                )
             });
-            let connection = builder.serve_connection(
-                Downstream {
-                    io: TokioIo::new(stream),
-                    link,
-                },
-                service,
-            );
+            let connection = builder.serve_connection(downstream, service);
             let connection = graceful.watch(connection.into_owned());
             tokio::spawn(async move {
                 if let Err(err) = connection.await {
@@ -321,51 +363,73 @@ impl Worker {
 
 /// A downstream connection's socket, which also tends the connection's idle upstream connection
 /// ([`Link::tend`]) whenever the server has to wait to read from it: between requests the server
-/// waits on this read, and the upstream connection's close wakes the same task.
+/// waits on this read, and the upstream connection's close wakes the same task. It keeps the
+/// connection's header and idle timeouts the same way ([`Pause`]).
 struct Downstream {
     io: TokioIo<TcpStream>,
     link: Arc<Link>,
+    answers: Arc<Answers>,
+    pause: Pause,
 }
 
 impl hyper::rt::Read for Downstream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if read.is_pending() {
-            // Waiting for the next request (or the rest of this one): the upstream connection
-            // may have been closed meanwhile.
-            self.link.tend(cx);
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => {
+                // Waiting for the next request (or the rest of this one): the upstream
+                // connection may have been closed meanwhile, and the wait may have run too long.
+                this.link.tend(cx);
+                match this.pause.waiting(&this.answers, cx) {
+                    Some(timed_out) => Poll::Ready(Err(timed_out)),
+                    None => Poll::Pending,
+                }
+            }
+            Poll::Ready(Ok(())) => {
+                this.pause.arrived(&this.answers);
+                Poll::Ready(Ok(()))
+            }
+            failed => failed,
         }
-        read
     }
 }
 
 impl hyper::rt::Write for Downstream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.pause.wrote(&this.answers);
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.pause.wrote(&this.answers);
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.io).poll_flush(cx);
+        if this.pause.flushed(&this.answers, cx) {
+            this.link.tend(cx);
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -437,8 +501,13 @@ async fn handle(
     worker: Arc<Worker>,
     peer: Arc<str>,
     link: Arc<Link>,
+    answering: Answering,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    let counted = |inner| Body {
+        inner,
+        _answering: answering,
+    };
     let shared = &worker.shared;
     let grpc = answer::is_grpc(request.headers());
     let rules = shared.client.rules();
@@ -459,19 +528,22 @@ async fn handle(
     } = decision
         && let Some(bucket) = rules.bucket(bucket)
     {
-        return Ok(answer::dropped(bucket, retry_after, grpc).map(full));
+        return Ok(
+            answer::dropped(bucket, retry_after, grpc).map(|body| counted(Either::Right(body)))
+        );
     }
     drop(rules);
-    match worker.upstream.forward(request, link).await {
-        Ok(response) => Ok(response.map(Either::Left)),
+    let response = match worker.upstream.forward(request, link).await {
+        Ok(response) => response.map(Either::Left),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("upstream request failed: {err}");
-            Ok(match err {
+            match err {
                 ForwardError::Timeout(_) => answer::upstream_timed_out(&err, grpc),
                 _ => answer::upstream_failed(&err, grpc),
             }
-            .map(full))
+            .map(Either::Right)
         }
-    }
+    };
+    Ok(response.map(counted))
 }

@@ -745,6 +745,124 @@ async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
     running.proxy.shutdown().await;
 }
 
+/// Reads from `client` until the proxy closes the connection (end of stream or reset); fails the
+/// test when it is still open after `within`. Returns how long that took.
+async fn closed_within(client: &mut tokio::net::TcpStream, within: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        let read = tokio::time::timeout_at((started + within).into(), client.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("the connection was still open after {within:?}"));
+        if matches!(read, Ok(0) | Err(_)) {
+            return started.elapsed();
+        }
+    }
+}
+
+/// After an answer a kept-alive connection has the idle timeout to begin its next request, not
+/// the (shorter) header timeout; once a head has begun, it is due within the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_gets_the_idle_timeout_and_a_begun_head_the_header_timeout() {
+    let upstream = Upstream::start().await;
+    let running = proxy_with(&config(&[UNHIT]), &upstream.url(), |options| {
+        options.header_timeout = Duration::from_millis(400);
+        options.idle_timeout = Duration::from_secs(3);
+    })
+    .await;
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nhost: app\r\n\r\n";
+    let mut client = raw_request(running.proxy.addr(), GET).await;
+    assert!(next_read(&mut client).await.starts_with("HTTP/1.1 200"));
+    // Idle for longer than the header timeout: the connection is still there.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::io::AsyncWriteExt::write_all(&mut client, GET)
+        .await
+        .unwrap();
+    assert!(next_read(&mut client).await.starts_with("HTTP/1.1 200"));
+    // Then closed when idle for the idle timeout.
+    let idle = closed_within(&mut client, Duration::from_secs(10)).await;
+    assert!(
+        idle >= Duration::from_millis(2900),
+        "closed after {idle:?} idle"
+    );
+
+    // A head begun after an answer and never finished: closed after the header timeout, well
+    // before the idle timeout.
+    let mut client = raw_request(running.proxy.addr(), GET).await;
+    assert!(next_read(&mut client).await.starts_with("HTTP/1.1 200"));
+    tokio::io::AsyncWriteExt::write_all(&mut client, b"GET / HTTP/1.1\r\nhost: app\r\n")
+        .await
+        .unwrap();
+    let heading = closed_within(&mut client, Duration::from_secs(10)).await;
+    assert!(
+        heading >= Duration::from_millis(400) && heading < Duration::from_millis(2500),
+        "closed {heading:?} after the head began"
+    );
+    assert_eq!(upstream.seen(), 3);
+    running.proxy.shutdown().await;
+}
+
+/// Neither timeout runs while a request is being answered: an upload and an upstream answer,
+/// each slower than both, go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_or_answer_is_not_cut_by_the_header_or_idle_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = raw_upstream(Some(Duration::from_millis(800))).await;
+    let running = proxy_with(
+        &config(&[UNHIT]),
+        &format!("http://{upstream}"),
+        |options| {
+            options.header_timeout = Duration::from_millis(200);
+            options.idle_timeout = Duration::from_millis(300);
+        },
+    )
+    .await;
+    let mut client = raw_request(
+        running.proxy.addr(),
+        b"POST /upload HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\n\r\nabc",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    client.write_all(b"def").await.unwrap();
+    let answer = next_read(&mut client).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    running.proxy.shutdown().await;
+}
+
+/// An HTTP/2 connection has neither timeout: one opened ahead of its first call (as gRPC
+/// channels are) and left idle between calls stays open for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_idle_past_both_timeouts_stays_open() {
+    let upstream = Upstream::start().await;
+    let running = proxy_with(&config(&[UNHIT]), &upstream.url(), |options| {
+        options.header_timeout = Duration::from_millis(200);
+        options.idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let stream = tokio::net::TcpStream::connect(running.proxy.addr())
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(!connection.is_finished(), "the proxy closed the connection");
+        let request = http::Request::get(format!("http://{}/", running.proxy.addr()))
+            .version(http::Version::HTTP_2)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    running.proxy.shutdown().await;
+}
+
 /// A raw client connection to `addr` with `request` written on it: for requests spelled out
 /// byte by byte, and sent in parts.
 async fn raw_request(addr: std::net::SocketAddr, request: &[u8]) -> tokio::net::TcpStream {

@@ -53,6 +53,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     options.workers = workers();
     options.upstream_timeout = args.upstream_timeout.0;
     options.header_timeout = args.header_timeout;
+    options.idle_timeout = args.idle_timeout;
     if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
     {
         let host_id = args
