@@ -15,7 +15,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_client::control::{ControlOptions, ControlPlane, LinkStatus};
@@ -101,9 +101,8 @@ pub struct ProxyOptions {
     /// opens connections and trickles bytes into them cannot hold them forever. Default 30 s.
     pub header_timeout: Duration,
     /// How long a kept-alive HTTP/1.1 connection may stay idle after an answer before it is
-    /// closed. Default 75 s, nginx's `keepalive_timeout`: longer than most clients keep an idle
-    /// connection (Go's 90 s the exception), so the client, not the proxy, usually closes it.
-    /// HTTP/2 connections have neither timeout.
+    /// closed. Default 75 s, nginx's `keepalive_timeout`. HTTP/2 connections have neither
+    /// timeout.
     pub idle_timeout: Duration,
 }
 
@@ -311,10 +310,7 @@ impl Worker {
         let graceful = GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The connection's socket keeps the header and idle timeouts ([`Pause`]).
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(None);
+        builder.http1().header_read_timeout(None);
         while let Some(Accepted { stream, peer }) = connections.recv().await {
             let stream = match TcpStream::from_std(stream) {
                 Ok(stream) => stream,
