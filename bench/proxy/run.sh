@@ -40,6 +40,8 @@
 # the nginx reverse proxy's worker processes (default 2, the same).
 # FLEET_SHARE sets the fleet's share of the networked Redis's capacity (default 0.5).
 # LINK_DELAY_US sets the one-way delay to the networked Redis (default 250).
+# CHART=FILE.svg draws the open-loop tables into FILE.svg (bench/proxy/chart.rs, which also
+# draws a saved report: rustc -O bench/proxy/chart.rs -o chart && ./chart REPORT.md > FILE.svg).
 # Runs as root (network namespaces). Installs wrk, nginx, redis-server, redis-tools and iproute2
 # from Debian when missing; builds spillway in release mode.
 set -euo pipefail
@@ -318,6 +320,7 @@ open_table() {
   echo "G16 in MISSION's terms, $3: $(fell "${!s}" "${!x}")"
   echo "$(hop "${!d}" "${!n}" "${!s}"); $(limiter "${!b}" "${!s}" "${!x}")"
 }
+{
 echo "Closed loop: wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s, $(nproc) cores; direct, nginx and spillway: medians of $ROUNDS interleaved rounds"
 echo
 header
@@ -354,3 +357,11 @@ echo
 echo "Each round (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)):"
 echo
 for note in "${NOTES[@]}"; do echo "- $note"; done
+} | tee "$WORK/report.md"
+
+# CHART=FILE.svg also draws the open-loop tables (bench/proxy/chart.rs).
+if [ -n "${CHART:-}" ]; then
+  rustc --edition 2021 -O "$ROOT/bench/proxy/chart.rs" -o "$WORK/chart"
+  "$WORK/chart" "$WORK/report.md" > "$CHART"
+  echo "chart: $CHART" >&2
+fi
