@@ -53,7 +53,8 @@ fn parse(text: &str) -> Result<Vec<Panel>, String> {
             .ok_or_else(|| format!("no table headed \"{heading}\""))?;
         let mut direct = None;
         let mut rows = [None; 3];
-        for line in lines[start + 1..].iter().skip_while(|l| !l.starts_with('|')) {
+        let table = lines.iter().enumerate().skip(start + 1);
+        for (number, line) in table.skip_while(|(_, l)| !l.starts_with('|')) {
             if !line.starts_with('|') {
                 break;
             }
@@ -75,7 +76,7 @@ fn parse(text: &str) -> Result<Vec<Panel>, String> {
                     .split_whitespace()
                     .next()
                     .and_then(|ms| ms.parse().ok())
-                    .ok_or_else(|| format!("line {}: no time in \"{cell}\"", start + 1))?;
+                    .ok_or_else(|| format!("line {}: no time in \"{cell}\"", number + 1))?;
             }
             match row {
                 None => direct = Some(times),

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::answer;
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Relay, RelayError, Upstream};
+use crate::forward::{ForwardError, Relay, Upstream};
 use crate::h1::Link;
 use crate::pause::{Answering, Answers, Pause};
 
@@ -41,18 +41,13 @@ pub(crate) struct Body {
 
 impl hyper::body::Body for Body {
     type Data = Bytes;
-    type Error = RelayError;
+    type Error = <Either<Relay, Full<Bytes>> as hyper::body::Body>::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
-        match &mut self.get_mut().inner {
-            Either::Left(relayed) => Pin::new(relayed).poll_frame(cx),
-            Either::Right(ours) => Pin::new(ours)
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
-        }
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -701,14 +701,23 @@ async fn an_upstream_holding_a_whole_request_past_the_timeout_gives_504() {
 /// is answered by the upstream, not cut off with a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_slower_than_the_upstream_timeout_is_not_cut_off() {
-    use tokio::io::AsyncWriteExt;
-    let upstream = raw_upstream(Some(Duration::ZERO)).await;
-    let running = proxy_with(
-        &config(&[UNHIT]),
-        &format!("http://{upstream}"),
-        |options| options.upstream_timeout = Some(Duration::from_millis(300)),
-    )
+    let answer = slow_upload(Duration::ZERO, |options| {
+        options.upstream_timeout = Some(Duration::from_millis(300))
+    })
     .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// Sends a 6-byte upload in two halves 700 ms apart through a proxy that `configure` sets up, in
+/// front of an upstream that answers `upstream_delay` after it has the whole request; returns
+/// what the client reads first.
+async fn slow_upload(
+    upstream_delay: Duration,
+    configure: impl FnOnce(&mut spillway_proxy::ProxyOptions),
+) -> String {
+    use tokio::io::AsyncWriteExt;
+    let upstream = raw_upstream(Some(upstream_delay)).await;
+    let running = proxy_with(&config(&[UNHIT]), &format!("http://{upstream}"), configure).await;
     let mut client = raw_request(
         running.proxy.addr(),
         b"POST /upload HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\n\r\nabc",
@@ -717,8 +726,8 @@ async fn an_upload_slower_than_the_upstream_timeout_is_not_cut_off() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     client.write_all(b"def").await.unwrap();
     let answer = next_read(&mut client).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     running.proxy.shutdown().await;
+    answer
 }
 
 /// A client that opens a connection and never finishes its request head is disconnected after
@@ -807,27 +816,12 @@ async fn a_kept_alive_connection_gets_the_idle_timeout_and_a_begun_head_the_head
 /// each slower than both, go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upload_or_answer_is_not_cut_by_the_header_or_idle_timeout() {
-    use tokio::io::AsyncWriteExt;
-    let upstream = raw_upstream(Some(Duration::from_millis(800))).await;
-    let running = proxy_with(
-        &config(&[UNHIT]),
-        &format!("http://{upstream}"),
-        |options| {
-            options.header_timeout = Duration::from_millis(200);
-            options.idle_timeout = Duration::from_millis(300);
-        },
-    )
+    let answer = slow_upload(Duration::from_millis(800), |options| {
+        options.header_timeout = Duration::from_millis(200);
+        options.idle_timeout = Duration::from_millis(300);
+    })
     .await;
-    let mut client = raw_request(
-        running.proxy.addr(),
-        b"POST /upload HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\n\r\nabc",
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    client.write_all(b"def").await.unwrap();
-    let answer = next_read(&mut client).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    running.proxy.shutdown().await;
 }
 
 /// An HTTP/2 connection has neither timeout: one opened ahead of its first call (as gRPC
