@@ -1,0 +1,256 @@
+//! The rules store on PostgreSQL or SQLite through `sqlx::Any`: opening it, the one global rules
+//! version, and the transaction every modification runs in.
+//!
+//! A modification starts by bumping the single `rules_version` row. That row lock (PostgreSQL)
+//! or the write lock of `BEGIN IMMEDIATE` (SQLite) serializes every writer, so the daily budget
+//! counted next sees every modification committed before it: fifty concurrent writers cannot
+//! slip past it, and a refused one rolls back its bump and stores nothing.
+//!
+//! By concern: `migrations` (the schema), `users` (users and roles), `budget` (the daily
+//! modification budget), `rules` (reading and changing one rule), `planner` (the pure diff of
+//! an apply) and `apply` (carrying it out), `audit` (the audit log).
+
+mod apply;
+mod audit;
+mod budget;
+mod migrations;
+mod planner;
+mod rules;
+mod users;
+
+use std::time::Duration;
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::{Any, AnyPool, Executor, Transaction};
+
+use crate::rule::Rule;
+use crate::time::now_millis;
+use crate::watch;
+
+pub use audit::{AuditAction, AuditEntry};
+pub use budget::Budgets;
+pub use planner::{ApplyDiff, UpdatedRule};
+pub use users::{Role, User};
+
+use audit::Audit;
+
+/// The PostgreSQL channel every commit is announced on, with the new version as payload (S4).
+pub const CHANNEL: &str = "spillway_rules";
+
+/// Why the store failed, as opposed to refusing a change.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database URL \"{0}\"; use sqlite://PATH or postgres://USER@HOST/DB")]
+    Url(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrating the rules store: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored data this build cannot read: {0}")]
+    Corrupt(String),
+    #[error("hashing a token: {0}")]
+    Hash(String),
+}
+
+/// Why a modification was refused; nothing of it was stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no rule with id {0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the rule is at version {current}, not {expected}; fetch it again and retry")]
+    VersionMoved { expected: i64, current: i64 },
+    #[error(
+        "{role} {name} has made its {limit} modifications of today (UTC); the budget renews at midnight UTC"
+    )]
+    Budget {
+        name: String,
+        role: Role,
+        limit: u32,
+        retry_after: u64,
+    },
+}
+
+impl From<sqlx::Error> for ChangeError {
+    fn from(err: sqlx::Error) -> Self {
+        ChangeError::Store(StoreError::Database(err))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// The rules store.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    key: String,
+    budgets: Budgets,
+}
+
+impl Store {
+    /// Opens (creating when needed) and migrates the store at `url`: `sqlite://PATH` or
+    /// `postgres://...`.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Self::connect_with(url, Budgets::default()).await
+    }
+
+    pub async fn connect_with(url: &str, budgets: Budgets) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (backend, url) = normalize(url)?;
+        let options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30));
+        let pool = match backend {
+            Backend::Postgres => options.max_connections(8).connect(&url).await?,
+            // Writers queue on SQLite's write lock; a long busy timeout makes them wait for it
+            // instead of failing, as PostgreSQL's row lock does.
+            Backend::Sqlite => {
+                options
+                    .max_connections(4)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA busy_timeout = 30000").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(&url)
+                    .await?
+            }
+        };
+        if backend == Backend::Sqlite {
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&pool)
+                .await?;
+        }
+        migrations::run(&pool).await?;
+        Ok(Store {
+            pool,
+            backend,
+            key: watch::local_key(&url),
+            budgets,
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub(crate) fn local_key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn budgets(&self) -> Budgets {
+        self.budgets
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub async fn version(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT version FROM rules_version WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The version and every stored rule (expired overrides included, with their expiry), read
+    /// in one snapshot so they agree.
+    pub async fn snapshot(&self) -> Result<(i64, Vec<Rule>), StoreError> {
+        let mut tx = match self.backend {
+            Backend::Postgres => {
+                self.pool
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await?
+            }
+            Backend::Sqlite => self.pool.begin().await?,
+        };
+        let version: i64 = sqlx::query_scalar("SELECT version FROM rules_version WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?;
+        let rules = rules::all_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok((version, rules))
+    }
+
+    /// Opens a modification: takes the writers' lock by bumping the version, then checks the
+    /// actor's budget for today under that lock. Returns the transaction, the version the
+    /// modification will produce and the time it happens at.
+    async fn begin_change(
+        &self,
+        actor: Option<&User>,
+    ) -> Result<(Transaction<'static, Any>, i64, i64), ChangeError> {
+        let mut tx = match self.backend {
+            Backend::Postgres => self.pool.begin().await?,
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+        };
+        let version: i64 = sqlx::query_scalar(
+            "UPDATE rules_version SET version = version + 1 WHERE id = 1 RETURNING version",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let now = now_millis();
+        if let Some(user) = actor {
+            // A refusal drops the transaction, which rolls the version back too.
+            self.budgets.check(&mut tx, user, now).await?;
+        }
+        Ok((tx, version, now))
+    }
+
+    /// Ends a modification: writes its audit row, announces the new version and commits.
+    async fn finish_change(
+        &self,
+        mut tx: Transaction<'static, Any>,
+        version: i64,
+        now: i64,
+        audit: Audit<'_>,
+    ) -> Result<(), ChangeError> {
+        audit.insert(&mut tx, version, now).await?;
+        if self.backend == Backend::Postgres {
+            // Delivered at commit, and only if the commit succeeds.
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(version.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if self.backend == Backend::Sqlite {
+            watch::notify_local(&self.key, version);
+        }
+        Ok(())
+    }
+}
+
+/// Which engine a URL names, and the URL to open: SQLite files are created when missing.
+pub fn normalize(url: &str) -> Result<(Backend, String), StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok((Backend::Postgres, url.to_owned()))
+    } else if let Some(path) = url.strip_prefix("sqlite:") {
+        if path.is_empty() || path.contains(":memory:") || path.contains("mode=memory") {
+            // Every pooled connection would see a database of its own.
+            return Err(StoreError::Url(url.to_owned()));
+        }
+        let url = if url.contains('?') {
+            url.to_owned()
+        } else {
+            format!("{url}?mode=rwc")
+        };
+        Ok((Backend::Sqlite, url))
+    } else {
+        Err(StoreError::Url(url.to_owned()))
+    }
+}
