@@ -5,9 +5,10 @@ use std::time::Duration;
 use serde_json::Value;
 use ureq::Agent;
 
-/// Why a call did not return what was asked.
+/// Why a call to the rules API did not return what was asked: the caller's side of the
+/// service's [`ApiError`](crate::problem::ApiError) answers, plus the calls that got none.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum CallError {
     #[error("cannot reach the rules service at {server}: {source}")]
     Transport {
         server: String,
@@ -33,14 +34,14 @@ pub struct Answer {
 
 impl Answer {
     /// The answer when its status is a success, else its problem as an error.
-    pub fn ok(self) -> Result<Answer, ClientError> {
+    pub fn ok(self) -> Result<Answer, CallError> {
         if (200..300).contains(&self.status) {
             Ok(self)
         } else {
             let detail = self.body["detail"]
                 .as_str()
                 .map_or_else(|| self.body.to_string(), str::to_owned);
-            Err(ClientError::Status {
+            Err(CallError::Status {
                 status: self.status,
                 detail,
             })
@@ -75,7 +76,7 @@ impl Client {
         path: &str,
         body: Option<&str>,
         if_match: Option<&str>,
-    ) -> Result<Answer, ClientError> {
+    ) -> Result<Answer, CallError> {
         let url = format!("{}{path}", self.server);
         let mut request = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(token) = &self.token {
@@ -84,7 +85,7 @@ impl Client {
         if let Some(tag) = if_match {
             request = request.header("if-match", tag);
         }
-        let transport = |source| ClientError::Transport {
+        let transport = |source| CallError::Transport {
             server: self.server.clone(),
             source,
         };
@@ -93,13 +94,13 @@ impl Client {
                 let request = request
                     .header("content-type", "application/json")
                     .body(text.to_owned())
-                    .map_err(|e| ClientError::Body(e.to_string()))?;
+                    .map_err(|e| CallError::Body(e.to_string()))?;
                 self.agent.run(request)
             }
             None => {
                 let request = request
                     .body(())
-                    .map_err(|e| ClientError::Body(e.to_string()))?;
+                    .map_err(|e| CallError::Body(e.to_string()))?;
                 self.agent.run(request)
             }
         }
@@ -118,7 +119,7 @@ impl Client {
         let text = response
             .into_body()
             .read_to_string()
-            .map_err(|e| ClientError::Body(e.to_string()))?;
+            .map_err(|e| CallError::Body(e.to_string()))?;
         let body = if text.trim().is_empty() {
             Value::Null
         } else {
@@ -133,11 +134,11 @@ impl Client {
         })
     }
 
-    pub fn get(&self, path: &str) -> Result<Answer, ClientError> {
+    pub fn get(&self, path: &str) -> Result<Answer, CallError> {
         self.send("GET", path, None, None)
     }
 
-    pub fn post(&self, path: &str, body: &str) -> Result<Answer, ClientError> {
+    pub fn post(&self, path: &str, body: &str) -> Result<Answer, CallError> {
         self.send("POST", path, Some(body), None)
     }
 }

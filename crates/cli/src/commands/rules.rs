@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::Value;
-use spillway_rules::client::{Answer, Client, ClientError};
+use spillway_rules::client::{Answer, CallError, Client};
 use spillway_rules::{Budgets, Role, Store, StoreError};
 
 use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
@@ -132,17 +132,17 @@ fn client(args: &RulesClientArgs) -> Client {
 }
 
 /// Prints a failed call: an invalid rule or file is bad configuration (2), the rest runtime (1).
-fn failed(command: &str, err: &ClientError) -> ExitCode {
+fn failed(command: &str, err: &CallError) -> ExitCode {
     eprintln!("spillway rules {command}: {err}");
     match err {
-        ClientError::Status { status: 422, .. } | ClientError::Status { status: 400, .. } => {
+        CallError::Status { status: 422, .. } | CallError::Status { status: 400, .. } => {
             ExitCode::from(2)
         }
         _ => ExitCode::from(1),
     }
 }
 
-fn call(command: &str, answer: Result<Answer, ClientError>) -> Result<Value, ExitCode> {
+fn call(command: &str, answer: Result<Answer, CallError>) -> Result<Value, ExitCode> {
     answer
         .and_then(Answer::ok)
         .map(|a| a.body)
