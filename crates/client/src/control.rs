@@ -2,32 +2,28 @@
 //! the zone's aggregator every interval and applies what comes back (drop ratios, adaptive
 //! token bucket shares and rules), failing open when the instructions stop (G5, G8-G10, G12).
 //!
-//! [`ControlPlane::spawn`] runs a [`ClientLink`] over a [`Client`]. The client implements the
-//! link's [`ReportSource`] and [`InstructionSink`] through a small adapter that remembers the
-//! counters of the previous report (the client's counters are monotonic totals) and when each
-//! adaptive share expires. Rules pushed down are validated, swapped in, and written to the
-//! state directory as the last good rules, so a restarted sidecar enforces them before the
-//! control plane answers ([`last_good_rules`]). Between instructions each drop-ratio bucket's
-//! surge guard (`spillway_core::surge`), ticked every 50 ms, holds the host to its part of the
-//! limit when its own load jumps (`control.surge_guard`, on by default).
+//! [`ControlPlane::spawn`] runs a [`ClientLink`] (which drives the host's sans-IO core,
+//! `spillway_loop::HostCore`) over a [`Client`]: the client gives the link its counters and
+//! applies what the core decides to its limiters ([`HostLimiters`]). Rules pushed down are
+//! validated, swapped in, and written to the state directory as the last good rules, so a
+//! restarted sidecar enforces them before the control plane answers ([`last_good_rules`]).
+//! Between instructions each drop-ratio bucket's surge guard (`spillway_core::surge`), ticked
+//! every 50 ms, holds the host to its part of the limit when its own load jumps
+//! (`control.surge_guard`, on by default).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use spillway_control::link::{BucketReport, Instruction};
-use spillway_control::timing::now_ms;
 use spillway_core::algo::{Limiter, Ratio};
-use spillway_core::clock::{Nanos, nanos};
-use spillway_core::config::{self, Algorithm, Config, Store};
+use spillway_core::clock::Nanos;
+use spillway_core::config::{self, Config};
 use spillway_core::counters::Snapshot;
-use spillway_core::surge::{self, Instructed, SurgeGuard};
+use spillway_link::now_ms;
+use spillway_loop::{BucketKey, HostStep};
 use tokio::task::JoinHandle;
 
-pub use spillway_control::{
-    Backoff, ClientLink, ControlError, InstructionSink, LinkOptions, LinkStatus, ReportSource,
-};
+pub use spillway_link::{Backoff, ClientLink, HostLimiters, LinkOptions, LinkStatus, UrlError};
 
 use crate::client::Client;
 use crate::rules::Limiters;
@@ -52,8 +48,8 @@ pub fn control_plane_live(status: &LinkStatus, ttl: Duration) -> bool {
 /// How a client joins the control plane.
 #[derive(Debug, Clone)]
 pub struct ControlOptions {
-    /// The aggregator and who this host is. Its interval is replaced by the `report_interval` of
-    /// the rules in force when the link starts.
+    /// The aggregator and who this host is. It reports at the `report_interval` of the rules in
+    /// force until the controller says otherwise.
     pub link: LinkOptions,
     /// Where the last good rules are kept across restarts; `None` keeps nothing.
     pub state_dir: Option<PathBuf>,
@@ -101,82 +97,65 @@ fn save_rules(state_dir: &Path, version: u64, yaml: &str) -> std::io::Result<()>
     std::fs::rename(&tmp, state_dir.join(LAST_GOOD_RULES))
 }
 
-type Key = (String, String);
-
 /// The client as the link sees it.
-struct Adapter {
+struct Linked {
     client: Arc<Client>,
     state_dir: Option<PathBuf>,
-    /// Counter totals at the previous report, per bucket.
-    last: Mutex<HashMap<Key, Snapshot>>,
-    /// When each adaptive share stops holding; past it the bucket refills at the full limit
-    /// again, as a host alone would (fail-open, G9).
-    shares: Mutex<HashMap<Key, Instant>>,
-    /// Each drop-ratio bucket's surge guard, the offered total at its last tick and when that
-    /// tick was.
-    guards: Mutex<HashMap<Key, Guard>>,
 }
 
-/// One drop-ratio bucket's surge guard and where its counting stands.
-#[derive(Debug, Default)]
-struct Guard {
-    guard: SurgeGuard,
-    offered: u64,
-    at: Nanos,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Buckets whose limit the control plane computes from everyone's counts.
-fn on_control_plane(algorithm: Algorithm, store: Store) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket
-    ) && store == Store::ControlPlane
-}
-
-impl ReportSource for Adapter {
-    fn report(&self) -> Vec<BucketReport> {
-        let rules = self.client.rules();
-        let mut last = lock(&self.last);
-        let mut seen = HashMap::with_capacity(last.len());
-        let mut out = Vec::new();
-        for bucket in rules.buckets() {
-            let config = bucket.config();
-            if !on_control_plane(config.algorithm, config.store) {
-                continue;
-            }
-            let key = (bucket.service().to_owned(), bucket.name().to_owned());
-            let now = bucket.counters.snapshot();
-            // A bucket recreated by a reload starts its counters at zero again.
-            let before = last
-                .get(&key)
-                .copied()
-                .filter(|b| b.offered() <= now.offered())
-                .unwrap_or_default();
-            let delta = now - before;
-            out.push(BucketReport {
-                service: key.0.clone(),
-                bucket: key.1.clone(),
-                offered: delta.offered(),
-                allowed: delta.allowed,
-                shadow_dropped: delta.shadow_dropped,
-            });
-            seen.insert(key, now);
-        }
-        *last = seen;
-        out
+impl HostLimiters for Linked {
+    fn now(&self) -> Nanos {
+        self.client.now()
     }
-}
 
-impl InstructionSink for Adapter {
+    fn config(&self) -> Arc<Config> {
+        self.client.rules().shared_config().clone()
+    }
+
+    fn totals(&self, buckets: &[BucketKey]) -> Vec<Snapshot> {
+        let rules = self.client.rules();
+        buckets
+            .iter()
+            .map(|key| {
+                rules
+                    .find(&key.service, &key.bucket)
+                    .map(|b| b.counters.snapshot())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    fn apply(&self, key: &BucketKey, step: &HostStep) {
+        let (service, bucket) = (key.service.as_str(), key.bucket.as_str());
+        let rules = self.client.rules();
+        let Some(found) = rules.find(service, bucket) else {
+            tracing::debug!(service, bucket, "instruction for a bucket not in force");
+            return;
+        };
+        match (&found.state.limiters, step) {
+            (Limiters::Shared(Limiter::DropRatio(_)), HostStep::DropRatio { ratio, ttl, .. }) => {
+                if let Err(err) = self.client.set_drop_ratio(service, bucket, *ratio, *ttl) {
+                    tracing::debug!("{err}");
+                }
+            }
+            (Limiters::Shared(Limiter::DropRatio(d)), HostStep::Surge { ratio, until, .. }) => {
+                d.set_surge(*ratio, *until);
+            }
+            (Limiters::Shared(Limiter::AdaptiveTokenBucket(a)), HostStep::Share { share, .. }) => {
+                a.set_share(self.client.now(), *share);
+            }
+            (Limiters::Shared(Limiter::AdaptiveTokenBucket(a)), HostStep::ShareExpired { .. }) => {
+                a.set_share(self.client.now(), Ratio::ONE);
+            }
+            _ => tracing::debug!(service, bucket, "instruction for a local bucket ignored"),
+        }
+    }
+
     fn apply_rules(
         &self,
         version: u64,
         yaml: &str,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>> {
         let config = config::load_str(yaml, &format!("control-plane rules version {version}"))?;
         self.client.reload(config)?;
         if let Some(dir) = &self.state_dir
@@ -185,126 +164,7 @@ impl InstructionSink for Adapter {
             // The rules are in force; only a restart without the control plane would miss them.
             tracing::error!(dir = %dir.display(), "cannot save the last good rules: {err}");
         }
-        Ok(())
-    }
-
-    fn apply(&self, instruction: Instruction<'_>, ttl: Duration) {
-        let (service, bucket) = (instruction.service, instruction.bucket);
-        let rules = self.client.rules();
-        let Some(found) = rules.find(service, bucket) else {
-            tracing::debug!(service, bucket, "instruction for a bucket not in force");
-            return;
-        };
-        match &found.state.limiters {
-            Limiters::Shared(Limiter::DropRatio(_)) => {
-                if let Err(err) =
-                    self.client
-                        .set_drop_ratio(service, bucket, instruction.drop_ratio, ttl)
-                {
-                    tracing::debug!("{err}");
-                }
-                let interval = rules.config().control.report_interval;
-                let now = self.client.now();
-                let ago = now_ms().saturating_sub(instruction.interval_end_ms);
-                lock(&self.guards)
-                    .entry((service.to_owned(), bucket.to_owned()))
-                    .or_default()
-                    .guard
-                    .instruct(
-                        Instructed {
-                            ratio: instruction.drop_ratio.as_f64(),
-                            limit_rps: found.config().limit.per_second(),
-                            scope_offered_rps: instruction.scope_offered_rps,
-                            scope_hosts: instruction.scope_hosts,
-                            interval_ns: nanos(interval),
-                            interval_ended_ago_ns: ago.saturating_mul(1_000_000),
-                            expires_at: now.saturating_add(nanos(ttl)),
-                        },
-                        now,
-                    );
-            }
-            Limiters::Shared(Limiter::AdaptiveTokenBucket(a)) => {
-                if let Some(share) = instruction.share {
-                    a.set_share(self.client.now(), share);
-                    lock(&self.shares).insert(
-                        (service.to_owned(), bucket.to_owned()),
-                        Instant::now() + ttl,
-                    );
-                }
-            }
-            _ => tracing::debug!(service, bucket, "instruction for a local bucket ignored"),
-        }
-    }
-}
-
-impl Adapter {
-    /// One tick of every drop-ratio bucket's surge guard: counts what each was offered since the
-    /// last tick and installs the correction (0 unless the count shows a surge over the host's
-    /// part of the limit) until two ticks from now, so a stalled task cannot leave one behind.
-    fn guard_surges(&self) {
-        let rules = self.client.rules();
-        let now = self.client.now();
-        let mut guards = lock(&self.guards);
-        if !rules.config().control.surge_guard {
-            // Corrections already installed end within two ticks.
-            guards.clear();
-            return;
-        }
-        let mut live = HashMap::with_capacity(guards.len());
-        for bucket in rules.buckets() {
-            let config = bucket.config();
-            // Drop-ratio buckets on the control plane: the limiter says which algorithm it is.
-            if !on_control_plane(config.algorithm, config.store) {
-                continue;
-            }
-            let Limiters::Shared(Limiter::DropRatio(d)) = &bucket.state.limiters else {
-                continue;
-            };
-            let key = (bucket.service().to_owned(), bucket.name().to_owned());
-            let mut state = guards.remove(&key).unwrap_or_default();
-            let offered = bucket.counters.snapshot().offered();
-            if state.at != 0 && offered >= state.offered && now > state.at {
-                // A late tick counted more than one tick's time: scale it to one.
-                let count = (offered - state.offered) as f64 * surge::TICK_NS as f64
-                    / (now - state.at) as f64;
-                let ratio = state.guard.tick(count.round() as u64, now);
-                d.set_surge(ratio, now.saturating_add(2 * surge::TICK_NS));
-            }
-            state.offered = offered;
-            state.at = now;
-            live.insert(key, state);
-        }
-        *guards = live;
-    }
-
-    /// Puts adaptive buckets whose share expired back on the whole limit.
-    fn expire_shares(&self) {
-        let now = Instant::now();
-        let expired: Vec<Key> = {
-            let mut shares = lock(&self.shares);
-            let expired = shares
-                .iter()
-                .filter(|(_, until)| **until <= now)
-                .map(|(k, _)| k.clone())
-                .collect::<Vec<_>>();
-            for key in &expired {
-                shares.remove(key);
-            }
-            expired
-        };
-        let rules = self.client.rules();
-        for (service, bucket) in expired {
-            if let Some(found) = rules.find(&service, &bucket)
-                && let Limiters::Shared(Limiter::AdaptiveTokenBucket(a)) = &found.state.limiters
-            {
-                a.set_share(self.client.now(), Ratio::ONE);
-                tracing::warn!(
-                    service,
-                    bucket,
-                    "adaptive share expired; refilling at the whole limit until the control plane sends a new one"
-                );
-            }
-        }
+        Ok(self.client.rules().shared_config().clone())
     }
 }
 
@@ -324,46 +184,30 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 impl ControlPlane {
-    /// Links `client` to the aggregator of `options` on the current tokio runtime, and runs the
-    /// client's housekeeping: the drop-ratio buckets' surge guards every 50 ms
-    /// (`spillway_core::surge`), and [`Client::tick`], which counts expired instructions, every
-    /// second.
-    /// `rules_version` is the control-plane version of the rules the client starts with (from
-    /// [`last_good_rules`]), 0 when it starts from its own file. Fails only on an unusable
-    /// aggregator URL; an unreachable aggregator is retried with backoff.
+    /// Links `client` to the aggregator of `options` on the current tokio runtime: its reports,
+    /// instructions, surge guards and share expiry (`spillway-link`), and [`Client::tick`], which
+    /// counts expired instructions, every second. `rules_version` is the control-plane version
+    /// of the rules the client starts with (from [`last_good_rules`]), 0 when it starts from its
+    /// own file. Fails only on an unusable aggregator URL; an unreachable aggregator is retried
+    /// with backoff.
     pub fn spawn(
         client: Arc<Client>,
         options: ControlOptions,
         rules_version: u64,
-    ) -> Result<Self, ControlError> {
-        let adapter = Arc::new(Adapter {
-            client,
-            state_dir: options.state_dir,
-            last: Mutex::new(HashMap::new()),
-            shares: Mutex::new(HashMap::new()),
-            guards: Mutex::new(HashMap::new()),
-        });
+    ) -> Result<Self, UrlError> {
         let mut link = options.link;
         link.rules_version = rules_version;
-        // Start at the interval of the rules in force; the controller's instructions confirm it.
-        link.interval = adapter.client.rules().config().control.report_interval;
-        let link = ClientLink::spawn(link, adapter.clone(), adapter.clone())?;
+        let linked = Arc::new(Linked {
+            client: client.clone(),
+            state_dir: options.state_dir,
+        });
+        let link = ClientLink::spawn(link, linked)?;
         let housekeeping = tokio::spawn(async move {
-            // Every 50 ms the surge guards; every 250 ms the adaptive shares; every second the
-            // client's own housekeeping.
-            let mut every = tokio::time::interval(Duration::from_nanos(surge::TICK_NS));
+            let mut every = tokio::time::interval(Duration::from_secs(1));
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut n = 0u64;
             loop {
                 every.tick().await;
-                adapter.guard_surges();
-                n += 1;
-                if n.is_multiple_of(5) {
-                    adapter.expire_shares();
-                }
-                if n.is_multiple_of(20) {
-                    adapter.client.tick();
-                }
+                client.tick();
             }
         });
         Ok(Self {

@@ -177,7 +177,7 @@ struct Check {
     id: u32,
     /// The key of a per-subject bucket, which holds the request's subject value; `None` for a
     /// bucket with one key, which the bucket keeps.
-    key: Option<spillway_redis::BucketKey>,
+    key: Option<spillway_redis::RedisKey>,
     cost: u64,
 }
 
@@ -271,6 +271,11 @@ impl Rules {
     }
 
     pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The configuration, shared: the same `Arc` for as long as these rules are in force.
+    pub fn shared_config(&self) -> &Arc<Config> {
         &self.config
     }
 

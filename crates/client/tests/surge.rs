@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 use spillway_client::control::{ControlOptions, ControlPlane, LinkOptions};
 use spillway_client::{Client, NoHeaders};
-use spillway_control::{
-    Aggregator, AggregatorOptions, Controller, ControllerOptions, RulesSnapshot,
-};
+use spillway_control::{Aggregator, AggregatorOptions, Controller, ControllerOptions};
+use spillway_loop::RulesSnapshot;
 use spillway_core::config::load_str;
 use spillway_core::pattern::RequestAttrs;
 use tokio::sync::watch;

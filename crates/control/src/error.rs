@@ -1,25 +1,33 @@
-//! Why a control-plane component could not start or go on.
+//! Why a control-plane server could not start or go on.
 
 use std::path::PathBuf;
 
+use spillway_link::UrlError;
+use spillway_loop::RulesError;
+use spillway_net::BindError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("{0}")]
-    Config(#[from] spillway_core::config::ConfigError),
-    #[error("cannot render the rules as YAML: {0}")]
-    Render(String),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
     #[error("cannot read {}: {source}", path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
-    #[error(
-        "\"{url}\" is not a usable gRPC address ({reason}); write it like http://127.0.0.1:7001"
-    )]
-    Url { url: String, reason: String },
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Url(#[from] UrlError),
+}
+
+impl ControlError {
+    /// Whether the fault is in what the operator gave (an invalid rules file, an unreadable path,
+    /// an unusable address) rather than in the running system: the command line exits 2 then.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ControlError::Rules(RulesError::Config(_)) | ControlError::Url(_) | ControlError::Read { .. }
+        )
+    }
 }

@@ -1,48 +1,17 @@
-//! The rules a controller sends down (G12, G13): a validated snapshot with a version, and the
-//! YAML file source that watches its file by polling its modification time.
+//! The YAML file as a source of the rules a controller sends down (G12, G13), watched by polling
+//! its modification time.
 //!
-//! The controller reads rules from a `watch` channel, so any source plugs in the same way: the
-//! file today, the rules service's store (LISTEN/NOTIFY) once it is wired.
+//! The controller reads rules from a `watch` channel, so any source plugs in the same way: this
+//! file, or the rules service's store (`spillway_rules::follow`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use spillway_core::config::{self, Config, ConfigFile};
+use spillway_loop::RulesSnapshot;
 use tokio::sync::watch;
 
 use crate::error::ControlError;
-
-/// One version of the rules: the validated configuration and the text it came from (what
-/// clients receive, so they validate and compile exactly what the controller did).
-#[derive(Debug, Clone)]
-pub struct RulesSnapshot {
-    /// Grows with every change of one source.
-    pub version: u64,
-    pub yaml: Arc<str>,
-    pub config: Arc<Config>,
-}
-
-impl RulesSnapshot {
-    /// Validates `yaml` (`name` is what errors call it) as version `version`.
-    pub fn parse(version: u64, yaml: &str, name: &str) -> Result<Self, ControlError> {
-        let config = config::load_str(yaml, name)?;
-        Ok(Self {
-            version,
-            yaml: yaml.into(),
-            config: Arc::new(config),
-        })
-    }
-}
-
-impl RulesSnapshot {
-    /// The rules of a store (the rules service's), given as the file model, as version
-    /// `version`: rendered to YAML once, so clients receive the same text they would from a file.
-    pub fn from_model(version: u64, file: &ConfigFile) -> Result<Self, ControlError> {
-        let yaml = yaml_serde::to_string(file).map_err(|e| ControlError::Render(e.to_string()))?;
-        Self::parse(version, &yaml, "the rules store")
-    }
-}
 
 /// How often the file source looks at the file's modification time by default.
 pub const DEFAULT_POLL: Duration = Duration::from_millis(500);
@@ -173,14 +142,6 @@ mod tests {
         let err = rules.poll().unwrap_err().to_string();
         assert!(err.contains("rules.yaml:2:11"), "{err}");
         assert_eq!(rules.current().version, second.version);
-    }
-
-    #[test]
-    fn a_model_renders_to_the_yaml_it_came_from() {
-        let file: ConfigFile = yaml_serde::from_str(ONE).unwrap();
-        let rules = RulesSnapshot::from_model(7, &file).unwrap();
-        assert_eq!(rules.version, 7);
-        assert_eq!(*rules.config, config::load_str(ONE, "one.yaml").unwrap());
     }
 
     /// Moves the file's modification time forward so the edit is seen even on coarse clocks.

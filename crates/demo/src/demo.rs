@@ -125,7 +125,7 @@ pub async fn run(options: DemoOptions) -> Result<Summary, DemoError> {
     let mut surge_at = (seconds as f64 * 0.25).max(2.0);
     let recorder = Recorder::new(2, run + Duration::from_secs(1));
     // Where in its report interval the surge begins: intervals are aligned to the wall clock.
-    let start_ms = spillway_control::timing::now_ms() as f64;
+    let start_ms = spillway_link::now_ms() as f64;
     let interval_ms = options.report_interval.as_millis().max(1) as f64;
     let phase_of = |at: f64| ((start_ms + at * 1000.0) % interval_ms) / interval_ms;
     if let Some(wanted) = options.surge_phase {

@@ -56,12 +56,7 @@ impl DemoError {
         match self {
             DemoError::Config(_) => true,
             DemoError::Proxy(e) => e.is_usage(),
-            DemoError::Control(e) => matches!(
-                e,
-                spillway_control::ControlError::Config(_)
-                    | spillway_control::ControlError::Url { .. }
-                    | spillway_control::ControlError::Read { .. }
-            ),
+            DemoError::Control(e) => e.is_usage(),
             _ => false,
         }
     }

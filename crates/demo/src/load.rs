@@ -36,7 +36,7 @@ pub async fn upstream(
         .map_err(DemoError::io("the demo upstream"))?;
     let task = tokio::spawn(async move {
         let mut stop = stop;
-        while let Some((stream, _)) = spillway_control::accept_or_stop(&listener, &mut stop).await {
+        while let Some((stream, _)) = spillway_net::accept_or_stop(&listener, &mut stop).await {
             let _ = stream.set_nodelay(true);
             let service = service_fn(|_request: Request<hyper::body::Incoming>| async {
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))

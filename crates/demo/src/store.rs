@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use spillway_control::RulesSnapshot;
+use spillway_loop::RulesSnapshot;
 use spillway_core::config::ConfigFile;
 use spillway_rules::rule::{input_of, parse_config};
 use spillway_rules::{Role, RuleSet, RulesWatcher, Store};

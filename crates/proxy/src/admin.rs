@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use spillway_control::admin::AdminView;
+use spillway_net::AdminView;
 
 use spillway_client::control::control_plane_live;
 
@@ -20,7 +20,7 @@ use crate::server::Shared;
 
 type Labels = Vec<(&'static str, String)>;
 
-/// The proxy as its admin listener shows it (`spillway_control::admin` serves it).
+/// The proxy as its admin listener shows it (`spillway_net::admin` serves it).
 pub(crate) struct ProxyView(pub(crate) Arc<Shared>);
 
 impl AdminView for ProxyView {

@@ -16,7 +16,7 @@ pub enum ProxyError {
     Upstream { url: String, problem: String },
     /// The aggregator's URL is unusable (exit status 2).
     #[error("aggregator: {0}")]
-    Aggregator(#[source] spillway_client::control::ControlError),
+    Aggregator(#[source] spillway_client::control::UrlError),
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

@@ -190,7 +190,7 @@ impl Proxy {
         }
         tasks.push(tokio::spawn(accept(listener, inboxes, stopped.clone())));
         if let Some(admin) = admin {
-            tasks.push(tokio::spawn(spillway_control::admin::serve(
+            tasks.push(tokio::spawn(spillway_net::admin::serve(
                 admin,
                 Arc::new(crate::admin::ProxyView(shared.clone())),
                 stopped,
@@ -255,7 +255,7 @@ async fn accept(
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut next = 0;
-    while let Some((stream, peer)) = spillway_control::accept_or_stop(&listener, &mut stopped).await
+    while let Some((stream, peer)) = spillway_net::accept_or_stop(&listener, &mut stopped).await
     {
         let _ = stream.set_nodelay(true);
         // Off this runtime's reactor, onto the worker's.

@@ -2,13 +2,12 @@
 //!
 //! Time moves in 10 ms ticks. In each tick every live host draws its arrivals (Poisson) and
 //! decides them with the core's limiter; messages between tiers are events at their exact
-//! delivery instant, with a random delay and a chance of loss. What each tier computes is the
-//! real code: hosts decide with `spillway_core::algo::{DropRatio, AdaptiveTokenBucket}` and
-//! tally their reports (with the interval's tail) with `spillway_control::link::Tally`,
-//! aggregators close intervals with `spillway_control::sums::Intervals` and split shares with
-//! `spillway_control::aggregator::host_shares`, controllers run
-//! `spillway_control::controller::RegionCore` (the same state machine the gRPC server drives),
-//! and the central counter is the core's `TokenBucket`.
+//! delivery instant, with a random delay and a chance of loss. Every control decision is the
+//! real code: each host runs `spillway_loop::HostCore` (its reports and tails, instructions,
+//! surge guard and share expiry), each aggregator `spillway_loop::ZoneCore`, each controller
+//! `spillway_loop::RegionCore`, the very cores the link and the gRPC servers drive; hosts decide
+//! with `spillway_core::algo::{DropRatio, AdaptiveTokenBucket}`, and the central counter is the
+//! core's `TokenBucket`. This file holds only the network, the clock and the load.
 //!
 //! How a tick's requests are decided (the only shortcut, and why it changes nothing):
 //! - drop-ratio: up to 32 arrivals, one `DropRatio::decide_with` call per request with the
@@ -21,6 +20,7 @@
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
@@ -28,17 +28,14 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Binomial, Distribution, Exp, Poisson, StandardNormal};
-use spillway_control::aggregator::host_shares;
-use spillway_control::controller::{RegionCore, Step};
-use spillway_control::link::{BucketReport, Tally};
-use spillway_control::sums::{Intervals, Sums};
-use spillway_control::timing::Interval;
-use spillway_core::algo::{
-    AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket,
-};
+use spillway_core::algo::{AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket};
 use spillway_core::clock::{NANOS_PER_SEC, Nanos};
-use spillway_core::config::{self, Config};
-use spillway_core::surge::{self, Instructed, SurgeGuard};
+use spillway_core::counters::Snapshot;
+use spillway_core::surge;
+use spillway_loop::{
+    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot,
+    ZoneCore, ZoneStep,
+};
 use spillway_proto::v1;
 
 use crate::scenario::Scenario;
@@ -110,63 +107,44 @@ pub struct Trace {
 
 enum Limiter {
     Drop(DropRatio),
-    Adaptive {
-        // Boxed: the ring of slots is large, and most runs hold the other variants.
-        bucket: Box<AdaptiveTokenBucket>,
-        expires_at: Nanos,
-    },
+    // Boxed: the ring of slots is large, and most runs hold the other variants.
+    Adaptive(Box<AdaptiveTokenBucket>),
     Central,
 }
 
 struct Host {
-    id: String,
     zone: usize,
     region: usize,
     /// Part of the fleet's load.
     weight: f64,
     alive: bool,
     limiter: Limiter,
-    /// Counts since the last report or tail mark.
-    offered: u64,
-    allowed: u64,
-    /// The report interval in progress, as the link keeps it: before and within its tail.
-    tally: Tally,
+    /// The bucket's counters since the start, as the client's striped counters total them.
+    totals: Snapshot,
+    /// Its control loop (none for the central counter, which has no control plane).
+    core: HostCore,
     rtt_ms: f64,
     delay_ticks: usize,
-    /// The drop-ratio surge guard and what it was offered since its last tick.
-    guard: SurgeGuard,
-    guard_offered: u64,
 }
 
 struct Zone {
-    name: String,
     region: usize,
-    hosts: Vec<u32>,
-    /// Hosts with an open stream: the aggregator waits for their reports.
-    members: Vec<u32>,
-    window: Intervals<u32, Sums>,
-    last_sums: Sums,
-    host_last: HashMap<u32, Sums>,
+    core: ZoneCore,
 }
 
 struct Region {
     core: RegionCore,
-    zones: Vec<usize>,
-    members: Vec<u64>,
-    zone_names: Vec<String>,
     alive: bool,
 }
 
 enum Event {
     Report {
-        host: u32,
-        sequence: u64,
-        sums: Sums,
+        zone: usize,
+        report: v1::Report,
     },
     ZoneReport {
         zone: usize,
-        sequence: u64,
-        buckets: Vec<v1::BucketCounts>,
+        report: v1::ZoneReport,
     },
     PeerSums {
         region: usize,
@@ -174,14 +152,11 @@ enum Event {
     },
     ZoneInstructions {
         zone: usize,
-        instructions: v1::Instructions,
+        instructions: v1::ZoneInstructions,
     },
     HostInstructions {
         host: u32,
-        buckets: Vec<v1::BucketInstruction>,
-        ttl_ms: u64,
-        /// The end of the interval the instructions came from, in milliseconds.
-        ended_ms: u64,
+        instructions: v1::Instructions,
     },
 }
 
@@ -209,17 +184,19 @@ impl Ord for Scheduled {
     }
 }
 
-/// The rules every controller runs: one global bucket of the scenario's limit.
-pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<Config, SimError> {
+/// The rules every tier runs: one global bucket of the scenario's limit, with the surge guard as
+/// the scenario says.
+pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<RulesSnapshot, SimError> {
     let algorithm = match algorithm {
         Algorithm::AdaptiveTokenBucket => "adaptive-token-bucket",
         _ => "drop-ratio",
     };
     let yaml = format!(
-        "version: 1\ncontrol:\n  report_interval: 1s\n  instruction_ttl: 5s\nservices:\n  {SERVICE}:\n    buckets:\n      - name: {BUCKET}\n        limit: {}/s\n        scope: global\n        algorithm: {algorithm}\n",
+        "version: 1\ncontrol:\n  report_interval: 1s\n  instruction_ttl: 5s\n  surge_guard: {}\nservices:\n  {SERVICE}:\n    buckets:\n      - name: {BUCKET}\n        limit: {}/s\n        scope: global\n        algorithm: {algorithm}\n",
+        scenario.surge_guard,
         scenario.limit_rps.round() as u64
     );
-    config::load_str(&yaml, "the simulated rules").map_err(|e| SimError::Rules(e.to_string()))
+    RulesSnapshot::parse(1, &yaml, "the simulated rules").map_err(|e| SimError::Rules(e.to_string()))
 }
 
 /// One simulation run.
@@ -227,10 +204,10 @@ pub struct Engine<'a> {
     scenario: &'a Scenario,
     algorithm: Algorithm,
     network: Network,
-    config: Config,
-    interval: Interval,
-    ttl_ms: u64,
+    rules: Arc<RulesSnapshot>,
     hosts: Vec<Host>,
+    /// Host names to their position in `hosts`.
+    host_index: HashMap<String, u32>,
     zones: Vec<Zone>,
     regions: Vec<Region>,
     events: BinaryHeap<Scheduled>,
@@ -253,9 +230,7 @@ impl<'a> Engine<'a> {
         network: Network,
         seed: u64,
     ) -> Result<Self, SimError> {
-        let config = rules(scenario, algorithm)?;
-        let interval = Interval::new(config.control.report_interval);
-        let ttl_ms = u64::try_from(config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
+        let rules = Arc::new(rules(scenario, algorithm)?);
         // The same seed gives the same fleet for every algorithm; each algorithm's own draws
         // come from a stream of its own.
         let mut fleet_rng = StdRng::seed_from_u64(seed);
@@ -264,23 +239,29 @@ impl<'a> Engine<'a> {
         let limit = scenario.limit_rps.round() as u64;
         let rate = Rate::per_second(limit.max(1)).map_err(|e| SimError::Rules(e.to_string()))?;
         let zones_n = scenario.zones();
-        let closed = interval.sequence_at(EPOCH_NS / 1_000_000).saturating_sub(1);
+        let start_ms = EPOCH_NS / 1_000_000;
+        let start = HostTime {
+            clock: EPOCH_NS,
+            unix_ns: EPOCH_NS,
+        };
+        let zone_name = |z: usize| {
+            format!(
+                "r{}z{}",
+                z / scenario.zones_per_region + 1,
+                z % scenario.zones_per_region + 1
+            )
+        };
         let mut zones: Vec<Zone> = (0..zones_n)
-            .map(|z| Zone {
-                name: format!(
-                    "r{}z{}",
-                    z / scenario.zones_per_region + 1,
-                    z % scenario.zones_per_region + 1
-                ),
-                region: z / scenario.zones_per_region,
-                hosts: Vec::new(),
-                members: Vec::new(),
-                window: Intervals::new(closed),
-                last_sums: Sums::default(),
-                host_last: HashMap::new(),
+            .map(|z| {
+                let region = z / scenario.zones_per_region;
+                let mut core = ZoneCore::new(format!("r{}", region + 1), zone_name(z), start_ms);
+                // Every aggregator's stream to its controller is open from the start.
+                core.upstream_opened();
+                Zone { region, core }
             })
             .collect();
         let mut hosts = Vec::with_capacity(scenario.hosts);
+        let mut host_index = HashMap::with_capacity(scenario.hosts);
         for i in 0..scenario.hosts {
             let zone = i % zones_n;
             let region = zones[zone].region;
@@ -298,43 +279,47 @@ impl<'a> Engine<'a> {
             let delay_ticks = (rtt_ms / 2.0 * 1e6 / TICK_NS as f64).round() as usize;
             let limiter = match algorithm {
                 Algorithm::DropRatio => Limiter::Drop(DropRatio::new(Duration::from_secs(1))),
-                Algorithm::AdaptiveTokenBucket => Limiter::Adaptive {
-                    bucket: Box::new(
-                        AdaptiveTokenBucket::new(rate, DEFAULT_HISTORY_SECS)
-                            .map_err(|e| SimError::Rules(e.to_string()))?,
-                    ),
-                    expires_at: 0,
-                },
+                Algorithm::AdaptiveTokenBucket => Limiter::Adaptive(Box::new(
+                    AdaptiveTokenBucket::new(rate, DEFAULT_HISTORY_SECS)
+                        .map_err(|e| SimError::Rules(e.to_string()))?,
+                )),
                 Algorithm::CentralCounter => Limiter::Central,
             };
-            zones[zone].hosts.push(i as u32);
-            zones[zone].members.push(i as u32);
+            let id = format!("host-{i:05}");
+            // Every host's stream to its aggregator is open from the start, counting from then.
+            zones[zone].core.join(&id, 0);
+            let mut core = HostCore::new(
+                HostId {
+                    host_id: id.clone(),
+                    region: format!("r{}", region + 1),
+                    zone: zone_name(zone),
+                },
+                &rules.config,
+                rules.version,
+            );
+            let none = [Snapshot::default()];
+            core.start(start, &none);
+            core.guard_tick(EPOCH_NS, &none);
+            host_index.insert(id, i as u32);
             hosts.push(Host {
-                id: format!("host-{i:05}"),
                 zone,
                 region,
                 weight,
                 alive: true,
                 limiter,
-                offered: 0,
-                allowed: 0,
-                tally: Tally::new(EPOCH_NS / 1_000_000),
+                totals: Snapshot::default(),
+                core,
                 rtt_ms,
                 delay_ticks,
-                guard: SurgeGuard::new(),
-                guard_offered: 0,
             });
         }
         let regions = (0..scenario.regions)
             .map(|r| {
-                let zone_ids: Vec<usize> = (0..zones_n).filter(|z| zones[*z].region == r).collect();
-                Region {
-                    core: RegionCore::new(format!("r{}", r + 1), closed),
-                    members: zone_ids.iter().map(|z| *z as u64).collect(),
-                    zone_names: zone_ids.iter().map(|z| zones[*z].name.clone()).collect(),
-                    zones: zone_ids,
-                    alive: true,
+                let mut core = RegionCore::new(format!("r{}", r + 1), rules.clone(), start_ms);
+                for z in (0..zones_n).filter(|z| zones[*z].region == r) {
+                    core.join(z as u64, &zone_name(z));
                 }
+                Region { core, alive: true }
             })
             .collect();
         let store = (algorithm == Algorithm::CentralCounter)
@@ -346,11 +331,10 @@ impl<'a> Engine<'a> {
             scenario,
             algorithm,
             network,
-            config,
-            interval,
-            ttl_ms,
+            rules,
             in_flight: vec![vec![0; hosts.len()]; max_delay + 1],
             hosts,
+            host_index,
             zones,
             regions,
             events: BinaryHeap::new(),
@@ -392,13 +376,7 @@ impl<'a> Engine<'a> {
             if tick > 0 && (tick * TICK_NS).is_multiple_of(surge::TICK_NS) {
                 self.guard_surges(now);
             }
-            let now_ms = now / 1_000_000;
-            if now_ms.is_multiple_of(self.interval.ms()) {
-                self.report(now);
-            } else if now_ms == Tally::tail_start(self.interval, self.interval.sequence_at(now_ms))
-            {
-                self.mark_tails(now);
-            }
+            self.report(now);
             if tick % TICKS_PER_SAMPLE == 0 {
                 self.poll(now);
             }
@@ -451,7 +429,7 @@ impl<'a> Engine<'a> {
                             }
                         }
                     }
-                    Limiter::Adaptive { bucket, .. } => (0..n)
+                    Limiter::Adaptive(bucket) => (0..n)
                         .take_while(|_| bucket.decide(now, 1).is_allow())
                         .count() as u64,
                     Limiter::Central => {
@@ -464,9 +442,8 @@ impl<'a> Engine<'a> {
                     }
                 };
                 let host = &mut self.hosts[i];
-                host.offered += n;
-                host.guard_offered += n;
-                host.allowed += allowed;
+                host.totals.allowed += allowed;
+                host.totals.dropped += n - allowed;
                 let sample = &mut samples[current];
                 sample.offered += n;
                 if !matches!(self.hosts[i].limiter, Limiter::Central) {
@@ -495,7 +472,6 @@ impl<'a> Engine<'a> {
                             .take_while(|_| store.decide(now, 1).is_allow())
                             .count() as u64
                     };
-                    self.hosts[i].allowed += allowed;
                     let arrived = tick.saturating_sub(self.hosts[i].delay_ticks as u64);
                     let sample = &mut samples[(arrived / TICKS_PER_SAMPLE) as usize];
                     sample.admitted += allowed;
@@ -561,100 +537,66 @@ impl<'a> Engine<'a> {
             .is_some_and(|(a, b)| (a..b).contains(&t_s))
     }
 
-    /// Every live host's counts since the last call, as its link's report source returns them.
-    fn counted(host: &mut Host) -> Vec<BucketReport> {
-        vec![BucketReport {
-            service: SERVICE.to_owned(),
-            bucket: BUCKET.to_owned(),
-            offered: std::mem::take(&mut host.offered),
-            allowed: std::mem::take(&mut host.allowed),
-            shadow_dropped: 0,
-        }]
-    }
-
-    /// A tick of every live drop-ratio host's surge guard (every 50 ms), as the client's
+    /// A tick of every live drop-ratio host's surge guard (every 50 ms), as the link's
     /// housekeeping runs it.
     fn guard_surges(&mut self, now: Nanos) {
-        if !self.scenario.surge_guard {
-            return;
-        }
         for host in self.hosts.iter_mut().filter(|h| h.alive) {
-            let offered = std::mem::take(&mut host.guard_offered);
-            if let Limiter::Drop(d) = &host.limiter {
-                let ratio = host.guard.tick(offered, now);
-                d.set_surge(ratio, now + 2 * surge::TICK_NS);
+            if let Limiter::Drop(_) = host.limiter {
+                let steps = host.core.guard_tick(now, &[host.totals]);
+                apply(host, now, steps);
             }
         }
     }
 
-    /// The last quarter of the interval starts: every live host marks its tail.
-    fn mark_tails(&mut self, now: Nanos) {
-        if self.algorithm == Algorithm::CentralCounter {
-            return;
-        }
-        for host in self.hosts.iter_mut().filter(|h| h.alive) {
-            let counted = Self::counted(host);
-            host.tally.mark_tail(counted, now / 1_000_000);
-        }
-    }
-
-    /// Every live host reports the interval that just ended.
+    /// Every live host whose tail or report is due: the report goes to its aggregator.
     fn report(&mut self, now: Nanos) {
         if self.algorithm == Algorithm::CentralCounter {
             return;
         }
-        let sequence = self.interval.sequence_at(now / 1_000_000).saturating_sub(1);
+        let at = HostTime {
+            clock: now,
+            unix_ns: now,
+        };
         for i in 0..self.hosts.len() {
             let host = &mut self.hosts[i];
-            if !host.alive {
+            if !host.alive || now / 1_000_000 < host.core.deadline() {
                 continue;
             }
-            let counted = Self::counted(host);
-            let buckets = host.tally.close(counted, now / 1_000_000, self.interval);
-            let sums = Sums::from_wire(&buckets);
-            let wire = v1::Report {
-                host_id: host.id.clone(),
-                zone: self.zones[host.zone].name.clone(),
-                region: format!("r{}", host.region + 1),
-                rules_version: 1,
-                sequence,
-                interval_ms: self.interval.ms(),
-                buckets,
+            let Some(report) = host.core.on_deadline(at, &[host.totals]) else {
+                continue;
             };
-            let bytes = wire.encoded_len() as u64;
+            let zone = host.zone;
+            let bytes = report.encoded_len() as u64;
             self.send(
                 now,
                 self.network.host_aggregator_ms,
                 bytes,
-                Event::Report {
-                    host: i as u32,
-                    sequence,
-                    sums,
-                },
+                Event::Report { zone, report },
             );
         }
     }
 
-    /// The aggregators' and controllers' tickers, and fail-open of adaptive shares.
+    /// The aggregators' and controllers' tickers, and the expiry of adaptive shares.
     fn poll(&mut self, now: Nanos) {
         if self.algorithm == Algorithm::CentralCounter {
             return;
         }
+        let now_ms = now / 1_000_000;
         for z in 0..self.zones.len() {
-            self.close_zone(z, now);
+            if self.regions[self.zones[z].region].alive {
+                let steps = self.zones[z].core.poll(now_ms);
+                self.zone_steps(z, now, steps);
+            }
         }
         for r in 0..self.regions.len() {
-            self.poll_region(r, now);
-        }
-        for host in &mut self.hosts {
-            if let Limiter::Adaptive { bucket, expires_at } = &mut host.limiter
-                && *expires_at != 0
-                && now >= *expires_at
-            {
-                // Instructions expired: the share returns to the whole limit (fail-open, G9).
-                bucket.set_share(now, Ratio::ONE);
-                *expires_at = 0;
+            if self.regions[r].alive {
+                let steps = self.regions[r].core.poll(now_ms);
+                self.region_steps(r, now, steps);
             }
+        }
+        for host in self.hosts.iter_mut().filter(|h| h.alive) {
+            let steps = host.core.expire_shares(now);
+            apply(host, now, steps);
         }
     }
 
@@ -668,172 +610,92 @@ impl<'a> Engine<'a> {
     }
 
     fn handle(&mut self, now: Nanos, event: Event) {
+        let now_ms = now / 1_000_000;
         match event {
-            Event::Report {
-                host,
-                sequence,
-                sums,
-            } => {
-                let zone = &mut self.zones[self.hosts[host as usize].zone];
-                if !self.regions[zone.region].alive {
+            Event::Report { zone, report } => {
+                if !self.regions[self.zones[zone].region].alive {
                     return;
                 }
-                if let Some(pending) = zone.window.accept(sequence, host) {
-                    pending.add(&sums);
-                }
-                zone.host_last.insert(host, sums);
-                let z = self.hosts[host as usize].zone;
-                self.close_zone(z, now);
+                let steps = self.zones[zone].core.on_report(now_ms, 0, report);
+                self.zone_steps(zone, now, steps);
             }
-            Event::ZoneReport {
-                zone,
-                sequence,
-                buckets,
-            } => {
+            Event::ZoneReport { zone, report } => {
                 let r = self.zones[zone].region;
                 if !self.regions[r].alive || self.control_down(now) {
                     return;
                 }
-                let name = self.zones[zone].name.clone();
-                self.regions[r]
+                let steps = self.regions[r]
                     .core
-                    .on_zone_sums(zone as u64, &name, sequence, &buckets);
-                self.poll_region(r, now);
+                    .on_zone_report(zone as u64, report, now_ms);
+                self.region_steps(r, now, steps);
             }
             Event::PeerSums { region, sums } => {
                 if !self.regions[region].alive || self.control_down(now) {
                     return;
                 }
-                self.regions[region]
-                    .core
-                    .on_peer_sums(&self.config, sums, now / 1_000_000);
-                self.poll_region(region, now);
+                let steps = self.regions[region].core.on_peer_sums(sums, now_ms);
+                self.region_steps(region, now, steps);
             }
             Event::ZoneInstructions { zone, instructions } => {
                 if !self.regions[self.zones[zone].region].alive || self.control_down(now) {
                     return;
                 }
-                let members = self.zones[zone].members.clone();
-                for host in members {
-                    let z = &self.zones[zone];
-                    let mut buckets = instructions.buckets.clone();
-                    let empty = Sums::default();
-                    let last = z.host_last.get(&host).unwrap_or(&empty);
-                    host_shares(&mut buckets, &z.last_sums, last, z.members.len());
-                    let message = v1::Instructions {
-                        buckets,
-                        ..instructions.clone()
-                    };
-                    let bytes = message.encoded_len() as u64;
-                    self.send(
-                        now,
-                        self.network.host_aggregator_ms,
-                        bytes,
-                        Event::HostInstructions {
-                            host,
-                            buckets: message.buckets,
-                            ttl_ms: message.ttl_ms,
-                            ended_ms: self.interval.end_of(message.sequence),
-                        },
-                    );
-                }
+                let steps = self.zones[zone].core.on_instructions(now_ms, instructions);
+                self.zone_steps(zone, now, steps);
             }
-            Event::HostInstructions {
-                host,
-                buckets,
-                ttl_ms,
-                ended_ms,
-            } => {
-                let guarded = self.scenario.surge_guard;
-                let limit_rps = self.scenario.limit_rps;
-                let interval_ns = self.interval.ms() * 1_000_000;
+            Event::HostInstructions { host, instructions } => {
                 let host = &mut self.hosts[host as usize];
                 if !host.alive {
                     return;
                 }
-                let ttl = Duration::from_millis(ttl_ms);
-                for b in buckets {
-                    match &mut host.limiter {
-                        Limiter::Drop(d) => {
-                            d.set_for(Ratio::from_raw(b.drop_ratio), now, ttl);
-                            if guarded {
-                                let instructed = Instructed {
-                                    ratio: Ratio::from_raw(b.drop_ratio).as_f64(),
-                                    limit_rps,
-                                    scope_offered_rps: b.scope_offered_rps,
-                                    scope_hosts: b.scope_hosts,
-                                    interval_ns,
-                                    interval_ended_ago_ns: now.saturating_sub(ended_ms * 1_000_000),
-                                    expires_at: now + ttl_ms * 1_000_000,
-                                };
-                                host.guard.instruct(instructed, now);
-                            }
-                        }
-                        Limiter::Adaptive { bucket, expires_at } => {
-                            if let Some(share) = b.share {
-                                bucket.set_share(now, Ratio::from_raw(share));
-                                *expires_at = now + ttl_ms * 1_000_000;
-                            }
-                        }
-                        Limiter::Central => {}
-                    }
+                let at = HostTime {
+                    clock: now,
+                    unix_ns: now,
+                };
+                let mut steps = host.core.on_instructions(at, instructions);
+                if let Some(HostStep::Rules { version, .. }) = steps.first() {
+                    // The simulated hosts run the simulated rules, whatever their version.
+                    steps = host.core.rules_applied(at, *version, &self.rules.config);
+                }
+                apply(host, now, steps);
+            }
+        }
+    }
+
+    /// Sends what aggregator `z` asks for.
+    fn zone_steps(&mut self, z: usize, now: Nanos, steps: Vec<ZoneStep>) {
+        for step in steps {
+            match step {
+                ZoneStep::Forward(report) => {
+                    let bytes = report.encoded_len() as u64;
+                    self.send(
+                        now,
+                        self.network.aggregator_controller_ms,
+                        bytes,
+                        Event::ZoneReport { zone: z, report },
+                    );
+                }
+                ZoneStep::Send { host, instructions } => {
+                    let Some(&host) = self.host_index.get(&host) else {
+                        continue;
+                    };
+                    let bytes = instructions.encoded_len() as u64;
+                    self.send(
+                        now,
+                        self.network.host_aggregator_ms,
+                        bytes,
+                        Event::HostInstructions { host, instructions },
+                    );
                 }
             }
         }
     }
 
-    /// The aggregator of zone `z` closes what is complete or overdue and forwards it.
-    fn close_zone(&mut self, z: usize, now: Nanos) {
-        let zone = &mut self.zones[z];
-        if !self.regions[zone.region].alive {
-            return;
-        }
-        let grace = self.interval.grace_ms();
-        let closed =
-            zone.window
-                .close_ready(now / 1_000_000, self.interval, grace, zone.members.iter());
-        for (sequence, sums, reported) in closed {
-            self.zones[z].last_sums = sums.clone();
-            let wire = v1::ZoneReport {
-                zone: self.zones[z].name.clone(),
-                region: format!("r{}", self.zones[z].region + 1),
-                sequence,
-                interval_ms: self.interval.ms(),
-                buckets: sums.to_wire(),
-                clients: reported as u32,
-                hosts: Vec::new(),
-                gone: Vec::new(),
-            };
-            let bytes = wire.encoded_len() as u64;
-            let buckets = wire.buckets;
-            self.send(
-                now,
-                self.network.aggregator_controller_ms,
-                bytes,
-                Event::ZoneReport {
-                    zone: z,
-                    sequence,
-                    buckets,
-                },
-            );
-        }
-    }
-
-    /// The controller of region `r` moves intervals along and sends what it computed.
-    fn poll_region(&mut self, r: usize, now: Nanos) {
-        let region = &mut self.regions[r];
-        if !region.alive {
-            return;
-        }
-        let steps = region.core.poll(
-            &self.config,
-            region.members.iter(),
-            region.zone_names.iter().map(String::as_str),
-            now / 1_000_000,
-        );
+    /// Sends what the controller of region `r` asks for.
+    fn region_steps(&mut self, r: usize, now: Nanos, steps: Vec<RegionStep>) {
         for step in steps {
             match step {
-                Step::Announce(sums) => {
+                RegionStep::Announce(sums) => {
                     let bytes = sums.encoded_len() as u64;
                     for peer in 0..self.regions.len() {
                         if peer != r && self.regions[peer].alive {
@@ -849,34 +711,20 @@ impl<'a> Engine<'a> {
                         }
                     }
                 }
-                Step::Instruct { sequence, per_zone } => {
-                    for z in self.regions[r].zones.clone() {
-                        let instructions = v1::Instructions {
-                            issued_at_ms: now / 1_000_000,
-                            ttl_ms: self.ttl_ms,
-                            interval_ms: self.interval.ms(),
-                            sequence,
-                            buckets: per_zone
-                                .get(&self.zones[z].name)
-                                .cloned()
-                                .unwrap_or_default(),
-                            rules_version: 1,
-                            rules: None,
-                        };
-                        let bytes = v1::ZoneInstructions {
-                            instructions: Some(instructions.clone()),
-                        }
-                        .encoded_len() as u64;
-                        self.send(
-                            now,
-                            self.network.aggregator_controller_ms,
-                            bytes,
-                            Event::ZoneInstructions {
-                                zone: z,
-                                instructions,
-                            },
-                        );
-                    }
+                RegionStep::Send {
+                    member,
+                    instructions,
+                } => {
+                    let bytes = instructions.encoded_len() as u64;
+                    self.send(
+                        now,
+                        self.network.aggregator_controller_ms,
+                        bytes,
+                        Event::ZoneInstructions {
+                            zone: member as usize,
+                            instructions,
+                        },
+                    );
                 }
             }
         }
@@ -891,10 +739,22 @@ impl<'a> Engine<'a> {
                 host.alive = false;
             }
         }
-        for zone in &mut self.zones {
-            if zone.region == r {
-                zone.members.clear();
+    }
+}
+
+/// Applies a host core's steps to the host's limiter at `now`.
+fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
+    for step in steps {
+        match (&mut host.limiter, step) {
+            (Limiter::Drop(d), HostStep::DropRatio { ratio, ttl, .. }) => d.set_for(ratio, now, ttl),
+            (Limiter::Drop(d), HostStep::Surge { ratio, until, .. }) => d.set_surge(ratio, until),
+            (Limiter::Adaptive(bucket), HostStep::Share { share, .. }) => {
+                bucket.set_share(now, share)
             }
+            (Limiter::Adaptive(bucket), HostStep::ShareExpired { .. }) => {
+                bucket.set_share(now, Ratio::ONE)
+            }
+            _ => {}
         }
     }
 }
@@ -922,8 +782,8 @@ mod tests {
     #[test]
     fn rules_hold_one_global_bucket_of_the_limit() {
         let s = Scenario::named("overload-1.5x", None).unwrap();
-        let config = rules(&s, Algorithm::AdaptiveTokenBucket).unwrap();
-        let (_, bucket) = config.buckets().next().unwrap();
+        let rules = rules(&s, Algorithm::AdaptiveTokenBucket).unwrap();
+        let (_, bucket) = rules.config.buckets().next().unwrap();
         assert_eq!(bucket.limit.per_second(), 10_000.0);
     }
 }

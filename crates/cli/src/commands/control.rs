@@ -9,8 +9,8 @@ use anyhow::Context;
 use spillway_control::rules::DEFAULT_POLL;
 use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
-    RulesSnapshot,
 };
+use spillway_loop::RulesSnapshot;
 use spillway_core::config::{ConfigFile, Services};
 use tokio::sync::watch;
 
@@ -77,7 +77,7 @@ fn from_store(
             .map(Arc::new)
     };
     let mut store = watcher.subscribe();
-    let first = snapshot(&store.borrow_and_update())?;
+    let first = snapshot(&store.borrow_and_update()).map_err(ControlError::from)?;
     let (tx, rx) = watch::channel(first);
     tokio::spawn(async move {
         while store.changed().await.is_ok() {
@@ -101,11 +101,10 @@ enum Failure {
 }
 
 fn failure(err: ControlError) -> Failure {
-    match err {
-        ControlError::Config(_) | ControlError::Url { .. } | ControlError::Read { .. } => {
-            Failure::Usage(err.to_string())
-        }
-        _ => Failure::Runtime(err.to_string()),
+    if err.is_usage() {
+        Failure::Usage(err.to_string())
+    } else {
+        Failure::Runtime(err.to_string())
     }
 }
 

@@ -18,8 +18,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::error::ControlError;
-use crate::net::Stop;
+use spillway_link::Stop;
+
+use crate::{BindError, accept_or_stop};
 
 /// What a component shows on its admin listener.
 pub trait AdminView: Send + Sync + 'static {
@@ -43,12 +44,12 @@ pub trait AdminView: Send + Sync + 'static {
 
 /// Serves the admin endpoints on `addr` when one is given, adding the task to `tasks`; returns
 /// the bound address (the real port when `addr` asked for port 0).
-pub(crate) async fn start_if(
+pub async fn start_if(
     addr: Option<SocketAddr>,
     view: Arc<dyn AdminView>,
     stop: Stop,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> Result<Option<SocketAddr>, ControlError> {
+) -> Result<Option<SocketAddr>, BindError> {
     let Some(addr) = addr else { return Ok(None) };
     let (local, task) = start(addr, view, stop).await?;
     tasks.push(task);
@@ -60,19 +61,14 @@ async fn start(
     addr: SocketAddr,
     view: Arc<dyn AdminView>,
     stop: Stop,
-) -> Result<(SocketAddr, JoinHandle<()>), ControlError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ControlError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| ControlError::Bind { addr, source })?;
+) -> Result<(SocketAddr, JoinHandle<()>), BindError> {
+    let (listener, local) = crate::bind(addr).await?;
     Ok((local, tokio::spawn(serve(listener, view, stop))))
 }
 
 /// Serves the admin endpoints of `view` on `listener` (HTTP/1.1) until `stop` fires.
 pub async fn serve(listener: TcpListener, view: Arc<dyn AdminView>, mut stop: Stop) {
-    while let Some((stream, _)) = crate::net::accept_or_stop(&listener, &mut stop).await {
+    while let Some((stream, _)) = accept_or_stop(&listener, &mut stop).await {
         let view = view.clone();
         let service = service_fn(move |request| {
             let view = view.clone();

@@ -219,7 +219,7 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
     pub fn close_ready<'a>(
         &mut self,
         now_ms: u64,
-        interval: crate::timing::Interval,
+        interval: crate::interval::Interval,
         wait_ms: u64,
         members: impl Iterator<Item = &'a K> + Clone,
     ) -> Vec<(u64, P, usize)>
@@ -370,7 +370,7 @@ mod tests {
 
     #[test]
     fn an_interval_closes_when_complete_or_overdue_and_late_reports_are_refused() {
-        let interval = crate::timing::Interval::from_ms(1000);
+        let interval = crate::interval::Interval::from_ms(1000);
         let members = ["a", "b"];
         let mut open: Intervals<&str, u64> = Intervals::new(6);
         *open.accept(7, "a").unwrap() += 10;

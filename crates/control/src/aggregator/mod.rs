@@ -1,0 +1,201 @@
+//! The zone aggregator (G6): a thin driver of `spillway_loop::ZoneCore` over real streams. Clients
+//! stream reports in ([`service`]); the core sums them per bucket and interval and says when an
+//! interval is complete; its sums go up to the region's controller ([`upstream`]) and the
+//! controller's instructions come back down to every client.
+//!
+//! With 1 s reports and one silent client, the zone's sums still leave at 250 ms past the second,
+//! and with all clients healthy they leave the moment the last report arrives, so the loop's
+//! delay is the network's, not a sum of timers.
+
+mod admin;
+mod service;
+mod upstream;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use spillway_link::{Backoff, now_ms};
+use spillway_loop::{ZoneCore, ZoneStep};
+use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+use crate::error::ControlError;
+
+/// Where an aggregator listens, and whom it reports to.
+#[derive(Debug, Clone)]
+pub struct AggregatorOptions {
+    pub listen: SocketAddr,
+    pub region: String,
+    pub zone: String,
+    /// The region's controller, for example `http://127.0.0.1:7001`.
+    pub controller: String,
+    pub admin: Option<SocketAddr>,
+    pub backoff: Backoff,
+}
+
+impl AggregatorOptions {
+    pub fn new(
+        listen: SocketAddr,
+        region: impl Into<String>,
+        zone: impl Into<String>,
+        controller: impl Into<String>,
+    ) -> Self {
+        Self {
+            listen,
+            region: region.into(),
+            zone: zone.into(),
+            controller: controller.into(),
+            admin: None,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// A running aggregator.
+pub struct Aggregator {
+    zone: Arc<Zone>,
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator")
+            .field("addr", &self.addr)
+            .field("zone", &self.zone.lock().core.zone())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Aggregator {
+    /// Binds the listeners and starts serving and reporting.
+    pub async fn start(options: AggregatorOptions) -> Result<Self, ControlError> {
+        let endpoint = spillway_link::endpoint(&options.controller)?;
+        let (listener, addr) = spillway_net::bind(options.listen).await?;
+        let (stop, stop_rx) = watch::channel(false);
+        let zone = Arc::new(Zone::new(&options));
+        let mut tasks = Vec::new();
+        let admin =
+            spillway_net::admin::start_if(options.admin, zone.clone(), stop_rx.clone(), &mut tasks)
+                .await?;
+        let server = v1::aggregator_server::AggregatorServer::new(service::Service {
+            zone: zone.clone(),
+            stop: stop_rx.clone(),
+        })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        tasks.push(crate::serve::serve(
+            tonic::transport::Server::builder().add_service(server),
+            listener,
+            stop_rx.clone(),
+            "aggregator",
+        ));
+        tasks.push(tokio::spawn(upstream::run(
+            zone.clone(),
+            options.controller.clone(),
+            endpoint,
+            options.backoff.clone(),
+            stop_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(service::ticker(zone.clone(), stop_rx)));
+        tracing::info!(%addr, zone = %options.zone, region = %options.region, controller = %options.controller, "aggregator started");
+        Ok(Self {
+            zone,
+            addr,
+            admin,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where the admin listener is, if any.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// True while the stream to the controller is open.
+    pub fn connected(&self) -> bool {
+        self.zone.connected.load(Ordering::Relaxed)
+    }
+
+    /// Clients with an open stream.
+    pub fn clients(&self) -> usize {
+        self.zone.lock().core.hosts()
+    }
+
+    /// Stops accepting, ends every stream and waits (at most 5 s) for the tasks.
+    pub async fn shutdown(self) {
+        spillway_net::stop_and_join(&self.stop, self.tasks).await;
+    }
+}
+
+/// The aggregator's shared state: the core and the streams its steps go out on.
+struct Zone {
+    state: Mutex<ZoneState>,
+    connected: AtomicBool,
+    next_conn: AtomicU64,
+}
+
+struct ZoneState {
+    core: ZoneCore,
+    /// Each client's stream, by host.
+    clients: HashMap<String, mpsc::Sender<Result<v1::Instructions, Status>>>,
+    /// The stream to the controller, while open.
+    upstream: Option<mpsc::Sender<v1::ZoneReport>>,
+}
+
+impl Zone {
+    fn new(options: &AggregatorOptions) -> Self {
+        Self {
+            state: Mutex::new(ZoneState {
+                core: ZoneCore::new(&options.region, &options.zone, now_ms()),
+                clients: HashMap::new(),
+                upstream: None,
+            }),
+            connected: AtomicBool::new(false),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ZoneState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ZoneState {
+    /// Sends what the core asks for. A client too slow to take one message per interval misses
+    /// this one (its instructions expire if it keeps missing them); the core sends the rules
+    /// again to a client that missed them, and the hosts list to a controller that missed it.
+    fn send(&mut self, steps: Vec<ZoneStep>) {
+        for step in steps {
+            match step {
+                ZoneStep::Forward(report) => {
+                    let Some(tx) = &self.upstream else { continue };
+                    if let Err(err) = tx.try_send(report) {
+                        self.core.forward_failed(&err.into_inner());
+                    }
+                }
+                ZoneStep::Send { host, instructions } => {
+                    let carries_rules = instructions.rules.is_some();
+                    let sent = self
+                        .clients
+                        .get(&host)
+                        .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
+                    if !sent && carries_rules {
+                        self.core.send_failed(&host);
+                    }
+                }
+            }
+        }
+    }
+}

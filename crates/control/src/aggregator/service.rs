@@ -1,0 +1,84 @@
+//! The aggregator's gRPC service: one stream per client, its reports into the zone's core; and
+//! the ticker that closes overdue intervals between reports.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use spillway_link::{Stop, now_ms, sleep_or_stop};
+use spillway_proto::v1;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::Zone;
+
+pub(super) struct Service {
+    pub(super) zone: Arc<Zone>,
+    pub(super) stop: Stop,
+}
+
+#[tonic::async_trait]
+impl v1::aggregator_server::Aggregator for Service {
+    type LinkStream = ReceiverStream<Result<v1::Instructions, Status>>;
+
+    async fn link(
+        &self,
+        request: Request<Streaming<v1::Report>>,
+    ) -> Result<Response<Self::LinkStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let zone = self.zone.clone();
+        let mut stop = self.stop.clone();
+        let conn = zone.next_conn.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut host: Option<String> = None;
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(report)) => {
+                            let mut state = zone.lock();
+                            if host.as_deref() != Some(report.host_id.as_str()) {
+                                if let Some(old) = host.take() {
+                                    let steps = state.core.on_stream_end(now_ms(), &old, conn);
+                                    state.send(steps);
+                                }
+                                host = Some(report.host_id.clone());
+                            }
+                            // The newest stream of a host is the one its instructions go to.
+                            state.clients.insert(report.host_id.clone(), tx.clone());
+                            let steps = state.core.on_report(now_ms(), conn, report);
+                            state.send(steps);
+                        }
+                        _ => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+            if let Some(host) = host {
+                let mut state = zone.lock();
+                if state.clients.get(&host).is_some_and(|t| t.same_channel(&tx)) {
+                    state.clients.remove(&host);
+                }
+                let steps = state.core.on_stream_end(now_ms(), &host, conn);
+                state.send(steps);
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Closes overdue intervals between reports, about ten times per interval.
+pub(super) async fn ticker(zone: Arc<Zone>, mut stop: Stop) {
+    loop {
+        let period = {
+            let mut state = zone.lock();
+            let steps = state.core.poll(now_ms());
+            state.send(steps);
+            Duration::from_millis((state.core.interval().ms() / 10).clamp(2, 50))
+        };
+        if sleep_or_stop(period, &mut stop).await {
+            return;
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The controller's gRPC service: one stream per aggregator (zone sums in, instructions out) and
+//! one per peer that dialled this controller; the ticker that moves intervals along between
+//! events; and the task that follows the rules.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use spillway_link::{Stop, now_ms, sleep_or_stop};
+use spillway_loop::RulesSnapshot;
+use spillway_proto::v1;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::Region;
+
+pub(super) struct Service {
+    pub(super) region: Arc<Region>,
+    pub(super) stop: Stop,
+}
+
+#[tonic::async_trait]
+impl v1::controller_server::Controller for Service {
+    type LinkZoneStream = ReceiverStream<Result<v1::ZoneInstructions, Status>>;
+    type ExchangeStream = ReceiverStream<Result<v1::RegionSums, Status>>;
+
+    async fn link_zone(
+        &self,
+        request: Request<Streaming<v1::ZoneReport>>,
+    ) -> Result<Response<Self::LinkZoneStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let region = self.region.clone();
+        let mut stop = self.stop.clone();
+        let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut state = region.lock();
+            state.zones.insert(conn, tx);
+            // The zone's name comes with its first report.
+            state.core.join(conn, "");
+        }
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(report)) => {
+                            let mut state = region.lock();
+                            let steps = state.core.on_zone_report(conn, report, now_ms());
+                            state.send(steps);
+                        }
+                        _ => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+            let mut state = region.lock();
+            state.zones.remove(&conn);
+            let steps = state.core.leave(conn, now_ms());
+            state.send(steps);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<v1::RegionSums>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let region = self.region.clone();
+        let mut stop = self.stop.clone();
+        let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
+        region.lock().peers.insert(conn, tx);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(sums)) => region.on_peer_sums(sums),
+                        _ => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+            region.lock().peers.remove(&conn);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl Region {
+    /// A peer's sums, from either side's stream.
+    pub(super) fn on_peer_sums(&self, sums: v1::RegionSums) {
+        let mut state = self.lock();
+        let steps = state.core.on_peer_sums(sums, now_ms());
+        state.send(steps);
+    }
+}
+
+/// Moves intervals along between events, about ten times per interval.
+pub(super) async fn ticker(region: Arc<Region>, mut stop: Stop) {
+    loop {
+        let period = {
+            let mut state = region.lock();
+            let steps = state.core.poll(now_ms());
+            state.send(steps);
+            Duration::from_millis((state.core.interval().ms() / 10).clamp(2, 50))
+        };
+        if sleep_or_stop(period, &mut stop).await {
+            return;
+        }
+    }
+}
+
+/// Hands every new rules snapshot to the core, which sends it down with the next instructions.
+pub(super) async fn follow_rules(
+    region: Arc<Region>,
+    mut rules: watch::Receiver<Arc<RulesSnapshot>>,
+    mut stop: Stop,
+) {
+    loop {
+        tokio::select! {
+            changed = rules.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let snapshot = rules.borrow_and_update().clone();
+                tracing::info!(version = snapshot.version, "sending new rules down");
+                region.lock().core.set_rules(snapshot, now_ms());
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}

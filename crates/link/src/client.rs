@@ -1,0 +1,398 @@
+//! The client side of the control plane: a rate-limit client (the sidecar, or any embedder of
+//! `spillway-client`) reports to its zone's aggregator and applies what comes back.
+//!
+//! [`ClientLink`] drives a `spillway_loop::HostCore` with the wall clock and a real stream: it
+//! calls the core at the deadlines it names (the tail of each interval, then its end), sends the
+//! reports it returns, hands it every instruction set, and every 50 ms ticks its surge guards
+//! and expires its shares (also while disconnected, so a host whose control plane is gone fails
+//! open, G9). What the core asks for is applied to the [`HostLimiters`] of the client. When the
+//! aggregator is gone it reconnects with capped, jittered backoff ([`crate::reconnect`]).
+//!
+//! How a `spillway-client` embedder plugs in:
+//! ```text
+//! HostLimiters::totals      -> each control-plane bucket's counters (monotonic totals)
+//! HostLimiters::apply       -> Client::set_drop_ratio, DropRatio::set_surge, set_share
+//! HostLimiters::apply_rules -> config::load_str(yaml) then Client::reload, persisted to disk
+//! LinkStatus::connected     -> spillway_control_plane_connected
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use spillway_core::clock::Nanos;
+use spillway_core::config::Config;
+use spillway_core::counters::Snapshot;
+use spillway_core::surge;
+use spillway_loop::{BucketKey, HostCore, HostId, HostStep, HostTime};
+use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use crate::backoff::Backoff;
+use crate::clock::now_unix_ns;
+use crate::session::{self, SessionError, Stop, UrlError, reconnect};
+
+/// The client as the link sees it: its clock, its control-plane buckets' counters and limiters,
+/// and its rules.
+pub trait HostLimiters: Send + Sync + 'static {
+    /// The limiters' clock (`spillway_core::clock`).
+    fn now(&self) -> Nanos;
+
+    /// The rules in force; when they change (a reload of the client's own file), the link's
+    /// core follows them.
+    fn config(&self) -> Arc<Config>;
+
+    /// The counters of `buckets` (monotonic totals), in the same order; zeros for a bucket that
+    /// is gone.
+    fn totals(&self, buckets: &[BucketKey]) -> Vec<Snapshot>;
+
+    /// Applies one step of the core to `bucket`'s limiter: a drop ratio, a surge correction or
+    /// an adaptive share. Never [`HostStep::Rules`], which goes to [`HostLimiters::apply_rules`].
+    fn apply(&self, bucket: &BucketKey, step: &HostStep);
+
+    /// New rules (the YAML of SPEC §2) as version `version`: validated, swapped in, and what is
+    /// now in force returned. On an error the client keeps its rules and the link keeps
+    /// reporting the old version, which the controller shows.
+    fn apply_rules(
+        &self,
+        version: u64,
+        yaml: &str,
+    ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// Who the client is and where it reports.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// The zone's aggregator, for example `http://127.0.0.1:7101`.
+    pub aggregator: String,
+    pub host_id: String,
+    pub region: String,
+    pub zone: String,
+    /// The rules version the client starts with (its last good rules from disk), 0 for none.
+    pub rules_version: u64,
+    pub backoff: Backoff,
+}
+
+impl LinkOptions {
+    /// Options with no rules version yet and the default backoff.
+    pub fn new(
+        aggregator: impl Into<String>,
+        host_id: impl Into<String>,
+        region: impl Into<String>,
+        zone: impl Into<String>,
+    ) -> Self {
+        Self {
+            aggregator: aggregator.into(),
+            host_id: host_id.into(),
+            region: region.into(),
+            zone: zone.into(),
+            rules_version: 0,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// The link's state, readable from anywhere (metrics, readiness).
+#[derive(Debug, Default)]
+pub struct LinkStatus {
+    connected: AtomicBool,
+    rules_version: AtomicU64,
+    interval_ms: AtomicU64,
+    last_instructions_ms: AtomicU64,
+    connects: AtomicU64,
+    reports: AtomicU64,
+}
+
+impl LinkStatus {
+    /// True while a stream to the aggregator is open (`spillway_control_plane_connected`).
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The rules version the client runs, as reported upward.
+    pub fn rules_version(&self) -> u64 {
+        self.rules_version.load(Ordering::Relaxed)
+    }
+
+    /// The report interval in force.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Relaxed))
+    }
+
+    /// When instructions last arrived, Unix milliseconds (0: never).
+    pub fn last_instructions_ms(&self) -> u64 {
+        self.last_instructions_ms.load(Ordering::Relaxed)
+    }
+
+    /// Streams opened so far (the first connection included).
+    pub fn connects(&self) -> u64 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    /// Reports sent so far.
+    pub fn reports(&self) -> u64 {
+        self.reports.load(Ordering::Relaxed)
+    }
+
+    /// Copies what the core knows, after it changed.
+    fn update(&self, core: &HostCore) {
+        self.rules_version
+            .store(core.rules_version(), Ordering::Relaxed);
+        self.interval_ms
+            .store(core.interval().ms(), Ordering::Relaxed);
+        self.last_instructions_ms
+            .store(core.last_instructions_ms(), Ordering::Relaxed);
+    }
+}
+
+/// A running link; dropping it without [`ClientLink::shutdown`] aborts it.
+pub struct ClientLink {
+    status: Arc<LinkStatus>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ClientLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientLink")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientLink {
+    /// Starts the link on the current tokio runtime. Fails only on an unusable URL; an
+    /// unreachable aggregator is retried forever.
+    pub fn spawn(options: LinkOptions, host: Arc<dyn HostLimiters>) -> Result<Self, UrlError> {
+        let endpoint = session::endpoint(&options.aggregator)?;
+        let config = host.config();
+        let core = HostCore::new(
+            HostId {
+                host_id: options.host_id.clone(),
+                region: options.region.clone(),
+                zone: options.zone.clone(),
+            },
+            &config,
+            options.rules_version,
+        );
+        let status = Arc::new(LinkStatus::default());
+        status.update(&core);
+        let driver = Arc::new(Driver {
+            host,
+            status: status.clone(),
+            state: Mutex::new(State { core, config }),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let housekeeping = tokio::spawn(housekeeping(driver.clone(), stop_rx.clone()));
+        let aggregator = options.aggregator.clone();
+        let link = tokio::spawn(async move {
+            reconnect(
+                "control-plane",
+                &aggregator,
+                endpoint,
+                options.backoff,
+                stop_rx,
+                |channel, stop| {
+                    let driver = driver.clone();
+                    async move {
+                        let result = driver.session(channel, stop).await;
+                        driver.status.connected.store(false, Ordering::Relaxed);
+                        result
+                    }
+                },
+            )
+            .await;
+        });
+        Ok(Self {
+            status,
+            stop,
+            tasks: vec![link, housekeeping],
+        })
+    }
+
+    pub fn status(&self) -> Arc<LinkStatus> {
+        self.status.clone()
+    }
+
+    pub fn connected(&self) -> bool {
+        self.status.connected()
+    }
+
+    /// Sends what was counted since the last report and closes the stream.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ClientLink {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The core and the rules it was last given.
+struct State {
+    core: HostCore,
+    config: Arc<Config>,
+}
+
+/// What the link's tasks share: the client, the status and the core.
+struct Driver {
+    host: Arc<dyn HostLimiters>,
+    status: Arc<LinkStatus>,
+    state: Mutex<State>,
+}
+
+impl Driver {
+    /// The core, following the client's rules if they changed since the last call.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let config = self.host.config();
+        if !Arc::ptr_eq(&config, &state.config) {
+            state.core.set_rules(&config);
+            state.config = config;
+        }
+        state
+    }
+
+    fn now(&self) -> HostTime {
+        HostTime {
+            clock: self.host.now(),
+            unix_ns: now_unix_ns(),
+        }
+    }
+
+    fn totals(&self, core: &HostCore) -> Vec<Snapshot> {
+        let keys: Vec<BucketKey> = core.buckets().cloned().collect();
+        self.host.totals(&keys)
+    }
+
+    /// Applies `steps` of the core in `state`, and the instructions that waited for new rules.
+    fn apply(&self, state: &mut State, now: HostTime, steps: Vec<HostStep>) {
+        for step in steps {
+            match step {
+                HostStep::Rules { version, yaml } => {
+                    let more = match self.host.apply_rules(version, &yaml) {
+                        Ok(config) => {
+                            tracing::info!(version, "rules from the control plane applied");
+                            let more = state.core.rules_applied(now, version, &config);
+                            state.config = config;
+                            more
+                        }
+                        Err(err) => {
+                            tracing::error!(
+                                version,
+                                "rules from the control plane refused, keeping version {}: {err}",
+                                state.core.rules_version()
+                            );
+                            state.core.rules_refused(now)
+                        }
+                    };
+                    self.apply(state, now, more);
+                }
+                HostStep::ShareExpired { bucket } => {
+                    let key = state.core.bucket(bucket);
+                    tracing::warn!(
+                        service = %key.service,
+                        bucket = %key.bucket,
+                        "adaptive share expired; refilling at the whole limit until the control plane sends a new one"
+                    );
+                    self.host.apply(key, &step);
+                }
+                HostStep::DropRatio { bucket, .. }
+                | HostStep::Surge { bucket, .. }
+                | HostStep::Share { bucket, .. } => {
+                    self.host.apply(state.core.bucket(bucket), &step);
+                }
+            }
+        }
+        self.status.update(&state.core);
+    }
+
+    /// One stream, from its opening to its end: `Ok` when stopped, an error when lost.
+    async fn session(&self, channel: Channel, mut stop: Stop) -> Result<(), SessionError> {
+        let mut client = v1::aggregator_client::AggregatorClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel::<v1::Report>(4);
+        let mut inbound = client
+            .link(ReceiverStream::new(rx))
+            .await
+            .map_err(SessionError::Refused)?
+            .into_inner();
+        self.status.connected.store(true, Ordering::Relaxed);
+        self.status.connects.fetch_add(1, Ordering::Relaxed);
+        tracing::info!("control-plane link up");
+        {
+            let mut state = self.lock();
+            let totals = self.totals(&state.core);
+            state.core.start(self.now(), &totals);
+        }
+        loop {
+            let deadline = self.lock().core.deadline();
+            let wait = deadline.saturating_sub(now_unix_ns() / 1_000_000);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(wait)) => {
+                    let report = {
+                        let mut state = self.lock();
+                        let totals = self.totals(&state.core);
+                        state.core.on_deadline(self.now(), &totals)
+                    };
+                    if let Some(report) = report {
+                        tx.send(report).await.map_err(|_| SessionError::Closed)?;
+                        self.status.reports.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(instructions)) => {
+                        let now = self.now();
+                        let mut state = self.lock();
+                        let steps = state.core.on_instructions(now, instructions);
+                        self.apply(&mut state, now, steps);
+                    }
+                    Ok(None) => return Err(SessionError::Ended),
+                    Err(status) => return Err(SessionError::Stream(status)),
+                },
+                _ = stop.changed() => {
+                    // Flush the partial interval so a stopping host's last requests are counted.
+                    let report = {
+                        let mut state = self.lock();
+                        let totals = self.totals(&state.core);
+                        state.core.flush(self.now(), &totals)
+                    };
+                    let _ = tx.try_send(report);
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Every 50 ms the surge guards, every 250 ms the adaptive shares, connected or not.
+async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
+    let mut every = tokio::time::interval(Duration::from_nanos(surge::TICK_NS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = driver.now();
+        let mut state = driver.lock();
+        let totals = driver.totals(&state.core);
+        let mut steps = state.core.guard_tick(now.clock, &totals);
+        n += 1;
+        if n.is_multiple_of(5) {
+            steps.extend(state.core.expire_shares(now.clock));
+        }
+        driver.apply(&mut state, now, steps);
+    }
+}

@@ -1,0 +1,18 @@
+//! The client side of Spillway's control link, with no server in it: what an embedding client or
+//! a sidecar needs to report to its zone's aggregator and follow the instructions that come back
+//! ([`ClientLink`]), and what every reconnecting link of the control plane shares: the wall clock
+//! the cores are given, endpoints, the stop signal, capped and jittered [`Backoff`] and the one
+//! reconnect loop ([`reconnect`]).
+#![forbid(unsafe_code)]
+
+mod backoff;
+mod client;
+mod clock;
+mod session;
+
+pub use backoff::Backoff;
+pub use client::{ClientLink, HostLimiters, LinkOptions, LinkStatus};
+pub use clock::{now_ms, now_unix_ns};
+pub use session::{
+    CONNECT_TIMEOUT, SessionError, Stop, UrlError, endpoint, reconnect, sleep_or_stop, stopped,
+};

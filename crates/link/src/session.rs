@@ -1,0 +1,168 @@
+//! What every reconnecting link shares: endpoints with the same timeouts and keep-alives, a stop
+//! signal, a sleep that gives way to it, and [`reconnect`], the one loop that opens a session,
+//! waits out a backoff when it is lost and opens it again (a client to its aggregator, an
+//! aggregator to its controller, a controller to each peer).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backoff::Backoff;
+
+/// A stop signal: `true` once the component is shutting down.
+pub type Stop = watch::Receiver<bool>;
+
+/// Whether `stop` has fired (or its sender is gone, which means the same).
+pub fn stopped(stop: &Stop) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
+}
+
+/// Sleeps for `delay` unless `stop` fires first; true if it did.
+pub async fn sleep_or_stop(delay: Duration, stop: &mut Stop) -> bool {
+    if stopped(stop) {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => false,
+        _ = stop.changed() => true,
+    }
+}
+
+/// How long a connection attempt may take before it counts as a failure.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A control-plane address that cannot be dialled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("\"{url}\" is not a usable gRPC address ({reason}); write it like http://127.0.0.1:7001")]
+pub struct UrlError {
+    pub url: String,
+    pub reason: String,
+}
+
+/// An HTTP/2 endpoint for `url` with Nagle off (a report is one small message that should leave
+/// at once) and keep-alive pings, so a peer that vanished without closing its socket is noticed.
+pub fn endpoint(url: &str) -> Result<Endpoint, UrlError> {
+    let bad = |reason: String| UrlError {
+        url: url.to_owned(),
+        reason,
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(bad("it needs an http:// scheme".into()));
+    }
+    Ok(Endpoint::from_shared(url.to_owned())
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true))
+}
+
+/// Why a session ended other than by the stop signal.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("cannot connect: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("the stream was refused: {}", .0.message())]
+    Refused(tonic::Status),
+    #[error("the other side ended the stream")]
+    Ended,
+    #[error("stream error: {}", .0.message())]
+    Stream(tonic::Status),
+    #[error("the stream closed")]
+    Closed,
+}
+
+impl SessionError {
+    /// Whether the stream had been open: the next attempt starts from the initial backoff.
+    pub fn was_open(&self) -> bool {
+        !matches!(self, SessionError::Connect(_) | SessionError::Refused(_))
+    }
+}
+
+/// Runs sessions with `endpoint` until `stop` fires: each connects, then runs `session` on the
+/// channel until it returns. `Ok` means it saw the stop signal; an error is logged with `what`
+/// and `target`, and the next attempt comes after the backoff's next delay (from its initial
+/// step again when the lost stream had been open), so a fleet that lost its aggregator at once
+/// does not come back at once.
+pub async fn reconnect<S, F>(
+    what: &'static str,
+    target: &str,
+    endpoint: Endpoint,
+    mut backoff: Backoff,
+    mut stop: Stop,
+    mut session: S,
+) where
+    S: FnMut(Channel, Stop) -> F,
+    F: Future<Output = Result<(), SessionError>>,
+{
+    loop {
+        if stopped(&stop) {
+            return;
+        }
+        let result = tokio::select! {
+            connected = endpoint.connect() => match connected {
+                Ok(channel) => session(channel, stop.clone()).await,
+                Err(err) => Err(SessionError::Connect(err)),
+            },
+            _ = stop.changed() => return,
+        };
+        match result {
+            Ok(()) => return,
+            Err(err) => {
+                if err.was_open() {
+                    backoff.reset();
+                }
+                tracing::warn!(target = %target, "{what} link down: {err}");
+            }
+        }
+        if sleep_or_stop(backoff.next_delay(), &mut stop).await {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_without_a_scheme_says_how_to_write_it() {
+        let err = endpoint("127.0.0.1:7001").unwrap_err();
+        assert!(err.to_string().contains("http://127.0.0.1:7001"), "{err}");
+        assert!(endpoint("http://127.0.0.1:7001").is_ok());
+    }
+
+    #[tokio::test]
+    async fn reconnect_runs_no_session_without_a_connection_and_ends_when_stopped() {
+        // A port nobody listens on: every attempt fails to connect.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let (stop_tx, stop) = watch::channel(false);
+        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
+        let counted = attempts.clone();
+        let task = tokio::spawn(reconnect(
+            "test",
+            "nowhere",
+            endpoint(&url).unwrap(),
+            backoff,
+            stop,
+            move |_, _| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async { Ok(()) }
+            },
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop_tx.send_replace(true);
+        task.await.unwrap();
+        assert_eq!(
+            attempts.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "no session runs without a connection"
+        );
+    }
+}

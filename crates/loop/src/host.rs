@@ -1,0 +1,455 @@
+//! The host's side of the control loop as a sans-IO state machine: when to count and report, what
+//! an instruction set means for each control-plane bucket, the surge guard between instructions,
+//! and the expiry that makes a host fail open (G5, G8-G10, G12).
+//!
+//! [`HostCore`] reads no clock and holds no limiter. Its owner passes the time and the counters'
+//! totals in, and applies the [`HostStep`]s that come out to its limiters: the link of
+//! `spillway-link` does it for an embedding client or a sidecar, the simulator for each simulated
+//! host, so both run exactly this code. Two clocks come in: the limiters' own (monotonic
+//! nanoseconds, what ratios and shares are set against) and the wall clock (Unix time, what
+//! report intervals are aligned to); the simulator passes the same simulated time for both.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use spillway_core::algo::{Kind, Ratio, Share};
+use spillway_core::clock::{Nanos, nanos};
+use spillway_core::config::{Config, Store};
+use spillway_core::counters::Snapshot;
+use spillway_core::surge::{self, Instructed, SurgeGuard};
+use spillway_proto::v1;
+
+use crate::interval::Interval;
+use crate::sums::{BucketKey, TAIL_PARTS};
+use crate::tally::{BucketReport, Tally};
+
+/// The time of an event on a host: its limiters' clock and the wall clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostTime {
+    /// The limiters' clock (`spillway_core::clock`), in nanoseconds.
+    pub clock: Nanos,
+    /// Unix time in nanoseconds, which report intervals are aligned to.
+    pub unix_ns: u64,
+}
+
+impl HostTime {
+    /// Unix milliseconds.
+    pub fn unix_ms(self) -> u64 {
+        self.unix_ns / 1_000_000
+    }
+}
+
+/// Who a host is, as its reports say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostId {
+    pub host_id: String,
+    pub region: String,
+    pub zone: String,
+}
+
+/// What the owner of a [`HostCore`] applies to its limiters. `bucket` is a position in
+/// [`HostCore::buckets`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostStep {
+    /// A drop-ratio bucket drops `ratio` of its requests until `ttl` from now, unless a newer
+    /// instruction comes (G8); after that it admits everything again (G9).
+    DropRatio {
+        bucket: usize,
+        ratio: Ratio,
+        ttl: Duration,
+    },
+    /// A drop-ratio bucket's surge guard: drop at least `ratio` until `until` on the limiters'
+    /// clock (`spillway_core::surge`).
+    Surge {
+        bucket: usize,
+        ratio: Ratio,
+        until: Nanos,
+    },
+    /// An adaptive token bucket refills at `share` of its limit (G10).
+    Share { bucket: usize, share: Share },
+    /// An adaptive token bucket's share expired: it refills at its whole limit again, as a host
+    /// alone would, until the control plane sends a new one (G9).
+    ShareExpired { bucket: usize },
+    /// New rules (the YAML of SPEC §2) as version `version`: apply them, then call
+    /// [`HostCore::rules_applied`] or [`HostCore::rules_refused`], which apply the rest of the
+    /// instruction set that carried them.
+    Rules { version: u64, yaml: String },
+}
+
+/// One control-plane bucket as the host core tracks it.
+#[derive(Debug)]
+struct Bucket {
+    key: BucketKey,
+    kind: Kind,
+    limit_rps: f64,
+    /// Totals at the previous report or tail mark.
+    reported: Snapshot,
+    guard: SurgeGuard,
+    /// The offered total at the guard's last tick, and when that tick was (0: never).
+    guard_offered: u64,
+    guard_at: Nanos,
+    /// When an adaptive share stops holding, on the limiters' clock.
+    share_until: Option<Nanos>,
+}
+
+impl Bucket {
+    fn new(key: BucketKey, kind: Kind, limit_rps: f64) -> Self {
+        Self {
+            key,
+            kind,
+            limit_rps,
+            reported: Snapshot::default(),
+            guard: SurgeGuard::new(),
+            guard_offered: 0,
+            guard_at: 0,
+            share_until: None,
+        }
+    }
+}
+
+/// Buckets whose limit the control plane computes from everyone's counts.
+pub fn on_control_plane(kind: Kind, store: Store) -> bool {
+    matches!(kind, Kind::DropRatio | Kind::AdaptiveTokenBucket) && store == Store::ControlPlane
+}
+
+/// A host's control loop: events and time in, [`HostStep`]s and reports out.
+///
+/// Reports: every interval, at the wall-clock boundary, the counts since the previous report,
+/// with the part that arrived in the interval's last quarter ([`Tally`]). The owner asks
+/// [`HostCore::deadline`] when to call [`HostCore::on_deadline`] next. With 1 s intervals the
+/// deadlines are 12:00:00.750 (the tail starts) and 12:00:01.000 (the report of the second).
+///
+/// Surge guard: [`HostCore::guard_tick`] every 50 ms counts what each drop-ratio bucket was
+/// offered since the last tick, and holds the host to its part of the limit when its own load
+/// jumps between two instructions (`control.surge_guard`, on by default).
+///
+/// Fail-open: drop ratios carry their TTL to the limiter; adaptive shares expire through
+/// [`HostCore::expire_shares`], which puts the bucket back on its whole limit.
+#[derive(Debug)]
+pub struct HostCore {
+    id: HostId,
+    rules_version: u64,
+    /// The report interval of the rules in force; the controller's, once it spoke.
+    interval: Interval,
+    surge_guard: bool,
+    buckets: Vec<Bucket>,
+    index: HashMap<BucketKey, usize>,
+    tally: Tally,
+    /// The interval the next report is about, and whether its tail is still to be marked.
+    due: u64,
+    tail_due: bool,
+    /// Instructions that came with new rules, held until the owner applied them.
+    pending: Option<v1::Instructions>,
+    /// When instructions last arrived, Unix milliseconds (0: never).
+    last_instructions_ms: u64,
+}
+
+impl HostCore {
+    /// The core of host `id`, running `config` as rules version `rules_version` (0: its own file).
+    pub fn new(id: HostId, config: &Config, rules_version: u64) -> Self {
+        let mut core = Self {
+            id,
+            rules_version,
+            interval: Interval::new(config.control.report_interval),
+            surge_guard: config.control.surge_guard,
+            buckets: Vec::new(),
+            index: HashMap::new(),
+            tally: Tally::default(),
+            due: 0,
+            tail_due: false,
+            pending: None,
+            last_instructions_ms: 0,
+        };
+        core.set_rules(config);
+        core
+    }
+
+    /// The control-plane buckets, in the order of the rules; steps name them by position, and
+    /// the owner passes their totals in the same order.
+    pub fn buckets(&self) -> impl ExactSizeIterator<Item = &BucketKey> {
+        self.buckets.iter().map(|b| &b.key)
+    }
+
+    /// The bucket at position `bucket`.
+    pub fn bucket(&self, bucket: usize) -> &BucketKey {
+        &self.buckets[bucket].key
+    }
+
+    /// The rules version this host runs, as it reports it.
+    pub fn rules_version(&self) -> u64 {
+        self.rules_version
+    }
+
+    /// The report interval in force.
+    pub fn interval(&self) -> Interval {
+        self.interval
+    }
+
+    /// When instructions last arrived, Unix milliseconds (0: never).
+    pub fn last_instructions_ms(&self) -> u64 {
+        self.last_instructions_ms
+    }
+
+    /// The owner's rules changed (a reload of its own file, or rules the control plane sent):
+    /// the buckets are those of `config` from now on. A bucket that stays keeps its counting and
+    /// its guard; one recreated by the owner starts its counters at zero, which the next report
+    /// notices.
+    pub fn set_rules(&mut self, config: &Config) {
+        let mut old: HashMap<BucketKey, Bucket> =
+            self.buckets.drain(..).map(|b| (b.key.clone(), b)).collect();
+        self.index.clear();
+        for (service, bucket) in config.buckets() {
+            if !on_control_plane(bucket.algorithm, bucket.store) {
+                continue;
+            }
+            let key = BucketKey::new(&service.name, &bucket.name);
+            let limit = bucket.limit.per_second();
+            let mut kept = old
+                .remove(&key)
+                .filter(|b| b.kind == bucket.algorithm)
+                .unwrap_or_else(|| Bucket::new(key.clone(), bucket.algorithm, limit));
+            kept.limit_rps = limit;
+            self.index.insert(key, self.buckets.len());
+            self.buckets.push(kept);
+        }
+        self.surge_guard = config.control.surge_guard;
+        if !self.surge_guard {
+            for b in &mut self.buckets {
+                b.guard = SurgeGuard::new();
+                b.guard_at = 0;
+            }
+        }
+    }
+
+    /// A stream to the aggregator opened at `now`: counting starts afresh (what was counted while
+    /// disconnected is no rate of any one interval), and the first report is of the interval in
+    /// progress. `totals` are the buckets' counters, in [`HostCore::buckets`] order.
+    pub fn start(&mut self, now: HostTime, totals: &[Snapshot]) {
+        self.counted(totals);
+        let now_ms = now.unix_ms();
+        self.tally = Tally::new(now_ms);
+        self.schedule(now_ms);
+    }
+
+    /// When [`HostCore::on_deadline`] is due next, Unix milliseconds.
+    pub fn deadline(&self) -> u64 {
+        if self.tail_due {
+            Tally::tail_start(self.interval, self.due)
+        } else {
+            self.interval.end_of(self.due)
+        }
+    }
+
+    /// The deadline passed: at the start of the tail, marks it (a mark that comes far too late, a
+    /// stalled runtime, would scale a few milliseconds up to a quarter: no tail this interval
+    /// then); at the end of the interval, returns its report.
+    pub fn on_deadline(&mut self, now: HostTime, totals: &[Snapshot]) -> Option<v1::Report> {
+        let now_ms = now.unix_ms();
+        if self.tail_due {
+            self.tail_due = false;
+            let late = self.interval.ms() / TAIL_PARTS / 2;
+            if now_ms < Tally::tail_start(self.interval, self.due) + late {
+                let counted = self.counted(totals);
+                self.tally.mark_tail(counted, now_ms);
+            }
+            return None;
+        }
+        let report = self.report(now_ms, totals);
+        self.due = (self.due + 1).max(self.interval.sequence_at(now_ms));
+        self.tail_due = now_ms < Tally::tail_start(self.interval, self.due);
+        Some(report)
+    }
+
+    /// The report of what was counted since the last one, cut short at `now` (the host is
+    /// stopping, so its last requests are counted).
+    pub fn flush(&mut self, now: HostTime, totals: &[Snapshot]) -> v1::Report {
+        self.tally.unmark_tail();
+        self.report(now.unix_ms(), totals)
+    }
+
+    /// An instruction set from the aggregator. When it carries rules this host does not run, the
+    /// only step is [`HostStep::Rules`], and the rest waits for [`HostCore::rules_applied`] or
+    /// [`HostCore::rules_refused`]: the instructions may name buckets that only the new rules
+    /// have.
+    pub fn on_instructions(&mut self, now: HostTime, instructions: v1::Instructions) -> Vec<HostStep> {
+        if let Some(rules) = &instructions.rules
+            && rules.version != self.rules_version
+        {
+            let step = HostStep::Rules {
+                version: rules.version,
+                yaml: rules.yaml.clone(),
+            };
+            self.pending = Some(instructions);
+            return vec![step];
+        }
+        self.instruct(now, instructions)
+    }
+
+    /// The owner applied the rules of [`HostStep::Rules`] as `config`: the host runs them, and
+    /// the instructions that came with them apply now.
+    pub fn rules_applied(&mut self, now: HostTime, version: u64, config: &Config) -> Vec<HostStep> {
+        self.rules_version = version;
+        self.set_rules(config);
+        match self.pending.take() {
+            Some(instructions) => self.instruct(now, instructions),
+            None => Vec::new(),
+        }
+    }
+
+    /// The owner refused the rules of [`HostStep::Rules`] (they do not validate here): the host
+    /// keeps its rules and reports the old version, which the controller shows; the instructions
+    /// that came with them apply to the buckets it has.
+    pub fn rules_refused(&mut self, now: HostTime) -> Vec<HostStep> {
+        match self.pending.take() {
+            Some(instructions) => self.instruct(now, instructions),
+            None => Vec::new(),
+        }
+    }
+
+    /// One tick of every drop-ratio bucket's surge guard, every [`surge::TICK_NS`]: counts what
+    /// each was offered since the last tick (scaled to one tick when the tick came late) and
+    /// installs the correction until two ticks from now, so a stalled owner cannot leave one
+    /// behind. The first tick only starts counting.
+    pub fn guard_tick(&mut self, now: Nanos, totals: &[Snapshot]) -> Vec<HostStep> {
+        let mut steps = Vec::new();
+        if !self.surge_guard {
+            return steps;
+        }
+        for (i, (b, total)) in self.buckets.iter_mut().zip(totals).enumerate() {
+            if b.kind != Kind::DropRatio {
+                continue;
+            }
+            let offered = total.offered();
+            if b.guard_at != 0 && offered >= b.guard_offered && now > b.guard_at {
+                let count = (offered - b.guard_offered) as f64 * surge::TICK_NS as f64
+                    / (now - b.guard_at) as f64;
+                let ratio = b.guard.tick(count.round() as u64, now);
+                steps.push(HostStep::Surge {
+                    bucket: i,
+                    ratio,
+                    until: now.saturating_add(2 * surge::TICK_NS),
+                });
+            }
+            b.guard_offered = offered;
+            b.guard_at = now;
+        }
+        steps
+    }
+
+    /// Puts adaptive buckets whose share expired at `now` back on their whole limit, as a host
+    /// alone would (fail-open, G9).
+    pub fn expire_shares(&mut self, now: Nanos) -> Vec<HostStep> {
+        let mut steps = Vec::new();
+        for (i, b) in self.buckets.iter_mut().enumerate() {
+            if b.share_until.is_some_and(|until| now >= until) {
+                b.share_until = None;
+                steps.push(HostStep::ShareExpired { bucket: i });
+            }
+        }
+        steps
+    }
+
+    fn instruct(&mut self, now: HostTime, instructions: v1::Instructions) -> Vec<HostStep> {
+        let ttl = Duration::from_millis(instructions.ttl_ms);
+        let interval_end_ms =
+            Interval::from_ms(instructions.interval_ms).end_of(instructions.sequence);
+        let interval_ns = nanos(self.interval.duration());
+        let mut steps = Vec::with_capacity(instructions.buckets.len());
+        for b in &instructions.buckets {
+            let Some(&i) = self.index.get(&BucketKey::new(&b.service, &b.bucket)) else {
+                continue;
+            };
+            let bucket = &mut self.buckets[i];
+            match bucket.kind {
+                Kind::DropRatio => {
+                    let ratio = Ratio::from_raw(b.drop_ratio);
+                    steps.push(HostStep::DropRatio {
+                        bucket: i,
+                        ratio,
+                        ttl,
+                    });
+                    if self.surge_guard {
+                        bucket.guard.instruct(
+                            Instructed {
+                                ratio: ratio.as_f64(),
+                                limit_rps: bucket.limit_rps,
+                                scope_offered_rps: b.scope_offered_rps,
+                                scope_hosts: b.scope_hosts,
+                                interval_ns,
+                                interval_ended_ago_ns: now
+                                    .unix_ns
+                                    .saturating_sub(interval_end_ms.saturating_mul(1_000_000)),
+                                expires_at: now.clock.saturating_add(nanos(ttl)),
+                            },
+                            now.clock,
+                        );
+                    }
+                }
+                _ => {
+                    if let Some(share) = b.share {
+                        steps.push(HostStep::Share {
+                            bucket: i,
+                            share: Ratio::from_raw(share),
+                        });
+                        bucket.share_until = Some(now.clock.saturating_add(nanos(ttl)));
+                    }
+                }
+            }
+        }
+        if instructions.interval_ms > 0 {
+            let interval = Interval::from_ms(instructions.interval_ms);
+            if interval != self.interval {
+                self.interval = interval;
+                self.tally.unmark_tail();
+                self.schedule(now.unix_ms());
+            }
+        }
+        self.last_instructions_ms = now.unix_ms();
+        steps
+    }
+
+    /// The first report due from `now_ms` on: the interval in progress, with its tail marked only
+    /// when counting started before the tail did.
+    fn schedule(&mut self, now_ms: u64) {
+        self.due = self.interval.sequence_at(now_ms);
+        self.tail_due = now_ms < Tally::tail_start(self.interval, self.due);
+    }
+
+    fn report(&mut self, now_ms: u64, totals: &[Snapshot]) -> v1::Report {
+        let counted = self.counted(totals);
+        v1::Report {
+            host_id: self.id.host_id.clone(),
+            zone: self.id.zone.clone(),
+            region: self.id.region.clone(),
+            rules_version: self.rules_version,
+            sequence: self.due,
+            interval_ms: self.interval.ms(),
+            buckets: self.tally.close(counted, now_ms, self.interval),
+        }
+    }
+
+    /// Each bucket's counts since the previous call. A bucket whose totals went down was
+    /// recreated by a reload: its counters started at zero again.
+    fn counted(&mut self, totals: &[Snapshot]) -> Vec<BucketReport> {
+        self.buckets
+            .iter_mut()
+            .zip(totals)
+            .map(|(b, &now)| {
+                let before = if b.reported.offered() <= now.offered() {
+                    b.reported
+                } else {
+                    Snapshot::default()
+                };
+                b.reported = now;
+                let delta = now - before;
+                BucketReport {
+                    service: b.key.service.clone(),
+                    bucket: b.key.bucket.clone(),
+                    offered: delta.offered(),
+                    allowed: delta.allowed,
+                    shadow_dropped: delta.shadow_dropped,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,495 @@
+//! The regional controller's state machine (G7): sums its zones into region usage, exchanges the
+//! sums of global buckets with the other regions' controllers, computes every bucket's drop ratio
+//! (and adaptive token bucket shares) and hands them down to the zones once per interval, with the
+//! rules when they changed.
+//!
+//! No controller leads: each sends its region's sums of global buckets to every peer each
+//! interval, waits (at most half an interval past the end) for the sums of every live peer, and
+//! computes from the same numbers with the same math as its peers, so all regions drop the same
+//! share. A peer silent for longer than the instruction TTL falls out of the sum. Worked example:
+//! a global limit of 1,000/s, region A offering 900/s and region B 600/s: both controllers see
+//! 1,500/s and send a drop ratio of 1/3, so A admits 600/s and B 400/s.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use spillway_core::algo::{Kind, Ratio};
+use spillway_core::config::{Config, Scope};
+use spillway_core::control::{Smoother, target_drop};
+use spillway_proto::v1;
+
+use crate::interval::Interval;
+use crate::rules::RulesSnapshot;
+use crate::sums::{BucketKey, Intervals, Sums};
+
+/// One bucket as the controller last computed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketView {
+    pub limit_rps: f64,
+    /// Offered load over the bucket's scope as this controller sees it (for a zone-scoped
+    /// bucket, the sum of the region's zones).
+    pub observed_rps: f64,
+    /// The ratio sent (for a zone-scoped bucket, the highest of its zones).
+    pub drop_ratio: f64,
+    /// What the hosts admitted over the same scope and interval, per second (after their ratios
+    /// and surge guards).
+    pub admitted_rps: f64,
+}
+
+/// A host as the controller knows it from its aggregators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostView {
+    pub host_id: String,
+    pub zone: String,
+    pub rules_version: u64,
+}
+
+
+/// What the owner of a [`RegionCore`] sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RegionStep {
+    /// This region's sums of its global buckets, for every peer controller.
+    Announce(v1::RegionSums),
+    /// The instructions of one computed interval (and the rules, when the zone has not had
+    /// them) for the zone on stream `member`.
+    Send {
+        member: u64,
+        instructions: v1::ZoneInstructions,
+    },
+}
+
+/// A peer region as this controller knows it.
+#[derive(Debug, Clone)]
+struct Peer {
+    /// When its sums last arrived, in the owner's milliseconds.
+    last_heard_ms: u64,
+    sums: BTreeMap<u64, Sums>,
+}
+
+/// An aggregator with an open stream.
+#[derive(Debug, Clone, Default)]
+struct Zone {
+    /// Its zone's name, once it reported (or as the owner knew it when it joined).
+    name: String,
+    /// Its hosts and the rules version each runs.
+    hosts: HashMap<String, u64>,
+    /// The rules version last sent to it.
+    sent_rules: u64,
+}
+
+/// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
+/// time, [`RegionStep`]s come out. The gRPC server drives it with Unix milliseconds, the
+/// simulator with simulated ones, so both run the same closing rules and the same drop-ratio math.
+///
+/// An interval closes when every zone reported it or two graces after its end (aggregators wait
+/// up to one grace for their clients); its global sums are then announced to the peers, and it
+/// is computed when every live peer's sums for it are in, or three graces after its end. With 1 s
+/// intervals: interval 7 is computed at 8.750 s at the latest.
+#[derive(Debug, Clone)]
+pub struct RegionCore {
+    region: String,
+    rules: Arc<RulesSnapshot>,
+    /// The aggregators by stream, in the order they joined.
+    zones: BTreeMap<u64, Zone>,
+    window: Intervals<u64, HashMap<String, Sums>>,
+    /// Closed intervals waiting for the peers' sums, with their deadline (ms).
+    awaiting: BTreeMap<u64, (HashMap<String, Sums>, u64)>,
+    peers: HashMap<String, Peer>,
+    smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
+    view: HashMap<BucketKey, BucketView>,
+    computed: u64,
+}
+
+impl RegionCore {
+    /// The controller of `region` running `rules`, started at `now_ms`.
+    pub fn new(region: impl Into<String>, rules: Arc<RulesSnapshot>, now_ms: u64) -> Self {
+        let interval = Interval::new(rules.config.control.report_interval);
+        Self {
+            region: region.into(),
+            rules,
+            zones: BTreeMap::new(),
+            window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
+            awaiting: BTreeMap::new(),
+            peers: HashMap::new(),
+            smoothers: HashMap::new(),
+            view: HashMap::new(),
+            computed: 0,
+        }
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> &Arc<RulesSnapshot> {
+        &self.rules
+    }
+
+    /// The interval of the rules in force.
+    pub fn interval(&self) -> Interval {
+        Interval::new(self.rules.config.control.report_interval)
+    }
+
+    /// Every control-plane bucket as last computed.
+    pub fn view(&self) -> &HashMap<BucketKey, BucketView> {
+        &self.view
+    }
+
+    /// Aggregators with an open stream.
+    pub fn zones(&self) -> usize {
+        self.zones.len()
+    }
+
+    /// Intervals computed so far.
+    pub fn computed(&self) -> u64 {
+        self.computed
+    }
+
+    /// The hosts of this region with the rules version each runs, by host name.
+    pub fn hosts(&self) -> Vec<HostView> {
+        let mut hosts: Vec<HostView> = self
+            .zones
+            .values()
+            .flat_map(|z| {
+                z.hosts.iter().map(|(host, version)| HostView {
+                    host_id: host.clone(),
+                    zone: z.name.clone(),
+                    rules_version: *version,
+                })
+            })
+            .collect();
+        hosts.sort_by(|a, b| a.host_id.cmp(&b.host_id));
+        hosts
+    }
+
+    /// Peer regions heard from within the instruction TTL of `now_ms`, sorted.
+    pub fn live_peers(&self, now_ms: u64) -> Vec<String> {
+        let ttl = self.rules.config.control.instruction_ttl;
+        let mut live: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| is_live(p, now_ms, ttl))
+            .map(|(r, _)| r.clone())
+            .collect();
+        live.sort();
+        live
+    }
+
+    /// New rules at `now_ms`: sent down with the next instructions. A new interval length
+    /// forgets every open interval, whose sequence numbers meant something else.
+    pub fn set_rules(&mut self, rules: Arc<RulesSnapshot>, now_ms: u64) {
+        let old = self.interval();
+        self.rules = rules;
+        let new = self.interval();
+        if old != new {
+            self.window.reset(new.sequence_at(now_ms).saturating_sub(1));
+            self.awaiting.clear();
+        }
+    }
+
+    /// An aggregator opened stream `member`; `zone` is its zone's name when the owner knows it
+    /// (a server learns it from the first report).
+    pub fn join(&mut self, member: u64, zone: &str) {
+        self.zones.entry(member).or_default().name = zone.to_owned();
+    }
+
+    /// Stream `member` ended at `now_ms`: the region no longer waits for it.
+    pub fn leave(&mut self, member: u64, now_ms: u64) -> Vec<RegionStep> {
+        self.zones.remove(&member);
+        self.poll(now_ms)
+    }
+
+    /// A [`RegionStep::Send`] carrying rules could not be sent: send them again next time.
+    pub fn send_failed(&mut self, member: u64) {
+        if let Some(zone) = self.zones.get_mut(&member) {
+            zone.sent_rules = 0;
+        }
+    }
+
+    /// A zone's report on stream `member` at `now_ms`: its hosts, and its sums of one interval
+    /// (ignored when that interval is already closed or of another length); then moves
+    /// intervals along.
+    pub fn on_zone_report(
+        &mut self,
+        member: u64,
+        report: v1::ZoneReport,
+        now_ms: u64,
+    ) -> Vec<RegionStep> {
+        let zone = self.zones.entry(member).or_default();
+        zone.name.clone_from(&report.zone);
+        for h in &report.hosts {
+            zone.hosts.insert(h.host_id.clone(), h.rules_version);
+        }
+        for h in &report.gone {
+            zone.hosts.remove(h);
+        }
+        if report.interval_ms == self.interval().ms()
+            && let Some(zones) = self.window.accept(report.sequence, member)
+        {
+            zones
+                .entry(report.zone)
+                .or_default()
+                .add_wire(&report.buckets);
+        }
+        self.poll(now_ms)
+    }
+
+    /// A peer's sums, at `now_ms`. Keeps enough intervals per peer to cover the TTL.
+    pub fn on_peer_sums(&mut self, sums: v1::RegionSums, now_ms: u64) -> Vec<RegionStep> {
+        if sums.region == self.region || sums.region.is_empty() {
+            return Vec::new();
+        }
+        let interval = self.interval();
+        let ttl = self.rules.config.control.instruction_ttl;
+        let keep = (ttl.as_millis() as u64 / interval.ms()).max(1) + 2;
+        let peer = self.peers.entry(sums.region).or_insert_with(|| Peer {
+            last_heard_ms: now_ms,
+            sums: BTreeMap::new(),
+        });
+        peer.last_heard_ms = now_ms;
+        // Sums of intervals the clock has not reached are bogus; kept, they would push the
+        // peer's real ones out of its window.
+        let current = interval.sequence_at(now_ms);
+        if sums.interval_ms == interval.ms() && sums.sequence <= current.saturating_add(1) {
+            peer.sums
+                .insert(sums.sequence, Sums::from_wire(&sums.buckets));
+            while peer.sums.len() as u64 > keep {
+                peer.sums.pop_first();
+            }
+        }
+        self.poll(now_ms)
+    }
+
+    /// Moves intervals along at `now_ms`: closes the region's intervals that every zone reported
+    /// or that are overdue (announcing their global sums), then computes those whose live peers'
+    /// sums are all in or whose deadline passed, and instructs every zone, even one that
+    /// reported nothing.
+    pub fn poll(&mut self, now_ms: u64) -> Vec<RegionStep> {
+        let rules = self.rules.clone();
+        let config = &rules.config;
+        let interval = self.interval();
+        let grace = interval.grace_ms();
+        let mut steps = Vec::new();
+        for (sequence, zone_sums, _) in
+            self.window
+                .close_ready(now_ms, interval, 2 * grace, self.zones.keys())
+        {
+            steps.push(RegionStep::Announce(v1::RegionSums {
+                region: self.region.clone(),
+                sequence,
+                interval_ms: interval.ms(),
+                buckets: global_sums(config, &zone_sums).to_wire(),
+            }));
+            self.awaiting
+                .insert(sequence, (zone_sums, interval.end_of(sequence) + 3 * grace));
+        }
+        let ttl = config.control.instruction_ttl;
+        while let Some((&sequence, &(_, deadline))) = self.awaiting.first_key_value() {
+            let all_in = self
+                .peers
+                .values()
+                .filter(|p| is_live(p, now_ms, ttl))
+                .all(|p| p.sums.contains_key(&sequence));
+            if !(all_in || now_ms >= deadline) {
+                break;
+            }
+            let Some((sequence, (mut zone_sums, _))) = self.awaiting.pop_first() else {
+                break;
+            };
+            for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
+                zone_sums.entry(zone.name.clone()).or_default();
+            }
+            let mut peers = Sums::default();
+            for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
+                // This interval's sums, or the latest before it when the peer was late.
+                if let Some((_, sums)) = peer.sums.range(..=sequence).next_back() {
+                    peers.add(sums);
+                }
+            }
+            let per_zone = self.compute(config, &zone_sums, &peers, interval);
+            self.instruct(&mut steps, sequence, per_zone, now_ms);
+        }
+        steps
+    }
+
+    /// One [`RegionStep::Send`] per zone with its part of `per_zone`, the rules to zones that
+    /// have not had them.
+    fn instruct(
+        &mut self,
+        steps: &mut Vec<RegionStep>,
+        sequence: u64,
+        per_zone: HashMap<String, Vec<v1::BucketInstruction>>,
+        now_ms: u64,
+    ) {
+        let rules = &self.rules;
+        let ttl_ms =
+            u64::try_from(rules.config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
+        let interval_ms = Interval::new(rules.config.control.report_interval).ms();
+        for (&member, zone) in &mut self.zones {
+            let send_rules = zone.sent_rules != rules.version;
+            if send_rules {
+                zone.sent_rules = rules.version;
+            }
+            let buckets = per_zone.get(&zone.name).cloned().unwrap_or_default();
+            steps.push(RegionStep::Send {
+                member,
+                instructions: v1::ZoneInstructions {
+                    instructions: Some(v1::Instructions {
+                        issued_at_ms: now_ms,
+                        ttl_ms,
+                        interval_ms,
+                        sequence,
+                        buckets,
+                        rules_version: rules.version,
+                        rules: send_rules.then(|| v1::Rules {
+                            version: rules.version,
+                            yaml: rules.yaml.to_string(),
+                        }),
+                    }),
+                },
+            });
+        }
+        self.computed += 1;
+    }
+
+    /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
+    /// smoothed drop ratio per bucket and scope (G8), and each zone's share of the scope's load
+    /// for adaptive token buckets (G10).
+    ///
+    /// The ratio's target comes from the scope's offered load, or from its tail when that shows
+    /// a surge that started within the interval ([`crate::sums::Counts::offered_for_rise`]): the first
+    /// instruction after the surge already carries its whole ratio, one interval earlier than
+    /// the offered count alone would give it. Shares and the offered load sent down stay the
+    /// interval's own.
+    fn compute(
+        &mut self,
+        config: &Config,
+        zone_sums: &HashMap<String, Sums>,
+        peers: &Sums,
+        interval: Interval,
+    ) -> HashMap<String, Vec<v1::BucketInstruction>> {
+        let secs = interval.secs();
+        let mut region = Sums::default();
+        for sums in zone_sums.values() {
+            region.add(sums);
+        }
+        let mut per_zone: HashMap<String, Vec<v1::BucketInstruction>> = HashMap::new();
+        let mut view = HashMap::new();
+        let mut live_keys = HashSet::new();
+        for (service, bucket) in config.buckets() {
+            if !matches!(
+                bucket.algorithm,
+                Kind::DropRatio | Kind::AdaptiveTokenBucket
+            ) {
+                continue;
+            }
+            let key = BucketKey::new(&service.name, &bucket.name);
+            let limit = bucket.limit.per_second();
+            let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
+            let mut instruction =
+                |zone: &str, ratio: f64, share: f64, scope_offered: f64, scope_hosts: u64| {
+                    per_zone
+                        .entry(zone.to_owned())
+                        .or_default()
+                        .push(v1::BucketInstruction {
+                            service: key.service.clone(),
+                            bucket: key.bucket.clone(),
+                            drop_ratio: if adaptive {
+                                0
+                            } else {
+                                Ratio::from_f64(ratio).raw()
+                            },
+                            share: adaptive.then(|| Ratio::from_f64(share).raw()),
+                            scope_offered_rps: scope_offered,
+                            scope_hosts,
+                        });
+                };
+            let mut smoother = |zone: Option<&str>, target: f64| {
+                live_keys.insert((key.clone(), zone.map(str::to_owned)));
+                self.smoothers
+                    .entry((key.clone(), zone.map(str::to_owned)))
+                    .or_default()
+                    .update(target)
+            };
+            let zones_count = zone_sums.len().max(1) as f64;
+            match bucket.scope {
+                Scope::Zone => {
+                    let mut observed = 0.0;
+                    let mut admitted = 0.0;
+                    let mut highest: f64 = 0.0;
+                    for (zone, sums) in zone_sums {
+                        let counts = sums.counts(&key);
+                        let offered = counts.offered as f64 / secs;
+                        admitted += counts.allowed as f64 / secs;
+                        let rise = counts.offered_for_rise() as f64 / secs;
+                        let ratio = smoother(Some(zone), target_drop(limit, rise));
+                        instruction(zone, ratio, 1.0, offered, counts.hosts);
+                        observed += offered;
+                        highest = highest.max(ratio);
+                    }
+                    view.insert(
+                        key.clone(),
+                        BucketView {
+                            limit_rps: limit,
+                            observed_rps: observed,
+                            drop_ratio: highest,
+                            admitted_rps: admitted,
+                        },
+                    );
+                }
+                Scope::Region | Scope::Global => {
+                    let mut counts = region.counts(&key);
+                    if bucket.scope == Scope::Global {
+                        counts += peers.counts(&key);
+                    }
+                    let scope = counts.offered as f64 / secs;
+                    let rise = counts.offered_for_rise() as f64 / secs;
+                    let ratio = smoother(None, target_drop(limit, rise));
+                    for (zone, sums) in zone_sums {
+                        let share = if scope > 0.0 {
+                            sums.offered(&key) as f64 / secs / scope
+                        } else {
+                            1.0 / zones_count
+                        };
+                        instruction(zone, ratio, share, scope, counts.hosts);
+                    }
+                    view.insert(
+                        key.clone(),
+                        BucketView {
+                            limit_rps: limit,
+                            observed_rps: scope,
+                            drop_ratio: ratio,
+                            admitted_rps: counts.allowed as f64 / secs,
+                        },
+                    );
+                }
+            }
+        }
+        // Buckets that left the rules take their smoothing state with them.
+        self.smoothers.retain(|k, _| live_keys.contains(k));
+        self.view = view;
+        per_zone
+    }
+}
+
+fn is_live(peer: &Peer, now_ms: u64, ttl: Duration) -> bool {
+    (now_ms.saturating_sub(peer.last_heard_ms) as u128) < ttl.as_millis()
+}
+
+/// The region's sums of its global buckets only: what peers need, and all they get.
+pub fn global_sums(config: &Config, zones: &HashMap<String, Sums>) -> Sums {
+    let mut region = Sums::default();
+    for sums in zones.values() {
+        region.add(sums);
+    }
+    let global: HashSet<BucketKey> = config
+        .buckets()
+        .filter(|(_, b)| b.scope == Scope::Global)
+        .map(|(s, b)| BucketKey::new(&s.name, &b.name))
+        .collect();
+    region.0.retain(|k, _| global.contains(k));
+    region
+}
+

@@ -1,0 +1,178 @@
+//! One host's counts of the interval in progress, before and within its tail: what a host
+//! reports each interval.
+
+use std::collections::HashMap;
+
+use spillway_proto::v1;
+
+use crate::interval::Interval;
+use crate::sums::{BucketKey, Counts, TAIL_PARTS};
+
+/// One bucket's counts since the previous report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketReport {
+    pub service: String,
+    pub bucket: String,
+    /// Everything that arrived, dropped or not.
+    pub offered: u64,
+    pub allowed: u64,
+    pub shadow_dropped: u64,
+}
+
+/// One host's counts of the interval in progress, taken in two parts, before its last quarter
+/// and within it, and turned into the report's counts when the interval ends: sans-IO, so the
+/// link and the simulator's hosts report the same way.
+///
+/// Counts are scaled to a whole interval (and the tail to a whole quarter) from the time they
+/// actually cover: a stream that opened 300 ms before a 1 s boundary counted only 300 ms, and a
+/// tail mark that fired 20 ms late counted 230 ms of tail. With 1 s intervals, a host offering
+/// 100 req/s until 12:00:00.500 and 1,000 req/s after reports 550 offered, 250 in the tail.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    /// Per bucket since the start: `offered_tail` holds what was counted since the tail mark.
+    counts: HashMap<BucketKey, Counts>,
+    started_ms: u64,
+    /// When the tail started, if it was marked in this interval.
+    tail_from_ms: Option<u64>,
+}
+
+impl Tally {
+    /// Counting starts afresh at `now_ms`.
+    pub fn new(now_ms: u64) -> Self {
+        Self {
+            started_ms: now_ms,
+            ..Self::default()
+        }
+    }
+
+    /// When the tail of interval `sequence` starts: its last quarter.
+    pub fn tail_start(interval: Interval, sequence: u64) -> u64 {
+        interval.end_of(sequence) - interval.ms() / TAIL_PARTS
+    }
+
+    /// Whether the tail was marked in the interval in progress.
+    pub fn tail_marked(&self) -> bool {
+        self.tail_from_ms.is_some()
+    }
+
+    /// The counts since the previous call (`counted`) end before the tail, which starts now.
+    pub fn mark_tail(&mut self, counted: Vec<BucketReport>, now_ms: u64) {
+        self.unmark_tail();
+        self.add(counted);
+        self.tail_from_ms = Some(now_ms);
+    }
+
+    /// Forgets when the tail started (the interval changed length, or the report is cut short):
+    /// the next report carries no tail unless the tail is marked again.
+    pub fn unmark_tail(&mut self) {
+        for c in self.counts.values_mut() {
+            c.offered_tail = 0;
+        }
+        self.tail_from_ms = None;
+    }
+
+    /// Ends the interval at `now_ms` with the counts since the previous call, returns the
+    /// report's counts (sorted by bucket) and starts counting the next interval.
+    pub fn close(
+        &mut self,
+        counted: Vec<BucketReport>,
+        now_ms: u64,
+        interval: Interval,
+    ) -> Vec<v1::BucketCounts> {
+        self.add(counted);
+        let elapsed = now_ms.saturating_sub(self.started_ms).max(1) as f64;
+        let scale = |n: u64| (n as f64 * interval.ms() as f64 / elapsed).round() as u64;
+        let tail_scale = self.tail_from_ms.map(|from| {
+            interval.ms() as f64 / TAIL_PARTS as f64 / now_ms.saturating_sub(from).max(1) as f64
+        });
+        let mut counts: Vec<(BucketKey, Counts)> = self.counts.drain().collect();
+        counts.sort_by(|a, b| a.0.cmp(&b.0));
+        *self = Self::new(now_ms);
+        counts
+            .into_iter()
+            .map(|(key, c)| v1::BucketCounts {
+                service: key.service,
+                bucket: key.bucket,
+                offered: scale(c.offered),
+                allowed: scale(c.allowed),
+                shadow_dropped: scale(c.shadow_dropped),
+                offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
+                hosts: None,
+            })
+            .collect()
+    }
+
+    fn add(&mut self, counted: Vec<BucketReport>) {
+        let in_tail = self.tail_from_ms.is_some();
+        for b in counted {
+            *self
+                .counts
+                .entry(BucketKey::new(b.service, b.bucket))
+                .or_default() += Counts {
+                offered: b.offered,
+                offered_tail: if in_tail { b.offered } else { 0 },
+                allowed: b.allowed,
+                shadow_dropped: b.shadow_dropped,
+                hosts: 0,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counted(offered: u64) -> Vec<BucketReport> {
+        vec![BucketReport {
+            service: "api".into(),
+            bucket: "a".into(),
+            offered,
+            allowed: offered / 2,
+            shadow_dropped: 0,
+        }]
+    }
+
+    #[test]
+    fn a_report_carries_its_tail_scaled_to_a_quarter() {
+        let interval = Interval::from_ms(1000);
+        assert_eq!(Tally::tail_start(interval, 7), 7_750);
+        // 100 req/s until 7.500 s, then 1,000 req/s; the tail mark fires 10 ms late.
+        let mut tally = Tally::new(7_000);
+        tally.mark_tail(counted(50 + 250 + 10), 7_760);
+        assert!(tally.tail_marked());
+        let report = tally.close(counted(240), 8_000, interval);
+        assert_eq!(report.len(), 1);
+        assert_eq!(report[0].offered, 550);
+        assert_eq!(report[0].allowed, 275);
+        assert_eq!(report[0].offered_tail, Some(250));
+        // The next interval starts counting at 8.000 s, with no tail until it is marked.
+        assert!(!tally.tail_marked());
+        let report = tally.close(counted(1_000), 9_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
+    }
+
+    #[test]
+    fn a_stream_opened_late_scales_its_counts_and_an_unmarked_tail_is_unknown() {
+        let interval = Interval::from_ms(1000);
+        // Opened at 7.700 s, before the tail, and marked on time.
+        let mut tally = Tally::new(7_700);
+        tally.mark_tail(counted(50), 7_750);
+        let report = tally.close(counted(250), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, Some(250));
+        // Opened at 7.900 s, within the tail: the tail is unknown.
+        let mut tally = Tally::new(7_900);
+        let report = tally.close(counted(100), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
+        // Unmarked (the interval changed), the tail folds back into the whole.
+        let mut tally = Tally::new(7_000);
+        tally.mark_tail(counted(750), 7_750);
+        tally.unmark_tail();
+        let report = tally.close(counted(250), 8_000, interval);
+        assert_eq!(report[0].offered, 1_000);
+        assert_eq!(report[0].offered_tail, None);
+    }
+}

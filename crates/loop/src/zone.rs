@@ -1,0 +1,341 @@
+//! The zone aggregator's state machine (G6): sums its hosts' reports per bucket and interval,
+//! forwards each interval to the region's controller as soon as it is complete, and relays
+//! instructions and rules back down to its hosts.
+//!
+//! An interval is complete when every connected host has reported it, or a grace of a quarter
+//! interval after its end has passed: with 1 s reports and one silent host, the zone's sums
+//! still leave at 250 ms past the second, and with all hosts healthy they leave the moment the
+//! last report arrives, so the loop's delay is the network's, not a sum of timers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use spillway_core::algo::Ratio;
+use spillway_proto::v1;
+
+use crate::interval::Interval;
+use crate::sums::{BucketKey, Intervals, Sums};
+
+/// What the owner of a [`ZoneCore`] sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ZoneStep {
+    /// The zone's sums of one closed interval, for the region's controller.
+    Forward(v1::ZoneReport),
+    /// Instructions (and rules, when the host runs other ones) for one host.
+    Send {
+        host: String,
+        instructions: v1::Instructions,
+    },
+}
+
+/// A host with an open stream.
+#[derive(Debug)]
+struct Host {
+    /// The stream it reports on: a host that reconnects before its old stream ended is on the
+    /// new one.
+    conn: u64,
+    rules_version: u64,
+    /// Its counts in its latest report.
+    last: Sums,
+    /// The rules version last sent to it.
+    sent_rules: u64,
+}
+
+/// A zone aggregator: host reports, controller instructions and time in, [`ZoneStep`]s out. The
+/// gRPC server drives it with Unix milliseconds, the simulator with simulated ones.
+#[derive(Debug)]
+pub struct ZoneCore {
+    region: String,
+    zone: String,
+    /// The controller's interval once it spoke; before that, the hosts'.
+    interval: Interval,
+    interval_from_controller: bool,
+    /// In name order, so what is sent to them goes out in the same order every run.
+    hosts: BTreeMap<String, Host>,
+    /// The zone's sums of the intervals still open, by reporting host.
+    window: Intervals<String, Sums>,
+    rules: Option<v1::Rules>,
+    /// The zone's sums of the last closed interval, to split shares among hosts.
+    last_sums: Sums,
+    /// Hosts and rules versions the controller knows from this zone, while a stream to it is
+    /// open (`None`: no stream).
+    told: Option<HashMap<String, u64>>,
+    late_reports: u64,
+    forwarded: u64,
+}
+
+impl ZoneCore {
+    /// Zone `zone` of region `region` at `now_ms`, reporting at 1 s until told otherwise.
+    pub fn new(region: impl Into<String>, zone: impl Into<String>, now_ms: u64) -> Self {
+        let interval = Interval::new(Duration::from_secs(1));
+        Self {
+            region: region.into(),
+            zone: zone.into(),
+            interval,
+            interval_from_controller: false,
+            hosts: BTreeMap::new(),
+            window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
+            rules: None,
+            last_sums: Sums::default(),
+            told: None,
+            late_reports: 0,
+            forwarded: 0,
+        }
+    }
+
+    pub fn zone(&self) -> &str {
+        &self.zone
+    }
+
+    /// The interval in force.
+    pub fn interval(&self) -> Interval {
+        self.interval
+    }
+
+    /// Hosts with an open stream.
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// The version of the rules the controller sends down (0: none yet).
+    pub fn rules_version(&self) -> u64 {
+        self.rules.as_ref().map_or(0, |r| r.version)
+    }
+
+    /// Reports that arrived after their interval was forwarded (or of another interval length).
+    pub fn late_reports(&self) -> u64 {
+        self.late_reports
+    }
+
+    /// Zone sums handed out for the controller.
+    pub fn forwarded(&self) -> u64 {
+        self.forwarded
+    }
+
+    /// A host opened stream `conn` before reporting (the simulator's hosts are linked from the
+    /// start); a server learns the host from its first report instead.
+    pub fn join(&mut self, host: &str, conn: u64) {
+        self.hosts.entry(host.to_owned()).or_insert_with(|| Host {
+            conn,
+            rules_version: 0,
+            last: Sums::default(),
+            sent_rules: 0,
+        });
+    }
+
+    /// A report from `report.host_id` on stream `conn`, at `now_ms`.
+    pub fn on_report(&mut self, now_ms: u64, conn: u64, report: v1::Report) -> Vec<ZoneStep> {
+        let mut steps = Vec::new();
+        if !self.interval_from_controller && report.interval_ms > 0 {
+            self.adopt(Interval::from_ms(report.interval_ms), now_ms);
+        }
+        let sums = Sums::from_wire(&report.buckets);
+        self.join(&report.host_id, conn);
+        let Some(host) = self.hosts.get_mut(&report.host_id) else {
+            return steps;
+        };
+        if host.conn != conn {
+            host.conn = conn;
+            host.sent_rules = 0;
+        }
+        host.rules_version = report.rules_version;
+        host.last = sums.clone();
+        // A host that joins between two instruction sets gets the rules at once.
+        if let Some(rules) = &self.rules
+            && rules.version != report.rules_version
+            && host.sent_rules != rules.version
+        {
+            host.sent_rules = rules.version;
+            steps.push(ZoneStep::Send {
+                host: report.host_id.clone(),
+                instructions: v1::Instructions {
+                    rules_version: rules.version,
+                    rules: Some(rules.clone()),
+                    interval_ms: self.interval.ms(),
+                    ..Default::default()
+                },
+            });
+        }
+        let accepted = report.interval_ms == self.interval.ms()
+            && self
+                .window
+                .accept(report.sequence, report.host_id)
+                .map(|pending| pending.add(&sums))
+                .is_some();
+        if !accepted {
+            self.late_reports += 1;
+            return steps;
+        }
+        steps.extend(self.poll(now_ms));
+        steps
+    }
+
+    /// Stream `conn` of `host` ended at `now_ms`: the interval no longer waits for it (unless it
+    /// already reports on a newer stream).
+    pub fn on_stream_end(&mut self, now_ms: u64, host: &str, conn: u64) -> Vec<ZoneStep> {
+        if self.hosts.get(host).is_some_and(|h| h.conn == conn) {
+            self.hosts.remove(host);
+            return self.poll(now_ms);
+        }
+        Vec::new()
+    }
+
+    /// Closes, in order, every interval that every host reported or whose grace passed at
+    /// `now_ms`, and forwards each; an interval with no report at all is still forwarded, so the
+    /// controller keeps answering.
+    pub fn poll(&mut self, now_ms: u64) -> Vec<ZoneStep> {
+        let closed = self.window.close_ready(
+            now_ms,
+            self.interval,
+            self.interval.grace_ms(),
+            self.hosts.keys(),
+        );
+        closed
+            .into_iter()
+            .map(|(sequence, sums, reported)| ZoneStep::Forward(self.forward(sequence, sums, reported)))
+            .collect()
+    }
+
+    /// A stream to the controller opened: it knows none of this zone's hosts yet.
+    pub fn upstream_opened(&mut self) {
+        self.told = Some(HashMap::new());
+    }
+
+    /// The stream to the controller is gone.
+    pub fn upstream_closed(&mut self) {
+        self.told = None;
+    }
+
+    /// The [`ZoneStep::Forward`] of `report` could not be sent: what it told the controller about
+    /// hosts is told again with the next one.
+    pub fn forward_failed(&mut self, report: &v1::ZoneReport) {
+        if let Some(told) = &mut self.told {
+            for h in &report.hosts {
+                told.remove(&h.host_id);
+            }
+            for h in &report.gone {
+                told.insert(h.clone(), 0);
+            }
+            self.forwarded = self.forwarded.saturating_sub(1);
+        }
+    }
+
+    /// A [`ZoneStep::Send`] carrying rules could not be sent to `host`: send them again.
+    pub fn send_failed(&mut self, host: &str) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.sent_rules = 0;
+        }
+    }
+
+    /// The controller's instructions at `now_ms`: relayed to every host, with each host's share
+    /// of the zone's share for adaptive token buckets, and the rules to hosts that run another
+    /// version.
+    pub fn on_instructions(
+        &mut self,
+        now_ms: u64,
+        zone_instructions: v1::ZoneInstructions,
+    ) -> Vec<ZoneStep> {
+        let Some(mut instructions) = zone_instructions.instructions else {
+            return Vec::new();
+        };
+        if instructions.interval_ms > 0 {
+            self.adopt(Interval::from_ms(instructions.interval_ms), now_ms);
+            self.interval_from_controller = true;
+        }
+        if let Some(rules) = instructions.rules.take() {
+            self.rules = Some(rules);
+        }
+        let count = self.hosts.len();
+        let mut steps = Vec::with_capacity(count);
+        for (name, host) in &mut self.hosts {
+            let mut message = instructions.clone();
+            host_shares(&mut message.buckets, &self.last_sums, &host.last, count);
+            if let Some(rules) = &self.rules
+                && host.rules_version != rules.version
+                && host.sent_rules != rules.version
+            {
+                message.rules = Some(rules.clone());
+                host.sent_rules = rules.version;
+            }
+            steps.push(ZoneStep::Send {
+                host: name.clone(),
+                instructions: message,
+            });
+        }
+        steps
+    }
+
+    /// A new interval length: the open intervals meant something else, start afresh.
+    fn adopt(&mut self, interval: Interval, now_ms: u64) {
+        if interval != self.interval {
+            self.interval = interval;
+            self.window
+                .reset(interval.sequence_at(now_ms).saturating_sub(1));
+        }
+    }
+
+    fn forward(&mut self, sequence: u64, sums: Sums, reported: usize) -> v1::ZoneReport {
+        let mut report = v1::ZoneReport {
+            zone: self.zone.clone(),
+            region: self.region.clone(),
+            sequence,
+            interval_ms: self.interval.ms(),
+            buckets: sums.to_wire(),
+            clients: u32::try_from(reported).unwrap_or(u32::MAX),
+            hosts: Vec::new(),
+            gone: Vec::new(),
+        };
+        self.last_sums = sums;
+        if let Some(told) = &mut self.told {
+            for (name, host) in &self.hosts {
+                if told.get(name) != Some(&host.rules_version) {
+                    report.hosts.push(v1::HostStatus {
+                        host_id: name.clone(),
+                        rules_version: host.rules_version,
+                    });
+                    told.insert(name.clone(), host.rules_version);
+                }
+            }
+            let mut gone: Vec<String> = told
+                .keys()
+                .filter(|h| !self.hosts.contains_key(*h))
+                .cloned()
+                .collect();
+            gone.sort();
+            for h in &gone {
+                told.remove(h);
+            }
+            report.gone = gone;
+            self.forwarded += 1;
+        }
+        report
+    }
+}
+
+/// Splits the zone's adaptive-token-bucket shares among its hosts, in place: each host gets the
+/// zone's share times its part of the zone's offered load in the last closed interval (an equal
+/// part of `hosts` when the zone offered nothing). Drop ratios pass through unchanged.
+///
+/// A zone holding 0.5 of a global bucket, whose 400 req/s came 300 from host A and 100 from host
+/// B, gives A a share of 0.375 and B 0.125.
+pub fn host_shares(
+    buckets: &mut [v1::BucketInstruction],
+    zone_last: &Sums,
+    host_last: &Sums,
+    hosts: usize,
+) {
+    let hosts = hosts.max(1) as f64;
+    for b in buckets {
+        if let Some(zone_share) = b.share {
+            let key = BucketKey::new(&b.service, &b.bucket);
+            let zone_share = Ratio::from_raw(zone_share).as_f64();
+            let zone_offered = zone_last.offered(&key) as f64;
+            let share = if zone_offered > 0.0 {
+                zone_share * host_last.offered(&key) as f64 / zone_offered
+            } else {
+                zone_share / hosts
+            };
+            b.share = Some(Ratio::from_f64(share).raw());
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The server side that every long-running role shares (sidecar, aggregator, controller, rules
+//! service node): binding with a clear error, an accept loop and a shutdown that give way to the
+//! stop signal, and the admin listener ([`admin`]).
+#![forbid(unsafe_code)]
+
+pub mod admin;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use spillway_link::{Stop, sleep_or_stop};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use admin::AdminView;
+
+/// A listener that could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Binds `addr`; returns the listener and the address it got (the real port when `addr` asked
+/// for port 0).
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), BindError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| BindError { addr, source })?;
+    Ok((listener, local))
+}
+
+/// How long a role's tasks get to finish after its stop signal before they are aborted.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Fires `stop` and waits for each of `tasks`, aborting one that is still running
+/// [`SHUTDOWN_GRACE`] later: how an aggregator and a controller shut down.
+pub async fn stop_and_join(stop: &watch::Sender<bool>, tasks: Vec<JoinHandle<()>>) {
+    stop.send_replace(true);
+    for task in tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
+/// The next connection on `listener`, or `None` once `stop` fires. A failed accept (out of file
+/// descriptors and the like) is logged and retried 50 ms later rather than in a busy loop.
+pub async fn accept_or_stop(
+    listener: &TcpListener,
+    stop: &mut Stop,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(err) => {
+                    tracing::warn!("accept failed: {err}");
+                    if sleep_or_stop(Duration::from_millis(50), stop).await {
+                        return None;
+                    }
+                }
+            },
+            _ = stop.changed() => return None,
+        }
+    }
+}
