@@ -3,7 +3,7 @@
 
 use spillway_core::algo::ParamError;
 use spillway_core::config::ConfigError;
-use spillway_redis::{StoreError, UnsupportedAlgorithm};
+use spillway_redis::{ExactError, UnsupportedAlgorithm};
 
 /// Why rules were not loaded or compiled. The old rules, if any, stay in force.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub enum ClientError {
     },
     /// The `redis` section names a server that cannot be addressed.
     #[error("redis: {0}")]
-    Redis(#[source] StoreError),
+    Redis(#[source] ExactError),
     /// A `store: redis` bucket arrived (from a rules store merged into the proxy's own file)
     /// while the configuration has no `redis` section to decide it with.
     #[error(

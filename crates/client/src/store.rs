@@ -15,7 +15,7 @@ use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
 use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 use spillway_redis::{
-    BatchConfig, Batcher, BreakerConfig, BreakerStats, BucketKey, ExactAlgo, GuardedLimiter,
+    BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, RedisKey,
     RedisLimiter, StoreOptions, Target, UnsupportedAlgorithm,
 };
 
@@ -73,7 +73,7 @@ impl ExactStore {
     /// `on_failure` when Redis cannot answer.
     pub(crate) async fn decide(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         on_failure: FailurePolicy,
@@ -114,7 +114,7 @@ pub(crate) struct ExactBucket {
     /// `Some` for per-subject buckets (`user: "*"`), whose key holds the request's value.
     each: Option<SubjectKind>,
     /// The key of a bucket that is one counter for every request it matches.
-    key: BucketKey,
+    key: RedisKey,
     /// The leases of a bucket with `batch: N`, for every key of the bucket.
     batcher: Option<Batcher>,
 }
@@ -142,7 +142,7 @@ impl ExactBucket {
         };
         let api: Box<str> = spec.procedure.as_ref().map_or("*", Pattern::as_str).into();
         Ok(Self {
-            key: BucketKey::qualified(service, scope, value, &api, bucket.algorithm.name()),
+            key: RedisKey::qualified(service, scope, value, &api, bucket.algorithm.name()),
             algo,
             service: service.into(),
             scope,
@@ -167,14 +167,14 @@ impl ExactBucket {
     }
 
     /// The key of a bucket without per-subject keys.
-    pub(crate) fn key(&self) -> &BucketKey {
+    pub(crate) fn key(&self) -> &RedisKey {
         &self.key
     }
 
     /// The key of subject value `value` of a per-subject bucket:
     /// `rl:{search:user:alice:/search}:sliding-window-log`.
-    pub(crate) fn subject_key(&self, value: &str) -> BucketKey {
-        BucketKey::qualified(
+    pub(crate) fn subject_key(&self, value: &str) -> RedisKey {
+        RedisKey::qualified(
             &self.service,
             self.scope,
             value,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use spillway_core::algo::{Kind, Rate};
-use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
+use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -57,7 +57,7 @@ async fn main() {
         let (limiter, done, denied, stop) =
             (limiter.clone(), done.clone(), denied.clone(), stop.clone());
         handles.push(tokio::spawn(async move {
-            let key = BucketKey::new("user", &format!("u{t}"), "/search");
+            let key = RedisKey::new("user", &format!("u{t}"), "/search");
             while !stop.load(Ordering::Relaxed) {
                 let verdict = limiter.decide(&key, &algo, 1).await.expect("a decision");
                 if !verdict.is_allow() {

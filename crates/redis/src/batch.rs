@@ -29,7 +29,7 @@ use spillway_core::decision::Verdict;
 
 use crate::algo::ExactAlgo;
 use crate::guarded::{Fallback, Guarded, GuardedLimiter};
-use crate::key::BucketKey;
+use crate::key::RedisKey;
 
 /// How batches are sized and held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +175,7 @@ struct Flight {
 /// Every key's lease, and when to look for idle ones.
 #[derive(Debug, Default)]
 struct Leases {
-    map: HashMap<BucketKey, Lease>,
+    map: HashMap<RedisKey, Lease>,
     /// The map is swept of idle leases when it grows to this many keys.
     sweep_at: usize,
 }
@@ -184,7 +184,7 @@ struct Leases {
 const MIN_SWEEP: usize = 1_024;
 
 impl Leases {
-    fn entry(&mut self, key: &BucketKey, now: Instant, idle: Duration) -> &mut Lease {
+    fn entry(&mut self, key: &RedisKey, now: Instant, idle: Duration) -> &mut Lease {
         if !self.map.contains_key(key) {
             if self.map.len() >= self.sweep_at {
                 // Per-subject buckets make a key per user: forget the ones gone quiet, at a
@@ -236,7 +236,7 @@ impl Batcher {
     pub async fn decide(
         &self,
         guarded: &GuardedLimiter,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         on_failure: FailurePolicy,
@@ -340,7 +340,7 @@ impl Batcher {
 /// so the requests waiting on it never wait forever.
 struct Landing<'a> {
     batcher: &'a Batcher,
-    key: &'a BucketKey,
+    key: &'a RedisKey,
     flight: &'a Arc<Flight>,
 }
 
@@ -391,7 +391,7 @@ impl BatchingLimiter {
     /// Decides a request of `cost`, from local tokens when it can.
     pub async fn decide(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         on_failure: FailurePolicy,

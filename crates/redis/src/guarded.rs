@@ -7,7 +7,7 @@ use spillway_core::decision::Verdict;
 
 use crate::algo::ExactAlgo;
 use crate::breaker::{BreakerConfig, CircuitBreaker, Outcome};
-use crate::key::BucketKey;
+use crate::key::RedisKey;
 use crate::limiter::{Answer, RedisLimiter};
 
 /// Why a decision did not come from Redis.
@@ -61,7 +61,7 @@ impl GuardedLimiter {
     /// retry-after of the time until the breaker probes again, `Open` allows.
     pub async fn decide(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         on_failure: FailurePolicy,
@@ -97,7 +97,7 @@ impl GuardedLimiter {
     /// [`RedisLimiter::take`] through the breaker; `Err` says why Redis did not decide.
     pub async fn try_take(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         want: u64,

@@ -11,11 +11,11 @@ use std::fmt;
 /// log's chunks `<key>:0`, `<key>:1`, ... and its `<key>:meta` hash) share a slot, as a
 /// multi-key script requires.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BucketKey {
+pub struct RedisKey {
     key: String,
 }
 
-impl BucketKey {
+impl RedisKey {
     /// The key of the bucket limiting `api` for the subject `scope` = `scope_value`, for example
     /// `("user", "alice", "/search")`.
     pub fn new(scope: &str, scope_value: &str, api: &str) -> Self {
@@ -62,7 +62,7 @@ impl BucketKey {
     }
 }
 
-impl fmt::Display for BucketKey {
+impl fmt::Display for RedisKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.key)
     }
@@ -85,15 +85,15 @@ mod tests {
 
     #[test]
     fn key_follows_s5_with_the_whole_identity_as_hash_tag() {
-        let key = BucketKey::new("user", "alice", "/search");
+        let key = RedisKey::new("user", "alice", "/search");
         assert_eq!(key.as_str(), "rl:{user:alice:/search}");
         assert_eq!(hash_tag(key.as_str()), "user:alice:/search");
     }
 
     #[test]
     fn companion_keys_share_the_bucket_slot_and_subjects_do_not() {
-        let alice = BucketKey::new("user", "alice", "/search");
-        let bob = BucketKey::new("user", "bob", "/search");
+        let alice = RedisKey::new("user", "alice", "/search");
+        let bob = RedisKey::new("user", "bob", "/search");
         assert_eq!(hash_tag(&alice.companion("meta")), hash_tag(alice.as_str()));
         assert_ne!(hash_tag(alice.as_str()), hash_tag(bob.as_str()));
     }

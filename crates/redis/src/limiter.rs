@@ -6,13 +6,13 @@ use spillway_core::decision::{NEVER, Verdict};
 
 use crate::algo::ExactAlgo;
 use crate::endpoint::{Endpoint, Target};
-use crate::key::BucketKey;
+use crate::key::RedisKey;
 use crate::script::ScriptKind;
 
 /// Why Redis could not decide. Every variant is a store failure: the caller applies the
 /// bucket's `on_store_failure` (S8), it never turns one into a drop by itself.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum ExactError {
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
     #[error("redis failed: {0}")]
@@ -23,13 +23,13 @@ pub enum StoreError {
     BadReply { script: ScriptKind, reply: Vec<i64> },
 }
 
-impl StoreError {
+impl ExactError {
     /// Whether the failure was the deadline rather than an error Redis or the socket reported.
     pub fn is_timeout(&self) -> bool {
         match self {
-            StoreError::Timeout(_) => true,
-            StoreError::Redis(e) => e.is_timeout(),
-            StoreError::BadReply { .. } => false,
+            ExactError::Timeout(_) => true,
+            ExactError::Redis(e) => e.is_timeout(),
+            ExactError::BadReply { .. } => false,
         }
     }
 }
@@ -74,7 +74,7 @@ pub struct RedisLimiter {
 impl RedisLimiter {
     /// A limiter for `target`. It connects on the first decision, so it can be built while Redis
     /// is down; it fails only on a malformed URL.
-    pub fn new(target: Target, options: StoreOptions) -> Result<Self, StoreError> {
+    pub fn new(target: Target, options: StoreOptions) -> Result<Self, ExactError> {
         Ok(Self {
             endpoint: Endpoint::new(&target, options.timeout)?,
             timeout: options.timeout,
@@ -89,20 +89,20 @@ impl RedisLimiter {
     /// Decides a request of `cost` units against the bucket at `key`, charging it when allowed.
     pub async fn decide(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
-    ) -> Result<Verdict, StoreError> {
+    ) -> Result<Verdict, ExactError> {
         Ok(self.decide_detailed(key, algo, cost).await?.verdict)
     }
 
     /// Like [`Self::decide`], with what remains in the bucket.
     pub async fn decide_detailed(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, ExactError> {
         self.take(key, algo, cost, cost).await
     }
 
@@ -111,15 +111,15 @@ impl RedisLimiter {
     /// `cost`; the other algorithms grant exactly `cost`.
     pub async fn take(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         want: u64,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, ExactError> {
         match tokio::time::timeout(self.timeout, self.call(key, algo, cost, want)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => {
-                if let StoreError::Redis(e) = &e {
+                if let ExactError::Redis(e) = &e {
                     self.endpoint.after_error(e);
                 }
                 Err(e)
@@ -127,18 +127,18 @@ impl RedisLimiter {
             Err(_) => {
                 // The socket may be stuck behind a dead peer; start afresh next time.
                 self.endpoint.forget();
-                Err(StoreError::Timeout(self.timeout))
+                Err(ExactError::Timeout(self.timeout))
             }
         }
     }
 
     async fn call(
         &self,
-        key: &BucketKey,
+        key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
         want: u64,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, ExactError> {
         let mut con = self.endpoint.connection().await?;
         let script = algo.script();
         let companion;
@@ -154,9 +154,9 @@ impl RedisLimiter {
     }
 }
 
-fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, StoreError> {
+fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, ExactError> {
     let &[allowed, retry_us, remaining, granted] = reply.as_slice() else {
-        return Err(StoreError::BadReply { script, reply });
+        return Err(ExactError::BadReply { script, reply });
     };
     let verdict = match (allowed, retry_us) {
         (1, _) => Verdict::Allow,
@@ -164,7 +164,7 @@ fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, StoreError> {
         (0, us) if us >= 0 => Verdict::Deny {
             retry_after: Duration::from_micros(us.unsigned_abs()),
         },
-        _ => return Err(StoreError::BadReply { script, reply }),
+        _ => return Err(ExactError::BadReply { script, reply }),
     };
     Ok(Answer {
         verdict,
@@ -193,11 +193,11 @@ mod tests {
         );
         assert!(matches!(
             parse(s, vec![1, 0]),
-            Err(StoreError::BadReply { .. })
+            Err(ExactError::BadReply { .. })
         ));
         assert!(matches!(
             parse(s, vec![0, -7, 0, 0]),
-            Err(StoreError::BadReply { .. })
+            Err(ExactError::BadReply { .. })
         ));
     }
 }

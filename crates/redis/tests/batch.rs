@@ -8,7 +8,7 @@ use std::time::Duration;
 use spillway_core::algo::Rate;
 use spillway_core::config::FailurePolicy;
 use spillway_redis::{
-    BatchConfig, BatchingLimiter, BreakerConfig, BucketKey, ExactAlgo, GuardedLimiter,
+    BatchConfig, BatchingLimiter, BreakerConfig, ExactAlgo, GuardedLimiter, RedisKey,
 };
 use spillway_testkit::RedisServer;
 
@@ -24,7 +24,7 @@ async fn batches_of_ten_cut_redis_calls_by_ninety_percent_within_the_bound() {
     let server = RedisServer::start().expect("private redis-server");
     // 600 tokens and a refill of one an hour: the test sees 600 tokens, no more.
     let algo = ExactAlgo::token_bucket(Rate::new(1, Duration::from_secs(3600)).unwrap(), LIMIT);
-    let key = BucketKey::new("user", "hot", "/search");
+    let key = RedisKey::new("user", "hot", "/search");
 
     let mut tasks = Vec::new();
     for _ in 0..PROXIES {
@@ -75,7 +75,7 @@ async fn batches_of_ten_cut_redis_calls_by_ninety_percent_within_the_bound() {
 async fn a_cold_key_is_decided_exactly_one_call_per_request() {
     let server = RedisServer::start().expect("private redis-server");
     let algo = ExactAlgo::token_bucket(Rate::new(1, Duration::from_secs(3600)).unwrap(), 5);
-    let key = BucketKey::named("cold");
+    let key = RedisKey::named("cold");
     let proxy = BatchingLimiter::new(
         GuardedLimiter::new(limiter(&server.url()), BreakerConfig::default()),
         BatchConfig::default(),
@@ -96,7 +96,7 @@ async fn a_cold_key_is_decided_exactly_one_call_per_request() {
 async fn concurrent_requests_on_one_proxy_share_one_call_per_batch() {
     let server = RedisServer::start().expect("private redis-server");
     let algo = ExactAlgo::token_bucket(Rate::new(1, Duration::from_secs(3600)).unwrap(), 10_000);
-    let key = BucketKey::named("hot");
+    let key = RedisKey::named("hot");
     let proxy = Arc::new(BatchingLimiter::new(
         GuardedLimiter::new(limiter(&server.url()), BreakerConfig::default()),
         BatchConfig::fixed(N),
@@ -127,7 +127,7 @@ async fn concurrent_requests_on_one_proxy_share_one_call_per_batch() {
 async fn a_request_dropped_mid_call_does_not_hold_up_the_next() {
     let server = RedisServer::start().expect("private redis-server");
     let algo = ExactAlgo::token_bucket(Rate::new(1, Duration::from_secs(3600)).unwrap(), 100);
-    let key = BucketKey::named("dropped");
+    let key = RedisKey::named("dropped");
     let proxy = BatchingLimiter::new(
         GuardedLimiter::new(limiter(&server.url()), BreakerConfig::default()),
         BatchConfig::fixed(N),
@@ -155,7 +155,7 @@ async fn a_dead_redis_leaves_batched_keys_to_the_failure_policy() {
     let url = server.url();
     server.kill();
     let algo = ExactAlgo::token_bucket(Rate::per_second(1_000).unwrap(), 1_000);
-    let key = BucketKey::named("down");
+    let key = RedisKey::named("down");
     let proxy = Arc::new(BatchingLimiter::new(
         GuardedLimiter::new(limiter(&url), BreakerConfig::default()),
         BatchConfig::fixed(N),

@@ -8,7 +8,7 @@ use spillway_core::algo::Rate;
 use spillway_core::config::FailurePolicy;
 use spillway_core::decision::Verdict;
 use spillway_redis::{
-    BreakerConfig, BucketKey, CircuitState, ExactAlgo, Fallback, GuardedLimiter, RedisLimiter,
+    BreakerConfig, CircuitState, ExactAlgo, Fallback, GuardedLimiter, RedisKey, RedisLimiter,
     StoreOptions, Target,
 };
 use spillway_testkit::RedisServer;
@@ -38,7 +38,7 @@ async fn breaker_opens_when_redis_dies_applies_each_policy_and_ramps_back() {
     let mut server = RedisServer::start().expect("private redis-server");
     let limiter = guarded(&server.url());
     let algo = ExactAlgo::token_bucket(Rate::per_second(100_000).unwrap(), 100_000);
-    let (strict, lenient) = (BucketKey::named("strict"), BucketKey::named("lenient"));
+    let (strict, lenient) = (RedisKey::named("strict"), RedisKey::named("lenient"));
     let closed = FailurePolicy::Closed;
 
     let first = limiter.decide(&strict, &algo, 1, closed).await;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use spillway_core::algo::{Kind, Rate};
-use spillway_redis::{BucketKey, ExactAlgo};
+use spillway_redis::{ExactAlgo, RedisKey};
 use spillway_testkit::RedisCluster;
 
 use common::{admitted_concurrently, cluster_limiter, command_calls, raw};
@@ -36,7 +36,7 @@ async fn a_buckets_keys_share_a_slot_and_subjects_spread_over_the_nodes() {
     let mut slots = BTreeSet::new();
     let mut nodes = BTreeSet::new();
     for i in 0..12 {
-        let key = BucketKey::new("user", &format!("user-{i}"), "/search");
+        let key = RedisKey::new("user", &format!("user-{i}"), "/search");
         let own = slot(&cluster, key.as_str()).await;
         // The sliding log's meta hash and chunks must be in the bucket's slot, or its script is
         // refused.
@@ -80,7 +80,7 @@ async fn every_algorithm_is_exact_under_eight_concurrent_clients_on_a_cluster() 
     let mut keys = Vec::new();
     let mut n = 0;
     while keys.len() < algos.len() {
-        let key = BucketKey::new("org", &format!("org-{n}"), "/pay");
+        let key = RedisKey::new("org", &format!("org-{n}"), "/pay");
         n += 1;
         if cluster.node_for_slot(slot(&cluster, key.as_str()).await) == keys.len() % 3 {
             keys.push(key);
@@ -151,7 +151,7 @@ async fn decisions_go_on_after_script_flush_on_every_node() {
         }
         for (i, algo) in algos.iter().enumerate() {
             // A different subject each time, so the calls reach every node.
-            let key = BucketKey::new("user", &format!("u-{round}-{i}"), "/flush");
+            let key = RedisKey::new("user", &format!("u-{round}-{i}"), "/flush");
             assert!(limiter.decide(&key, algo, 1).await.unwrap().is_allow());
             decisions += 1;
         }
@@ -181,7 +181,7 @@ async fn sliding_log_spanning_chunks_is_exact_on_a_cluster() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: per_hour(600),
     };
-    let key = BucketKey::new("org", "acme", "/chunked");
+    let key = RedisKey::new("org", "acme", "/chunked");
     let limiters = (0..CLIENTS)
         .map(|_| cluster_limiter(cluster.urls()))
         .collect();

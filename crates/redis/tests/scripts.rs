@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use spillway_core::algo::{Kind, Rate};
 use spillway_core::decision::{NEVER, Verdict};
-use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter};
+use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter};
 use spillway_testkit::RedisServer;
 
 use common::{admitted_concurrently, command_calls, limiter, raw, server_micros};
@@ -22,7 +22,7 @@ fn per_hour(n: u64) -> Rate {
 
 /// 8 clients, each on its own connection, send requests of cost 1, 2, 3, 1, 2, 3, ... at one
 /// bucket at once. Returns the admitted cost.
-async fn admitted_by_eight_clients(url: &str, key: &BucketKey, algo: ExactAlgo) -> u64 {
+async fn admitted_by_eight_clients(url: &str, key: &RedisKey, algo: ExactAlgo) -> u64 {
     let limiters = (0..CLIENTS).map(|_| limiter(url)).collect();
     admitted_concurrently(limiters, key, algo, REQUESTS_PER_CLIENT as u64).await
 }
@@ -31,7 +31,7 @@ async fn admitted_by_eight_clients(url: &str, key: &BucketKey, algo: ExactAlgo) 
 /// `limit` and leaves less than the largest cost (3) unused.
 async fn assert_exact_under_concurrency(algo: ExactAlgo, limit: u64) {
     let server = RedisServer::start().expect("private redis-server");
-    let key = BucketKey::new("user", "alice", "/search");
+    let key = RedisKey::new("user", "alice", "/search");
     let admitted = admitted_by_eight_clients(&server.url(), &key, algo).await;
     let offered = (CLIENTS * REQUESTS_PER_CLIENT * 2) as u64;
     assert!(
@@ -55,7 +55,7 @@ async fn leaky_bucket_is_exact_under_eight_concurrent_clients() {
     // A backlog of 99 intervals admits 100 units of cost 1; a weighted request is admitted
     // whenever the backlog is within the tolerance, so up to 99 + 3 units can be queued.
     let server = RedisServer::start().expect("private redis-server");
-    let key = BucketKey::new("org", "acme", "/pay");
+    let key = RedisKey::new("org", "acme", "/pay");
     let algo = ExactAlgo::LeakyBucket {
         rate: per_hour(1),
         burst: 99,
@@ -98,7 +98,7 @@ async fn gcra_is_exact_under_eight_concurrent_clients() {
 }
 
 /// Sends `n` requests of cost 1 and counts the admitted ones.
-async fn burst(limiter: &RedisLimiter, key: &BucketKey, algo: &ExactAlgo, n: u64) -> u64 {
+async fn burst(limiter: &RedisLimiter, key: &RedisKey, algo: &ExactAlgo, n: u64) -> u64 {
     let mut admitted = 0;
     for _ in 0..n {
         admitted += u64::from(limiter.decide(key, algo, 1).await.unwrap().is_allow());
@@ -115,8 +115,8 @@ async fn fixed_window_admits_twice_its_limit_across_a_boundary_and_the_sliding_l
     let fixed = ExactAlgo::FixedWindow { rate };
     let sliding = ExactAlgo::SlidingWindowLog { rate };
     let counter = ExactAlgo::SlidingWindowCounter { rate };
-    let (fixed_key, sliding_key) = (BucketKey::named("fixed"), BucketKey::named("sliding"));
-    let counter_key = BucketKey::named("counter");
+    let (fixed_key, sliding_key) = (RedisKey::named("fixed"), RedisKey::named("sliding"));
+    let counter_key = RedisKey::named("counter");
 
     // Both bursts fall within 0.4 s: 300 ms before a second boundary and 100 ms after it.
     let now = server_micros(&mut con).await;
@@ -170,7 +170,7 @@ async fn decisions_go_on_after_script_flush_through_eval() {
         ExactAlgo::new(Kind::Gcra, rate, Some(3)).unwrap(),
     ];
     for (i, algo) in algos.iter().enumerate() {
-        let key = BucketKey::named(&format!("flushed-{i}"));
+        let key = RedisKey::named(&format!("flushed-{i}"));
         let mut verdicts = Vec::new();
         for _ in 0..4 {
             redis::cmd("SCRIPT")
@@ -196,7 +196,7 @@ async fn evalsha_alone_serves_a_warm_cache() {
     let limiter = limiter(&server.url());
     let mut con = raw(&server.url()).await;
     let algo = ExactAlgo::token_bucket(per_hour(1), 100);
-    let key = BucketKey::named("warm");
+    let key = RedisKey::named("warm");
     for _ in 0..20 {
         limiter.decide(&key, &algo, 1).await.unwrap();
     }
@@ -210,7 +210,7 @@ async fn evalsha_alone_serves_a_warm_cache() {
 async fn assert_retry_after_is_correct(algo: ExactAlgo, fill: u64, cost: u64) {
     let server = RedisServer::start().expect("private redis-server");
     let limiter = limiter(&server.url());
-    let key = BucketKey::named("retry");
+    let key = RedisKey::named("retry");
     for _ in 0..fill {
         assert!(limiter.decide(&key, &algo, 1).await.unwrap().is_allow());
     }
@@ -306,7 +306,7 @@ async fn gcra_paces_at_its_interval_after_the_burst() {
         None,
     )
     .unwrap();
-    let key = BucketKey::named("paced");
+    let key = RedisKey::named("paced");
     assert_eq!(burst(&limiter, &key, &algo, 3).await, 3);
     let Verdict::Deny { retry_after } = limiter.decide(&key, &algo, 1).await.unwrap() else {
         panic!("admitted a 4th request within its burst of 3");
@@ -326,7 +326,7 @@ async fn sliding_log_retry_after_waits_for_enough_weight_to_leave() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(10, Duration::from_secs(1)).unwrap(),
     };
-    let key = BucketKey::named("weighted");
+    let key = RedisKey::named("weighted");
     let mut con = raw(&server.url()).await;
     assert!(limiter.decide(&key, &algo, 4).await.unwrap().is_allow());
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -358,7 +358,7 @@ async fn costs_larger_than_the_limit_are_never_admitted() {
         ExactAlgo::SlidingWindowCounter { rate },
         ExactAlgo::new(Kind::Gcra, rate, Some(10)).unwrap(),
     ] {
-        let key = BucketKey::named(algo.kind().name());
+        let key = RedisKey::named(algo.kind().name());
         assert_eq!(
             limiter.decide(&key, &algo, 11).await.unwrap(),
             Verdict::Deny { retry_after: NEVER }
@@ -368,7 +368,7 @@ async fn costs_larger_than_the_limit_are_never_admitted() {
 }
 
 /// Every key of the bucket at `key`: its sliding log's chunks and meta hash, found by `SCAN`.
-async fn keys_of(con: &mut redis::aio::MultiplexedConnection, key: &BucketKey) -> Vec<String> {
+async fn keys_of(con: &mut redis::aio::MultiplexedConnection, key: &RedisKey) -> Vec<String> {
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     // A private server holds a few hundred keys at most: a bounded number of pages.
@@ -394,10 +394,7 @@ async fn keys_of(con: &mut redis::aio::MultiplexedConnection, key: &BucketKey) -
 }
 
 /// The sorted-set chunks of the sliding log at `key`, by chunk number: (number, entries).
-async fn chunks_of(
-    con: &mut redis::aio::MultiplexedConnection,
-    key: &BucketKey,
-) -> Vec<(u64, u64)> {
+async fn chunks_of(con: &mut redis::aio::MultiplexedConnection, key: &RedisKey) -> Vec<(u64, u64)> {
     let prefix = format!("{key}:");
     let mut chunks = Vec::new();
     for k in keys_of(con, key).await {
@@ -414,7 +411,7 @@ async fn chunks_of(
 /// Asserts that every chunk of the log at `key` holds at most 128 entries in a listpack.
 async fn assert_chunks_are_small_listpacks(
     con: &mut redis::aio::MultiplexedConnection,
-    key: &BucketKey,
+    key: &RedisKey,
 ) {
     for (k, entries) in chunks_of(con, key).await {
         assert!((1..=128).contains(&entries), "chunk {k}: {entries} entries");
@@ -437,7 +434,7 @@ async fn sliding_log_memory_per_logged_request() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(ENTRIES, Duration::from_secs(86_400)).unwrap(),
     };
-    let key = BucketKey::new("api_key", "k-8f2c", "/search");
+    let key = RedisKey::new("api_key", "k-8f2c", "/search");
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS as u64 {
         let (limiter, key) = (Arc::clone(&limiter), key.clone());
@@ -482,7 +479,7 @@ async fn sliding_log_memory_per_logged_request() {
 }
 
 /// The units the sliding log at `key` holds, from the costs its members record (W3).
-async fn logged_units(con: &mut redis::aio::MultiplexedConnection, key: &BucketKey) -> u64 {
+async fn logged_units(con: &mut redis::aio::MultiplexedConnection, key: &RedisKey) -> u64 {
     let mut units = 0;
     for (k, _) in chunks_of(con, key).await {
         let members: Vec<String> = redis::cmd("ZRANGE")
@@ -502,7 +499,7 @@ async fn logged_units(con: &mut redis::aio::MultiplexedConnection, key: &BucketK
 /// Sends requests of `cost` until one is denied (at most `max`); returns how many were admitted.
 async fn admit_until_denied(
     limiter: &RedisLimiter,
-    key: &BucketKey,
+    key: &RedisKey,
     algo: &ExactAlgo,
     cost: u64,
     max: u64,
@@ -523,7 +520,7 @@ async fn sliding_log_spanning_chunks_is_exact_under_eight_concurrent_clients() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: per_hour(600),
     };
-    let key = BucketKey::named("chunked");
+    let key = RedisKey::named("chunked");
     let limiters = (0..CLIENTS).map(|_| limiter(&server.url())).collect();
     let admitted = admitted_concurrently(limiters, &key, algo, 150).await;
     assert!(admitted <= 600, "admitted {admitted} > 600");
@@ -559,7 +556,7 @@ async fn sliding_log_expires_whole_chunks_from_the_head() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(1_000, Duration::from_micros(WINDOW_US)).unwrap(),
     };
-    let key = BucketKey::named("expiring");
+    let key = RedisKey::named("expiring");
     assert_eq!(burst(&limiter, &key, &algo, 500).await, 500);
     let first_end = server_micros(&mut con).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -598,7 +595,7 @@ async fn sliding_log_retry_after_reaches_into_later_chunks() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(300, Duration::from_micros(WINDOW_US)).unwrap(),
     };
-    let key = BucketKey::named("retry-chunks");
+    let key = RedisKey::named("retry-chunks");
     let first_start = server_micros(&mut con).await;
     assert_eq!(burst(&limiter, &key, &algo, 200).await, 200);
     let first_end = server_micros(&mut con).await;
@@ -657,7 +654,7 @@ async fn sliding_log_stays_time_ordered_when_the_clock_steps_back() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(10, Duration::from_secs(10)).unwrap(),
     };
-    let key = BucketKey::named("clock");
+    let key = RedisKey::named("clock");
     assert!(limiter.decide(&key, &algo, 1).await.unwrap().is_allow());
     let ahead = server_micros(&mut con).await + 3_000_000;
     redis::cmd("HSET")
@@ -711,7 +708,7 @@ async fn sliding_log_survives_a_lost_meta_and_an_evicted_chunk() {
 
     // An evicted chunk still counts until its entries would have left the window: no more is
     // admitted than the limit.
-    let key = BucketKey::named("evicted");
+    let key = RedisKey::named("evicted");
     assert_eq!(burst(&limiter, &key, &algo, 300).await, 300);
     del(format!("{key}:0"))
         .query_async::<()>(&mut con)
@@ -721,7 +718,7 @@ async fn sliding_log_survives_a_lost_meta_and_an_evicted_chunk() {
 
     // A lost meta starts a new log: its chunks cannot be found without it, so the old entries
     // are forgotten (documented), and the new log overwrites none of them by mistake.
-    let key = BucketKey::named("lost");
+    let key = RedisKey::named("lost");
     assert_eq!(burst(&limiter, &key, &algo, 300).await, 300);
     del(format!("{key}:meta"))
         .query_async::<()>(&mut con)
@@ -741,7 +738,7 @@ async fn idle_sliding_log_keys_expire() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(1_000, Duration::from_millis(300)).unwrap(),
     };
-    let key = BucketKey::named("idle");
+    let key = RedisKey::named("idle");
     assert_eq!(burst(&limiter, &key, &algo, 200).await, 200);
     assert!(keys_of(&mut con, &key).await.len() >= 3);
     // PEXPIRE is one window and a millisecond after the newest entry; Redis's active expiry
@@ -782,7 +779,7 @@ async fn sliding_log_never_admits_more_than_its_limit_in_any_window() {
     let algo = ExactAlgo::SlidingWindowLog {
         rate: Rate::new(LIMIT, Duration::from_micros(WINDOW_US)).unwrap(),
     };
-    let key = BucketKey::named("random");
+    let key = RedisKey::named("random");
     let mut tasks = Vec::new();
     for client in 0..4u64 {
         let (limiter, key) = (limiter(&server.url()), key.clone());

@@ -9,7 +9,7 @@ use std::time::Duration;
 use spillway_core::algo::Rate;
 use spillway_core::config::FailurePolicy;
 use spillway_redis::{
-    BreakerConfig, BucketKey, CircuitState, ExactAlgo, GuardedLimiter, RedisLimiter, StoreOptions,
+    BreakerConfig, CircuitState, ExactAlgo, GuardedLimiter, RedisKey, RedisLimiter, StoreOptions,
     Target,
 };
 use spillway_testkit::{MASTER_NAME, RedisSentinelSet};
@@ -47,7 +47,7 @@ async fn decisions_continue_after_the_primary_is_killed() {
         let (limiter, counts, stop) = (limiter.clone(), counts.clone(), stop.clone());
         tokio::spawn(async move {
             let algo = ExactAlgo::token_bucket(Rate::per_second(100_000).unwrap(), 100_000);
-            let key = BucketKey::new("user", "alice", "/search");
+            let key = RedisKey::new("user", "alice", "/search");
             while !stop.load(Ordering::Relaxed) {
                 let d = limiter.decide(&key, &algo, 1, FailurePolicy::Open).await;
                 let counter = match d.fallback {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use spillway_redis::{BucketKey, ExactAlgo, RedisLimiter, StoreOptions, Target};
+use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
 
 /// A limiter with a generous timeout: these tests measure exactness, not latency, and a debug
 /// build on a busy machine is slow.
@@ -61,7 +61,7 @@ pub async fn command_calls(con: &mut redis::aio::MultiplexedConnection, name: &s
 /// at `key`, all at once. Returns the admitted cost.
 pub async fn admitted_concurrently(
     limiters: Vec<RedisLimiter>,
-    key: &BucketKey,
+    key: &RedisKey,
     algo: ExactAlgo,
     requests: u64,
 ) -> u64 {
