@@ -3,7 +3,11 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
-    tonic_prost_build::configure().compile_with_config(
+    // No generated `connect` helpers: they need tonic's transport, which the embeddable client
+    // would then pull in with its server half; dialing goes through `spillway-link`'s endpoints.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_with_config(
         config,
         &["proto/spillway/v1/control.proto"],
         &["proto"],
