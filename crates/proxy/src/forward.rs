@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::error::ProxyError;
-use crate::h1::{self, Conn, H1Error, Head, Link, Outgoing, Reading};
+use crate::h1::{self, Conn, H1Error, Head, UpstreamSlot, Outgoing, Reading};
 
 /// How long dialing the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -276,7 +276,7 @@ impl Upstream {
     pub(crate) async fn forward(
         &self,
         mut request: Request<Incoming>,
-        link: Arc<Link>,
+        link: Arc<UpstreamSlot>,
     ) -> Result<Response<Relay>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
         let mut response = if request.version() == Version::HTTP_2 {
@@ -314,7 +314,7 @@ impl Upstream {
     async fn forward_h1(
         &self,
         request: Request<Incoming>,
-        link: Arc<Link>,
+        link: Arc<UpstreamSlot>,
     ) -> Result<Response<Relay>, ForwardError> {
         if request.method() == Method::CONNECT {
             return Err(ForwardError::Tunnel);

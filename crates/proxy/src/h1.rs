@@ -3,7 +3,7 @@
 //! back: its head parsed with `httparse` into a header map whose values share the read buffer,
 //! its body framed by RFC 9112 §6.3 (no body, `content-length`, chunked, or to the close).
 //!
-//! One downstream connection keeps one upstream connection ([`Link`]), and a request uses it
+//! One downstream connection keeps one upstream connection ([`UpstreamSlot`]), and a request uses it
 //! with no task, channel or callback in between: the downstream connection's task writes the
 //! request, reads the answer's head, and relays its body ([`Reading`]), which hands the
 //! connection back for the next request once it has been read whole. The read buffer is the
@@ -117,11 +117,11 @@ impl Conn {
 /// HTTP/1.1 answers one request at a time per connection, so a downstream connection needs one
 /// upstream connection, no more: its requests go out on it without a pool's checkout, lock and
 /// key. It is opened at the first request and closed with the downstream connection; one the
-/// upstream closed in between is dropped ([`Link::tend`]) and replaced at the next request.
+/// upstream closed in between is dropped ([`UpstreamSlot::tend`]) and replaced at the next request.
 #[derive(Default)]
-pub(crate) struct Link(Mutex<Option<Conn>>);
+pub(crate) struct UpstreamSlot(Mutex<Option<Conn>>);
 
-impl Link {
+impl UpstreamSlot {
     /// Watches the connection held between requests, if any, and lets it go if it has ended:
     /// called while the downstream connection waits for its next request, so an upstream's
     /// close is answered with a close at once rather than at the next request.
@@ -581,7 +581,7 @@ fn trailer_map(fields: &[httparse::Header<'_>]) -> Result<Option<HeaderMap>, H1E
 }
 
 /// The body of an upstream HTTP/1.1 answer, read off its connection as the downstream side asks
-/// for it. Once read whole the connection goes back to its [`Link`] for the next request (if the
+/// for it. Once read whole the connection goes back to its [`UpstreamSlot`] for the next request (if the
 /// answer let it stay open); an answer dropped before its end closes the connection, since the
 /// rest of it is still coming.
 pub(crate) struct Reading {
@@ -589,11 +589,11 @@ pub(crate) struct Reading {
     conn: Option<Conn>,
     framing: Framing,
     keep: bool,
-    home: Arc<Link>,
+    home: Arc<UpstreamSlot>,
 }
 
 impl Reading {
-    pub(crate) fn new(conn: Conn, framing: Framing, keep: bool, home: Arc<Link>) -> Self {
+    pub(crate) fn new(conn: Conn, framing: Framing, keep: bool, home: Arc<UpstreamSlot>) -> Self {
         Self {
             conn: Some(conn),
             framing,

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use crate::answer;
 use crate::error::ProxyError;
 use crate::forward::{ForwardError, Relay, Upstream};
-use crate::h1::Link;
+use crate::h1::UpstreamSlot;
 use crate::pause::{Answering, Answers, Pause};
 
 /// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
@@ -277,7 +277,7 @@ struct Accepted {
 
 /// What one worker's connections share: the engine and counters of the whole proxy, and the
 /// worker's own HTTP/2 upstream pool, so its requests never wait on another thread's (HTTP/1.1
-/// requests go over their downstream connection's own upstream connection, [`Link`]).
+/// requests go over their downstream connection's own upstream connection, [`UpstreamSlot`]).
 struct Worker {
     shared: Arc<Shared>,
     upstream: Upstream,
@@ -317,7 +317,7 @@ impl Worker {
             // Formatted once per connection, so identity by `peer` costs nothing per request.
             let peer: Arc<str> = peer.ip().to_string().into();
             let worker = self.clone();
-            let link = Arc::new(Link::default());
+            let link = Arc::new(UpstreamSlot::default());
             let answers = Arc::new(Answers::default());
             let downstream = Downstream {
                 io: TokioIo::new(stream),
@@ -353,12 +353,12 @@ impl Worker {
 }
 
 /// A downstream connection's socket, which also tends the connection's idle upstream connection
-/// ([`Link::tend`]) whenever the server has to wait to read from it: between requests the server
+/// ([`UpstreamSlot::tend`]) whenever the server has to wait to read from it: between requests the server
 /// waits on this read, and the upstream connection's close wakes the same task. It keeps the
 /// connection's header and idle timeouts the same way ([`Pause`]).
 struct Downstream {
     io: TokioIo<TcpStream>,
-    link: Arc<Link>,
+    link: Arc<UpstreamSlot>,
     answers: Arc<Answers>,
     pause: Pause,
 }
@@ -491,7 +491,7 @@ impl Workers {
 async fn handle(
     worker: Arc<Worker>,
     peer: Arc<str>,
-    link: Arc<Link>,
+    link: Arc<UpstreamSlot>,
     answering: Answering,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
