@@ -8,7 +8,7 @@ use crate::algo::Ratio;
 
 /// Why control parameters were refused.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-pub enum ControlError {
+pub enum TuningError {
     #[error(
         "release factor {0} is outside (0, 1]; 0.3 releases about a third of the gap per interval"
     )]
@@ -65,9 +65,9 @@ impl Smoother {
     pub const DEFAULT_RELEASE: f64 = 0.3;
 
     /// A smoother starting at 0 that releases `release` (in (0, 1]) of the gap per interval.
-    pub fn new(release: f64) -> Result<Self, ControlError> {
+    pub fn new(release: f64) -> Result<Self, TuningError> {
         if !(release > 0.0 && release <= 1.0) {
-            return Err(ControlError::Release(release));
+            return Err(TuningError::Release(release));
         }
         Ok(Self {
             current: 0.0,
@@ -137,9 +137,9 @@ impl Policy {
     }
 
     /// The SRE policy with `k` (at least 1; 2 is the book's choice).
-    pub fn client_throttle(k: f64) -> Result<Self, ControlError> {
+    pub fn client_throttle(k: f64) -> Result<Self, TuningError> {
         if !(k.is_finite() && k >= 1.0) {
-            return Err(ControlError::ThrottleK(k));
+            return Err(TuningError::ThrottleK(k));
         }
         Ok(Policy::ClientThrottle { k })
     }
