@@ -27,7 +27,9 @@ impl ControlError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ControlError::Rules(RulesError::Config(_)) | ControlError::Url(_) | ControlError::Read { .. }
+            ControlError::Rules(RulesError::Config(_))
+                | ControlError::Url(_)
+                | ControlError::Read { .. }
         )
     }
 }

@@ -85,9 +85,9 @@ struct Bucket {
     /// Totals at the previous report or tail mark.
     reported: Snapshot,
     guard: SurgeGuard,
-    /// The offered total at the guard's last tick, and when that tick was (0: never).
+    /// The offered total at the guard's last tick, and when that tick was.
     guard_offered: u64,
-    guard_at: Nanos,
+    guard_at: Option<Nanos>,
     /// When an adaptive share stops holding, on the limiters' clock.
     share_until: Option<Nanos>,
 }
@@ -101,7 +101,7 @@ impl Bucket {
             reported: Snapshot::default(),
             guard: SurgeGuard::new(),
             guard_offered: 0,
-            guard_at: 0,
+            guard_at: None,
             share_until: None,
         }
     }
@@ -216,7 +216,7 @@ impl HostCore {
         if !self.surge_guard {
             for b in &mut self.buckets {
                 b.guard = SurgeGuard::new();
-                b.guard_at = 0;
+                b.guard_at = None;
             }
         }
     }
@@ -271,7 +271,11 @@ impl HostCore {
     /// only step is [`HostStep::Rules`], and the rest waits for [`HostCore::rules_applied`] or
     /// [`HostCore::rules_refused`]: the instructions may name buckets that only the new rules
     /// have.
-    pub fn on_instructions(&mut self, now: HostTime, instructions: v1::Instructions) -> Vec<HostStep> {
+    pub fn on_instructions(
+        &mut self,
+        now: HostTime,
+        instructions: v1::Instructions,
+    ) -> Vec<HostStep> {
         if let Some(rules) = &instructions.rules
             && rules.version != self.rules_version
         {
@@ -320,9 +324,12 @@ impl HostCore {
                 continue;
             }
             let offered = total.offered();
-            if b.guard_at != 0 && offered >= b.guard_offered && now > b.guard_at {
-                let count = (offered - b.guard_offered) as f64 * surge::TICK_NS as f64
-                    / (now - b.guard_at) as f64;
+            if let Some(at) = b.guard_at
+                && offered >= b.guard_offered
+                && now > at
+            {
+                let count =
+                    (offered - b.guard_offered) as f64 * surge::TICK_NS as f64 / (now - at) as f64;
                 let ratio = b.guard.tick(count.round() as u64, now);
                 steps.push(HostStep::Surge {
                     bucket: i,
@@ -331,7 +338,7 @@ impl HostCore {
                 });
             }
             b.guard_offered = offered;
-            b.guard_at = now;
+            b.guard_at = Some(now);
         }
         steps
     }
@@ -451,5 +458,189 @@ impl HostCore {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_core::config::load_str;
+
+    const DROP: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n      - { name: local, match: { procedure: /a }, limit: 5/s, algorithm: token-bucket }\n";
+    const ADAPTIVE: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n      - { name: shared, match: { procedure: /b }, limit: 50/s, algorithm: adaptive-token-bucket }\n";
+
+    fn core(yaml: &str) -> HostCore {
+        let id = HostId {
+            host_id: "h1".into(),
+            region: "r1".into(),
+            zone: "z1".into(),
+        };
+        HostCore::new(id, &load_str(yaml, "test").unwrap(), 3)
+    }
+
+    fn at(ms: u64) -> HostTime {
+        HostTime {
+            clock: ms * 1_000_000,
+            unix_ns: ms * 1_000_000,
+        }
+    }
+
+    fn offered(n: u64) -> Snapshot {
+        Snapshot {
+            allowed: n,
+            ..Snapshot::default()
+        }
+    }
+
+    fn instruction(bucket: &str, ratio: f64, share: Option<f64>) -> v1::BucketInstruction {
+        v1::BucketInstruction {
+            service: "api".into(),
+            bucket: bucket.into(),
+            drop_ratio: Ratio::from_f64(ratio).raw(),
+            share: share.map(|s| Ratio::from_f64(s).raw()),
+            scope_offered_rps: 0.0,
+            scope_hosts: 1,
+        }
+    }
+
+    fn instructions(buckets: Vec<v1::BucketInstruction>) -> v1::Instructions {
+        v1::Instructions {
+            issued_at_ms: 8_010,
+            ttl_ms: 5_000,
+            interval_ms: 1_000,
+            sequence: 7,
+            buckets,
+            rules_version: 3,
+            rules: None,
+        }
+    }
+
+    #[test]
+    fn only_control_plane_buckets_are_tracked() {
+        let core = core(DROP);
+        assert_eq!(
+            core.buckets().collect::<Vec<_>>(),
+            [&BucketKey::new("api", "all")]
+        );
+    }
+
+    #[test]
+    fn a_stream_opened_mid_interval_reports_at_the_boundary_with_its_tail() {
+        let mut core = core(DROP);
+        // Opened at 7.300 s with 40 requests counted before: those are not this interval's.
+        core.start(at(7_300), &[offered(40)]);
+        assert_eq!(
+            core.deadline(),
+            7_750,
+            "the tail of interval 7 starts first"
+        );
+        assert_eq!(core.on_deadline(at(7_750), &[offered(40 + 45)]), None);
+        assert_eq!(core.deadline(), 8_000);
+        let report = core
+            .on_deadline(at(8_000), &[offered(40 + 45 + 25)])
+            .expect("the report of interval 7");
+        assert_eq!(report.sequence, 7);
+        assert_eq!(report.rules_version, 3);
+        assert_eq!(report.host_id, "h1");
+        // 70 requests in 700 ms is 100 per interval; 25 in the 250 ms tail is 25 per quarter.
+        assert_eq!(report.buckets[0].offered, 100);
+        assert_eq!(report.buckets[0].offered_tail, Some(25));
+        assert_eq!(core.deadline(), 8_750);
+    }
+
+    #[test]
+    fn a_drop_ratio_goes_to_the_limiter_with_its_ttl_and_unknown_buckets_are_skipped() {
+        let mut core = core(DROP);
+        let steps = core.on_instructions(
+            at(8_010),
+            instructions(vec![
+                instruction("all", 0.25, None),
+                instruction("gone", 0.5, None),
+            ]),
+        );
+        assert_eq!(
+            steps,
+            [HostStep::DropRatio {
+                bucket: 0,
+                ratio: Ratio::from_f64(0.25),
+                ttl: Duration::from_secs(5),
+            }]
+        );
+        assert_eq!(core.last_instructions_ms(), 8_010);
+    }
+
+    #[test]
+    fn instructions_with_new_rules_wait_until_the_rules_are_applied() {
+        let mut core = core(DROP);
+        let mut message = instructions(vec![instruction("shared", 0.0, Some(0.5))]);
+        message.rules = Some(v1::Rules {
+            version: 4,
+            yaml: ADAPTIVE.into(),
+        });
+        let steps = core.on_instructions(at(8_010), message.clone());
+        assert_eq!(
+            steps,
+            [HostStep::Rules {
+                version: 4,
+                yaml: ADAPTIVE.into()
+            }]
+        );
+        // Refused: the host keeps version 3, and `shared` is no bucket of its rules.
+        assert!(core.rules_refused(at(8_011)).is_empty());
+        assert_eq!(core.rules_version(), 3);
+        // Applied: the share reaches the bucket the new rules brought.
+        core.on_instructions(at(8_020), message);
+        let steps = core.rules_applied(at(8_021), 4, &load_str(ADAPTIVE, "new").unwrap());
+        assert_eq!(core.rules_version(), 4);
+        assert_eq!(
+            steps,
+            [HostStep::Share {
+                bucket: 1,
+                share: Ratio::from_f64(0.5)
+            }]
+        );
+        assert_eq!(core.bucket(1), &BucketKey::new("api", "shared"));
+    }
+
+    #[test]
+    fn a_share_expires_with_its_ttl() {
+        let mut core = core(ADAPTIVE);
+        core.on_instructions(
+            at(8_000),
+            instructions(vec![instruction("shared", 0.0, Some(0.5))]),
+        );
+        assert!(core.expire_shares(at(12_999).clock).is_empty());
+        assert_eq!(
+            core.expire_shares(at(13_000).clock),
+            [HostStep::ShareExpired { bucket: 1 }]
+        );
+        assert!(core.expire_shares(at(20_000).clock).is_empty(), "once");
+    }
+
+    #[test]
+    fn the_surge_guard_starts_counting_at_its_first_tick_and_can_be_turned_off() {
+        let mut core = core(DROP);
+        assert!(core.guard_tick(at(0).clock, &[offered(0)]).is_empty());
+        let steps = core.guard_tick(at(50).clock, &[offered(10)]);
+        assert!(
+            matches!(steps.as_slice(), [HostStep::Surge { bucket: 0, until, .. }] if *until == at(150).clock),
+            "{steps:?}"
+        );
+        let off = DROP.replace(
+            "version: 1\n",
+            "version: 1\ncontrol:\n  surge_guard: false\n",
+        );
+        core.set_rules(&load_str(&off, "off").unwrap());
+        assert!(core.guard_tick(at(100).clock, &[offered(20)]).is_empty());
+    }
+
+    #[test]
+    fn a_bucket_recreated_with_counters_at_zero_counts_from_zero() {
+        let mut core = core(DROP);
+        core.start(at(7_000), &[offered(500)]);
+        core.on_deadline(at(7_750), &[offered(600)]);
+        // A reload recreated the bucket: its totals restarted below what was reported.
+        let report = core.on_deadline(at(8_000), &[offered(30)]).unwrap();
+        assert_eq!(report.buckets[0].offered, 130);
     }
 }

@@ -45,7 +45,6 @@ pub struct HostView {
     pub rules_version: u64,
 }
 
-
 /// What the owner of a [`RegionCore`] sends.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RegionStep {
@@ -492,4 +491,3 @@ pub fn global_sums(config: &Config, zones: &HashMap<String, Sums>) -> Sums {
     region.0.retain(|k, _| global.contains(k));
     region
 }
-

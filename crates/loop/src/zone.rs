@@ -192,7 +192,9 @@ impl ZoneCore {
         );
         closed
             .into_iter()
-            .map(|(sequence, sums, reported)| ZoneStep::Forward(self.forward(sequence, sums, reported)))
+            .map(|(sequence, sums, reported)| {
+                ZoneStep::Forward(self.forward(sequence, sums, reported))
+            })
             .collect()
     }
 
@@ -337,5 +339,146 @@ pub fn host_shares(
             };
             b.share = Some(Ratio::from_f64(share).raw());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(host: &str, sequence: u64, offered: u64, rules_version: u64) -> v1::Report {
+        v1::Report {
+            host_id: host.into(),
+            zone: "z1".into(),
+            region: "r1".into(),
+            rules_version,
+            sequence,
+            interval_ms: 1_000,
+            buckets: vec![v1::BucketCounts {
+                service: "api".into(),
+                bucket: "all".into(),
+                offered,
+                allowed: offered,
+                shadow_dropped: 0,
+                offered_tail: Some(offered / 4),
+                hosts: None,
+            }],
+        }
+    }
+
+    fn forwards(steps: &[ZoneStep]) -> Vec<&v1::ZoneReport> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                ZoneStep::Forward(r) => Some(r),
+                ZoneStep::Send { .. } => None,
+            })
+            .collect()
+    }
+
+    /// A zone at 7.000 s with hosts a and b linked, the controller's stream open.
+    fn zone() -> ZoneCore {
+        let mut zone = ZoneCore::new("r1", "z1", 7_000);
+        zone.upstream_opened();
+        zone.join("a", 1);
+        zone.join("b", 2);
+        zone
+    }
+
+    #[test]
+    fn an_interval_leaves_when_its_last_host_reports_or_after_the_grace() {
+        let mut zone = zone();
+        assert!(zone.on_report(8_001, 1, report("a", 7, 300, 1)).is_empty());
+        let steps = zone.on_report(8_002, 2, report("b", 7, 100, 1));
+        let sent = forwards(&steps);
+        assert_eq!(sent.len(), 1, "complete when both reported");
+        assert_eq!((sent[0].sequence, sent[0].clients), (7, 2));
+        assert_eq!(sent[0].buckets[0].offered, 400);
+        // The controller learns the hosts once, then only what changed.
+        let hosts: Vec<&str> = sent[0].hosts.iter().map(|h| h.host_id.as_str()).collect();
+        assert_eq!(hosts, ["a", "b"]);
+        // Interval 8: only a reports; it leaves a grace (250 ms) after its end, without b.
+        zone.on_report(9_001, 1, report("a", 8, 300, 1));
+        assert!(forwards(&zone.poll(9_249)).is_empty());
+        let steps = zone.poll(9_250);
+        let sent = forwards(&steps);
+        assert_eq!((sent[0].sequence, sent[0].clients), (8, 1));
+        assert!(sent[0].hosts.is_empty(), "nothing changed");
+        assert_eq!(zone.forwarded(), 2);
+        // A report of a forwarded interval is late.
+        zone.on_report(9_300, 2, report("b", 8, 100, 1));
+        assert_eq!(zone.late_reports(), 1);
+    }
+
+    #[test]
+    fn instructions_split_shares_by_each_hosts_load_and_carry_rules_to_hosts_that_lack_them() {
+        let mut zone = zone();
+        zone.on_report(8_001, 1, report("a", 7, 300, 1));
+        zone.on_report(8_002, 2, report("b", 7, 100, 2));
+        let instructions = v1::ZoneInstructions {
+            instructions: Some(v1::Instructions {
+                interval_ms: 1_000,
+                sequence: 7,
+                rules_version: 2,
+                rules: Some(v1::Rules {
+                    version: 2,
+                    yaml: "rules".into(),
+                }),
+                buckets: vec![v1::BucketInstruction {
+                    service: "api".into(),
+                    bucket: "all".into(),
+                    share: Some(Ratio::from_f64(0.5).raw()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        };
+        let steps = zone.on_instructions(8_100, instructions.clone());
+        let sent: Vec<(&str, f64, bool)> = steps
+            .iter()
+            .map(|s| match s {
+                ZoneStep::Send { host, instructions } => (
+                    host.as_str(),
+                    Ratio::from_raw(instructions.buckets[0].share.unwrap()).as_f64(),
+                    instructions.rules.is_some(),
+                ),
+                ZoneStep::Forward(_) => panic!("nothing to forward"),
+            })
+            .collect();
+        // A offered 300 of the zone's 400: 0.375 of the bucket; only a runs other rules.
+        assert!((sent[0].1 - 0.375).abs() < 1e-6 && (sent[1].1 - 0.125).abs() < 1e-6);
+        assert_eq!((sent[0].0, sent[0].2), ("a", true));
+        assert_eq!((sent[1].0, sent[1].2), ("b", false));
+        // Sent once; again only when the send failed.
+        let again = zone.on_instructions(8_200, instructions.clone());
+        assert!(again.iter().all(
+            |s| matches!(s, ZoneStep::Send { instructions, .. } if instructions.rules.is_none())
+        ));
+        zone.send_failed("a");
+        let retry = zone.on_instructions(8_300, instructions);
+        assert!(
+            matches!(&retry[0], ZoneStep::Send { host, instructions } if host == "a" && instructions.rules.is_some())
+        );
+    }
+
+    #[test]
+    fn a_host_that_left_is_reported_gone_and_an_old_stream_ending_changes_nothing() {
+        let mut zone = zone();
+        zone.on_report(8_001, 1, report("a", 7, 300, 1));
+        zone.on_report(8_002, 2, report("b", 7, 100, 1));
+        // a reconnected on stream 3 before its stream 1 ended.
+        zone.on_report(9_001, 3, report("a", 8, 300, 1));
+        assert!(zone.on_stream_end(9_002, "a", 1).is_empty());
+        assert_eq!(zone.hosts(), 2);
+        // b leaves: interval 8 no longer waits for it.
+        let steps = zone.on_stream_end(9_003, "b", 2);
+        let sent = forwards(&steps);
+        assert_eq!(sent[0].sequence, 8);
+        assert_eq!(sent[0].gone, ["b"]);
+        // That report was lost on the way up: the next one says it again.
+        let lost = sent[0].clone();
+        zone.forward_failed(&lost);
+        let steps = zone.on_report(10_001, 3, report("a", 9, 300, 1));
+        assert_eq!(forwards(&steps)[0].gone, ["b"]);
     }
 }

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::error::ProxyError;
-use crate::h1::{self, Conn, H1Error, Head, UpstreamSlot, Outgoing, Reading};
+use crate::h1::{self, Conn, H1Error, Head, Outgoing, Reading, UpstreamSlot};
 
 /// How long dialing the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -255,8 +255,7 @@ async fn accept(
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut next = 0;
-    while let Some((stream, peer)) = spillway_net::accept_or_stop(&listener, &mut stopped).await
-    {
+    while let Some((stream, peer)) = spillway_net::accept_or_stop(&listener, &mut stopped).await {
         let _ = stream.set_nodelay(true);
         // Off this runtime's reactor, onto the worker's.
         let Ok(stream) = stream.into_std() else {

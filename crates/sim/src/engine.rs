@@ -28,13 +28,14 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Binomial, Distribution, Exp, Poisson, StandardNormal};
-use spillway_core::algo::{AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket};
+use spillway_core::algo::{
+    AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket,
+};
 use spillway_core::clock::{NANOS_PER_SEC, Nanos};
 use spillway_core::counters::Snapshot;
 use spillway_core::surge;
 use spillway_loop::{
-    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot,
-    ZoneCore, ZoneStep,
+    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot, ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 
@@ -196,7 +197,8 @@ pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<RulesSnapshot,
         scenario.surge_guard,
         scenario.limit_rps.round() as u64
     );
-    RulesSnapshot::parse(1, &yaml, "the simulated rules").map_err(|e| SimError::Rules(e.to_string()))
+    RulesSnapshot::parse(1, &yaml, "the simulated rules")
+        .map_err(|e| SimError::Rules(e.to_string()))
 }
 
 /// One simulation run.
@@ -746,7 +748,9 @@ impl<'a> Engine<'a> {
 fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
     for step in steps {
         match (&mut host.limiter, step) {
-            (Limiter::Drop(d), HostStep::DropRatio { ratio, ttl, .. }) => d.set_for(ratio, now, ttl),
+            (Limiter::Drop(d), HostStep::DropRatio { ratio, ttl, .. }) => {
+                d.set_for(ratio, now, ttl)
+            }
             (Limiter::Drop(d), HostStep::Surge { ratio, until, .. }) => d.set_surge(ratio, until),
             (Limiter::Adaptive(bucket), HostStep::Share { share, .. }) => {
                 bucket.set_share(now, share)

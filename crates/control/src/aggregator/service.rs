@@ -57,7 +57,11 @@ impl v1::aggregator_server::Aggregator for Service {
             }
             if let Some(host) = host {
                 let mut state = zone.lock();
-                if state.clients.get(&host).is_some_and(|t| t.same_channel(&tx)) {
+                if state
+                    .clients
+                    .get(&host)
+                    .is_some_and(|t| t.same_channel(&tx))
+                {
                     state.clients.remove(&host);
                 }
                 let steps = state.core.on_stream_end(now_ms(), &host, conn);

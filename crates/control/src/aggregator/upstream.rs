@@ -19,17 +19,24 @@ pub(super) async fn run(
     backoff: Backoff,
     stop: Stop,
 ) {
-    reconnect("controller", &controller, endpoint, backoff, stop, |channel, stop| {
-        let zone = zone.clone();
-        async move {
-            let result = session(&zone, channel, stop).await;
-            let mut state = zone.lock();
-            state.upstream = None;
-            state.core.upstream_closed();
-            zone.connected.store(false, Ordering::Relaxed);
-            result
-        }
-    })
+    reconnect(
+        "controller",
+        &controller,
+        endpoint,
+        backoff,
+        stop,
+        |channel, stop| {
+            let zone = zone.clone();
+            async move {
+                let result = session(&zone, channel, stop).await;
+                let mut state = zone.lock();
+                state.upstream = None;
+                state.core.upstream_closed();
+                zone.connected.store(false, Ordering::Relaxed);
+                result
+            }
+        },
+    )
     .await;
 }
 
