@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use spillway_client::control::{ControlOptions, LinkOptions};
 use spillway_control::{Aggregator, AggregatorOptions, Controller, ControllerOptions};
+use spillway_node::seed_and_follow;
 use spillway_proxy::{Proxy, ProxyOptions};
 use tokio::sync::watch;
 
 use crate::DemoError;
 use crate::load::{self, Recorder, Stream};
-use crate::store::seed_and_follow;
 use crate::summary::{BucketPlan, Summary};
 use crate::view::{Row, View};
 

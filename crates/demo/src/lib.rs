@@ -1,6 +1,7 @@
-//! Spillway in one process: `spillway demo` (a rules store, a controller, two zones with an
-//! aggregator each, four sidecars, an upstream and a load generator that runs a 15x surge, with a
-//! live view, a summary and a chart) and `spillway up` (a real single node).
+//! `spillway demo`: the whole system in one process (a rules store, a controller, two zones with
+//! an aggregator each, four sidecars, an upstream and a load generator that runs a 15x surge),
+//! with a live view, a summary and a chart. The real single node, `spillway up`, is
+//! `spillway-node`.
 //!
 //! The demo measures what MISSION G11 and G16 are about: how long after a 15x surge the fleet
 //! admits the limit again (the enforcement delay), how close to the limit it stays, and what
@@ -10,23 +11,18 @@
 pub mod chart;
 pub mod demo;
 pub mod load;
-pub mod node;
-pub mod store;
 pub mod summary;
 pub mod view;
 
 pub use demo::{DemoOptions, run};
-pub use node::{Node, NodeOptions};
 pub use summary::Summary;
 
-/// Why the demo or a node could not run.
+/// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
-    /// The configuration is invalid (exit status 2).
-    #[error("{0}")]
-    Config(String),
-    #[error("rules store: {0}")]
-    Store(String),
+    /// Seeding or following the demo's rules store (the same code as `spillway up`'s).
+    #[error(transparent)]
+    Store(#[from] spillway_node::NodeError),
     #[error("control plane: {0}")]
     Control(#[from] spillway_control::ControlError),
     #[error("proxy: {0}")]
@@ -42,10 +38,6 @@ pub enum DemoError {
 }
 
 impl DemoError {
-    fn store(err: spillway_rules::StoreError) -> Self {
-        DemoError::Store(err.to_string())
-    }
-
     fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| DemoError::Io { what, source }
@@ -54,7 +46,7 @@ impl DemoError {
     /// Bad configuration or usage (exit 2), as opposed to a runtime failure (exit 1).
     pub fn is_usage(&self) -> bool {
         match self {
-            DemoError::Config(_) => true,
+            DemoError::Store(e) => e.is_usage(),
             DemoError::Proxy(e) => e.is_usage(),
             DemoError::Control(e) => e.is_usage(),
             _ => false,

@@ -3,13 +3,15 @@
 //!
 //! - [`store`] holds users, rules, the audit log and the rules version;
 //! - [`api`] serves SPEC §4 over it, [`problem`] maps its errors to RFC 9457 answers;
-//! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]);
+//! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]), and
+//!   [`follow`](mod@follow) turns what it announces into the rules they run;
 //! - [`client`] is the blocking HTTP client the `spillway rules` commands use.
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod follow;
 pub mod problem;
 pub mod rule;
 pub mod store;
@@ -17,6 +19,7 @@ pub mod time;
 pub mod watch;
 
 pub use api::{ApiDoc, bind_and_serve, serve};
+pub use follow::{apply_each, follow};
 pub use rule::{Rule, RuleError};
 pub use store::{Budgets, Role, Store, StoreError, User};
 pub use watch::{RuleSet, RulesWatcher};

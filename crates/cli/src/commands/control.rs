@@ -3,16 +3,13 @@
 
 use std::future::Future;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use spillway_control::rules::DEFAULT_POLL;
 use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
-use spillway_loop::RulesSnapshot;
 use spillway_core::config::{ConfigFile, Services};
-use tokio::sync::watch;
 
 use crate::args::{AggregatorArgs, ControllerArgs};
 
@@ -43,7 +40,17 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                     .map_err(|e| {
                         Failure::Usage(format!("cannot follow the rules store {url}: {e}"))
                     })?;
-                let rules = from_store(&watcher).map_err(failure)?;
+                // The store keeps buckets only and the controller has no file here: its rules
+                // run with the default identity and control sections.
+                let base = ConfigFile {
+                    version: 1,
+                    identity: Default::default(),
+                    control: Default::default(),
+                    services: Services::default(),
+                    redis: None,
+                };
+                let rules = spillway_rules::follow(&watcher, base)
+                    .map_err(|e| failure(ControlError::from(e)))?;
                 _watcher = Some(watcher);
                 rules
             }
@@ -58,39 +65,6 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         controller.shutdown().await;
         Ok(())
     })
-}
-
-/// Follows the rules service's store: each new rule set becomes a snapshot with the store's
-/// version, rendered with the default control section.
-fn from_store(
-    watcher: &spillway_rules::RulesWatcher,
-) -> Result<watch::Receiver<Arc<RulesSnapshot>>, ControlError> {
-    let base = ConfigFile {
-        version: 1,
-        identity: Default::default(),
-        control: Default::default(),
-        services: Services::default(),
-        redis: None,
-    };
-    let snapshot = move |set: &spillway_rules::RuleSet| {
-        RulesSnapshot::from_model(u64::try_from(set.version).unwrap_or(0), &set.model(&base))
-            .map(Arc::new)
-    };
-    let mut store = watcher.subscribe();
-    let first = snapshot(&store.borrow_and_update()).map_err(ControlError::from)?;
-    let (tx, rx) = watch::channel(first);
-    tokio::spawn(async move {
-        while store.changed().await.is_ok() {
-            let set = store.borrow_and_update().clone();
-            match snapshot(&set) {
-                Ok(rules) => {
-                    tx.send_replace(rules);
-                }
-                Err(err) => tracing::error!("{err}; keeping the rules in force"),
-            }
-        }
-    });
-    Ok(rx)
 }
 
 enum Failure {

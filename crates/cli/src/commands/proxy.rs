@@ -116,9 +116,7 @@ async fn apply_store_rules(
     base: Config,
     watcher: spillway_rules::RulesWatcher,
 ) {
-    let mut sets = watcher.subscribe();
-    loop {
-        let set = sets.borrow_and_update().clone();
+    spillway_rules::apply_each(&watcher, |set| {
         let mut config = base.clone();
         for service in &set.config.services {
             match config.services.iter_mut().find(|s| s.name == service.name) {
@@ -138,10 +136,8 @@ async fn apply_store_rules(
                 tracing::warn!(store_version = set.version, %err, "rules from the store refused; the rules in force stay")
             }
         }
-        if sets.changed().await.is_err() {
-            return;
-        }
-    }
+    })
+    .await;
 }
 
 /// One serving thread per core, or `TOKIO_WORKER_THREADS` of them when set (as for any tokio

@@ -1,9 +1,9 @@
 //! `spillway up -c FILE` (SPEC §1): a single node in one process. Wiring only: the node is
-//! `spillway_demo::Node`.
+//! `spillway_node::Node`.
 
 use std::process::ExitCode;
 
-use spillway_demo::{Node, NodeOptions};
+use spillway_node::{Node, NodeOptions};
 
 use crate::args::UpArgs;
 

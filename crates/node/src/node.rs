@@ -15,7 +15,7 @@ use spillway_proxy::{Proxy, ProxyOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::DemoError;
+use crate::NodeError;
 use crate::store::{StoreRules, seed_and_follow};
 
 /// Where each part of the node listens.
@@ -50,26 +50,27 @@ pub struct Node {
 }
 
 impl Node {
-    pub async fn start(options: NodeOptions) -> Result<Node, DemoError> {
+    pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         let yaml = std::fs::read_to_string(&options.config).map_err(|e| {
-            DemoError::Config(format!("cannot read {}: {e}", options.config.display()))
+            NodeError::Config(format!("cannot read {}: {e}", options.config.display()))
         })?;
-        std::fs::create_dir_all(&options.state_dir)
-            .map_err(DemoError::io(format!("{}", options.state_dir.display())))?;
+        std::fs::create_dir_all(&options.state_dir).map_err(|source| NodeError::StateDir {
+            path: options.state_dir.clone(),
+            source,
+        })?;
         let url = options.database.clone().unwrap_or_else(|| {
             format!("sqlite://{}", options.state_dir.join("rules.db").display())
         });
         let rules = seed_and_follow(&url, &yaml, &options.config.display().to_string()).await?;
 
+        let listen = |source| NodeError::Listen {
+            addr: options.rules_listen,
+            source,
+        };
         let listener = tokio::net::TcpListener::bind(options.rules_listen)
             .await
-            .map_err(DemoError::io(format!(
-                "cannot listen on {}",
-                options.rules_listen
-            )))?;
-        let rules_addr = listener
-            .local_addr()
-            .map_err(DemoError::io("the rules service"))?;
+            .map_err(listen)?;
+        let rules_addr = listener.local_addr().map_err(listen)?;
         let (rules_stop, mut stopped) = watch::channel(false);
         let store = rules.store.clone();
         let rules_task = tokio::spawn(async move {
