@@ -170,7 +170,11 @@ impl SurgeGuard {
             ratio: i.ratio.clamp(0.0, 1.0),
             expires_at: i.expires_at,
         });
-        self.keep_ns = 2 * i.interval_ns.max(WINDOW_TICKS as u64 * TICK_NS);
+        // Saturating: the interval is whatever the control plane sent, up to `u64::MAX` ns.
+        self.keep_ns = i
+            .interval_ns
+            .max(WINDOW_TICKS as u64 * TICK_NS)
+            .saturating_mul(2);
         self.engaged = self.engaged.saturating_sub(1);
     }
 
@@ -373,6 +377,21 @@ mod tests {
         assert_eq!(part_of_limit(15.0, 100.0, 60.0, 4), 25.0);
         // Nothing known yet: all of the limit, shared equally.
         assert_eq!(part_of_limit(0.0, 100.0, 0.0, 0), 100.0);
+    }
+
+    #[test]
+    fn an_instruction_from_an_endless_interval_is_taken_without_overflow() {
+        // A broken or hostile aggregator sent an interval of u64::MAX ms, which the host's core
+        // adopted: its length in nanoseconds saturates, and so must the ticks the guard keeps.
+        let mut guard = SurgeGuard::new();
+        let (_, now) = steady(&mut guard, 10, 0);
+        let mut i = instructed(1.0 / 3.0, 100.0, 150.0, 4, now);
+        i.interval_ns = Nanos::MAX;
+        guard.instruct(i, now);
+        // Its own 10/s over the second it ran, at 1.5x the limit: a part of 10 x 100 / 150.
+        let cap = guard.cap_rps().unwrap();
+        assert!((cap - 10.0 * 100.0 / 150.0).abs() < 1e-9, "{cap}");
+        assert_eq!(guard.tick(1, now + TICK_NS), Ratio::ZERO);
     }
 
     #[test]

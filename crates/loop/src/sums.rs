@@ -236,7 +236,8 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         while let Some((&sequence, (_, reported))) = self.pending.first_key_value() {
             let mut all = members.clone().peekable();
             let complete = all.peek().is_some() && all.all(|m| reported.contains(m));
-            let overdue = now_ms >= interval.end_of(sequence) + wait_ms;
+            // Saturating: a host may claim an interval that ends past the end of time.
+            let overdue = now_ms >= interval.end_of(sequence).saturating_add(wait_ms);
             if !(complete || overdue) {
                 break;
             }
@@ -405,5 +406,25 @@ mod tests {
         assert!(open.accept(9 + MAX_AHEAD + 1, "a").is_none());
         assert!(open.accept(u64::MAX, "a").is_none());
         assert!(open.accept(9 + MAX_AHEAD, "a").is_some());
+    }
+
+    #[test]
+    fn an_interval_that_ends_past_the_end_of_time_waits_without_overflow() {
+        // Hosts reporting intervals of 2^63 ms, as a broken or hostile one may: interval 1 ends
+        // at u64::MAX ms (saturated), and its wait with it.
+        let interval = crate::interval::Interval::from_ms(1 << 63);
+        let mut open: Intervals<&str, u64> = Intervals::new(0);
+        *open.accept(1, "a").unwrap() += 1;
+        let (members, now, wait) = (["a", "b"], 1_800_000_000_000, interval.grace_ms());
+        // Not overdue (it never is), and "b" has not reported it yet.
+        assert!(
+            open.close_ready(now, interval, wait, members.iter())
+                .is_empty()
+        );
+        *open.accept(1, "b").unwrap() += 1;
+        assert_eq!(
+            open.close_ready(now, interval, wait, members.iter()),
+            vec![(1, 2, 2)]
+        );
     }
 }
