@@ -13,7 +13,6 @@ use spillway_core::counters::Snapshot;
 use spillway_core::decision::{Decision, Mode};
 use spillway_core::limit::Limit;
 use spillway_core::pattern::RequestAttrs;
-use spillway_redis::BreakerStats;
 
 use crate::error::{ClientError, InstructionError};
 use crate::identity::Headers;
@@ -119,12 +118,6 @@ impl Client {
             Step::Done(decision) => decision,
             Step::Redis(pending) => rules.finish(pending).await,
         }
-    }
-
-    /// The Redis store's circuit breaker (`spillway_circuit_state`, `spillway_store_errors_total`),
-    /// when the rules have a `redis` section.
-    pub fn store_stats(&self) -> Option<BreakerStats> {
-        self.rules.load().store().map(|store| store.stats())
     }
 
     /// Replaces the rules with `config`, keeping the state of unchanged buckets. On an error the

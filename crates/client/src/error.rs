@@ -3,7 +3,10 @@
 
 use spillway_core::algo::ParamError;
 use spillway_core::config::ConfigError;
-use spillway_redis::{ExactError, UnsupportedAlgorithm};
+
+// With the `redis` feature, spillway-redis's errors; without it, `Infallible`, so the variants
+// that carry them exist in every build (a `match` needs no `cfg`) and are never produced.
+use crate::store::{ExactError, UnsupportedAlgorithm};
 
 /// Why rules were not loaded or compiled. The old rules, if any, stay in force.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,20 @@ pub enum ClientError {
         "service {service}, bucket {bucket}: store: redis needs a top-level `redis` section in this proxy's configuration, like `redis: {{ url: redis://127.0.0.1:6379 }}`"
     )]
     NoRedis { service: String, bucket: String },
+    /// A `store: redis` bucket, and this build of spillway-client was made without the `redis`
+    /// feature. Only produced without it.
+    #[error(
+        "service {service}, bucket {bucket}: store: redis, but this build of spillway-client has no Redis support; build it with the `redis` feature"
+    )]
+    RedisNotBuilt { service: String, bucket: String },
+    /// A `redis` section that no bucket uses, and this build of spillway-client was made without
+    /// the `redis` feature (a bucket that uses it is [`ClientError::RedisNotBuilt`]). Refused
+    /// rather than ignored, so a build without Redis fails when it starts, not when rules with
+    /// `store: redis` buckets arrive later. Only produced without the feature.
+    #[error(
+        "redis: this build of spillway-client has no Redis support; build it with the `redis` feature, or remove the `redis` section"
+    )]
+    RedisSectionNotBuilt,
 }
 
 /// Why an instruction from the control plane was not applied.

@@ -21,6 +21,16 @@
 //! assert!(client.decide(&request, &NoHeaders).forwards());
 //! assert!(!client.decide(&request, &NoHeaders).forwards()); // the third in a minute is dropped
 //! ```
+//!
+//! # Features
+//!
+//! - `redis` (off by default): `store: redis` buckets, counted exactly in a shared Redis
+//!   ([`Rules::finish`], [`Client::decide_async`]), and the Redis store's circuit breaker
+//!   (`Client::store_stats`, `BreakerStats`, `CircuitState`). Without it the client builds
+//!   neither `spillway-redis` nor the `redis` crate, and a configuration with a `redis` section
+//!   or a `store: redis` bucket fails to load with [`ClientError::RedisNotBuilt`] or
+//!   [`ClientError::RedisSectionNotBuilt`]. The rest of the API is the same in both builds:
+//!   [`Step::Redis`] and the Redis variants of [`ClientError`] exist, and are never produced.
 #![forbid(unsafe_code)]
 
 mod acquire;
@@ -30,6 +40,13 @@ mod error;
 mod identity;
 mod layer;
 mod rules;
+// `store: redis` buckets. Without the `redis` feature, a stand-in with the same items, none of
+// which can exist: the rest of the crate compiles the same either way, and a configuration that
+// asks for Redis is refused when it loads.
+#[cfg(feature = "redis")]
+mod store;
+#[cfg(not(feature = "redis"))]
+#[path = "store_off.rs"]
 mod store;
 mod subjects;
 mod watch;
@@ -40,6 +57,7 @@ pub use error::{ClientError, InstructionError};
 pub use identity::{Headers, Identity, NoHeaders};
 pub use layer::{BoxError, Limited, RateLimit, RateLimitLayer, ResponseFuture};
 pub use rules::{CompiledBucket, RedisChecks, Rules, Step};
+#[cfg(feature = "redis")]
 pub use spillway_redis::{BreakerStats, CircuitState};
 pub use subjects::{DEFAULT_MAX_SUBJECTS, SUBJECT_BYTES_BOUND};
 pub use watch::{DEFAULT_POLL, watch_file};

@@ -18,7 +18,7 @@ use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
 
 use crate::error::ClientError;
 use crate::identity::{Headers, Identity};
-use crate::store::{ExactBucket, ExactStore};
+use crate::store::{ExactBucket, ExactStore, RedisKey};
 use crate::subjects::SubjectMap;
 
 /// Where a bucket's state lives: one limiter, or one per subject value.
@@ -27,7 +27,8 @@ pub(crate) enum Limiters {
     Shared(Limiter),
     PerSubject(SubjectKind, SubjectMap),
     /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies
-    /// (within `batch - 1` tokens per proxy and key for a bucket with `batch`).
+    /// (within `batch - 1` tokens per proxy and key for a bucket with `batch`). Without the
+    /// `redis` feature `ExactBucket` has no values, so no bucket is ever `Exact`.
     Exact(ExactBucket),
 }
 
@@ -152,11 +153,14 @@ pub struct Rules {
     matcher: Matcher,
     buckets: Box<[CompiledBucket]>,
     /// The Redis of `store: redis` buckets, kept across reloads that leave `redis` unchanged so
-    /// its connection and circuit breaker survive them.
-    store: Option<Arc<ExactStore>>,
+    /// its connection and circuit breaker survive them. Always `None` without the `redis` feature.
+    pub(crate) store: Option<Arc<ExactStore>>,
 }
 
 /// A decision that is complete, or that still needs Redis for its `store: redis` buckets.
+///
+/// The same with and without the `redis` feature, so callers match it without a `cfg`; without
+/// the feature, rules with `store: redis` buckets never load and `Redis` is never produced.
 #[derive(Debug)]
 pub enum Step {
     /// Every bucket the request matched was decided in memory.
@@ -177,7 +181,7 @@ struct Check {
     id: u32,
     /// The key of a per-subject bucket, which holds the request's subject value; `None` for a
     /// bucket with one key, which the bucket keeps.
-    key: Option<spillway_redis::RedisKey>,
+    key: Option<RedisKey>,
     cost: u64,
 }
 
@@ -207,19 +211,6 @@ impl Rules {
         max_subjects: usize,
     ) -> Result<Self, ClientError> {
         let store = ExactStore::for_config(&config, previous.and_then(|p| p.store.as_ref()))?;
-        if store.is_none()
-            && let Some((service, bucket)) = config
-                .services
-                .iter()
-                .flat_map(|s| s.buckets.iter().map(move |b| (s, b)))
-                .find(|(_, b)| b.store == Store::Redis)
-        {
-            // A validated file cannot get here; rules merged from a store into a file can.
-            return Err(ClientError::NoRedis {
-                service: service.name.clone(),
-                bucket: bucket.name.clone(),
-            });
-        }
         let mut buckets = Vec::new();
         for service in &config.services {
             let service_name: Arc<str> = service.name.as_str().into();
@@ -258,11 +249,6 @@ impl Rules {
             buckets: buckets.into(),
             store,
         })
-    }
-
-    /// The Redis store of `store: redis` buckets, when the configuration has a `redis` section.
-    pub(crate) fn store(&self) -> Option<&Arc<ExactStore>> {
-        self.store.as_ref()
     }
 
     /// Counts up by one with every successful load.
@@ -359,14 +345,12 @@ impl Rules {
             let bucket = &self.buckets[check.id as usize];
             let verdict = match (&self.store, &bucket.state.limiters) {
                 (Some(store), Limiters::Exact(exact)) => {
-                    let key = check.key.as_ref().unwrap_or_else(|| exact.key());
                     store
                         .decide(
-                            key,
-                            exact.algo(),
+                            exact,
+                            check.key.as_ref(),
                             check.cost,
                             bucket.on_store_failure(),
-                            exact.batcher(),
                         )
                         .await
                 }
@@ -440,16 +424,20 @@ fn build(service: &str, bucket: &Bucket, max_subjects: usize) -> Result<Limiters
     let rate = Rate::new(bucket.limit.count.get(), bucket.limit.period).map_err(param)?;
     let burst = bucket.burst.map(NonZeroU64::get);
     if bucket.store == Store::Redis {
-        let exact = ExactBucket::new(service, bucket, rate, burst).map_err(|source| {
-            ClientError::ExactAlgorithm {
-                service: service.to_owned(),
-                bucket: bucket.name.clone(),
-                source,
-            }
-        })?;
-        return Ok(Limiters::Exact(exact));
+        return ExactBucket::new(service, bucket, rate, burst).map(Limiters::Exact);
     }
     build_local(bucket, rate, burst, max_subjects).map_err(param)
+}
+
+/// The service and name of the configuration's first `store: redis` bucket.
+pub(crate) fn first_redis_bucket(config: &Config) -> Option<(&str, &str)> {
+    config.services.iter().find_map(|service| {
+        service
+            .buckets
+            .iter()
+            .find(|b| b.store == Store::Redis)
+            .map(|b| (service.name.as_str(), b.name.as_str()))
+    })
 }
 
 fn build_local(

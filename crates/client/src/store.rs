@@ -1,5 +1,6 @@
 //! `store: redis` buckets (S5, S8): their keys and algorithms, and the one Redis endpoint they
-//! share, behind its circuit breaker.
+//! share, behind its circuit breaker. Built only with the `redis` feature; without it,
+//! `store_off.rs` stands in with the same items, none of which can exist.
 //!
 //! Every exact bucket of a configuration counts in the Redis of its `redis` section, through one
 //! [`GuardedLimiter`]: one multiplexed connection and one breaker for the endpoint, since when
@@ -10,16 +11,21 @@
 //! up to N - 1 tokens per proxy and key of exactness for up to N times fewer calls. The batcher
 //! lives with the bucket's state, so a reload that leaves the bucket alone keeps its leases.
 
+use std::sync::Arc;
+
 use spillway_core::algo::Rate;
 use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
 use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 use spillway_redis::{
-    BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, RedisKey,
-    RedisLimiter, StoreOptions, Target, UnsupportedAlgorithm,
+    BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, RedisLimiter,
+    StoreOptions, Target,
 };
+pub(crate) use spillway_redis::{ExactError, RedisKey, UnsupportedAlgorithm};
 
+use crate::client::Client;
 use crate::error::ClientError;
+use crate::rules::first_redis_bucket;
 
 /// The Redis endpoint of a configuration and its breaker.
 pub(crate) struct ExactStore {
@@ -39,12 +45,21 @@ impl std::fmt::Debug for ExactStore {
 impl ExactStore {
     /// The store of `config`: `previous`'s when the `redis` section did not change (so a reload
     /// keeps the connection and the breaker's state), a new one when it did, none without one.
+    /// A `store: redis` bucket in a configuration without a `redis` section is an error.
     pub(crate) fn for_config(
         config: &Config,
-        previous: Option<&std::sync::Arc<ExactStore>>,
-    ) -> Result<Option<std::sync::Arc<Self>>, ClientError> {
+        previous: Option<&Arc<ExactStore>>,
+    ) -> Result<Option<Arc<Self>>, ClientError> {
         let Some(redis) = &config.redis else {
-            return Ok(None);
+            // A validated file cannot get here; rules merged from a store into a file can, and
+            // compiled anyway, the bucket would admit everything.
+            return match first_redis_bucket(config) {
+                Some((service, bucket)) => Err(ClientError::NoRedis {
+                    service: service.to_owned(),
+                    bucket: bucket.to_owned(),
+                }),
+                None => Ok(None),
+            };
         };
         if let Some(previous) = previous
             && previous.redis == *redis
@@ -63,29 +78,34 @@ impl ExactStore {
             },
         )
         .map_err(ClientError::Redis)?;
-        Ok(Some(std::sync::Arc::new(Self {
+        Ok(Some(Arc::new(Self {
             redis: redis.clone(),
             guarded: GuardedLimiter::new(limiter, BreakerConfig::default()),
         })))
     }
 
-    /// Decides a request of `cost` in Redis (from `batcher`'s tokens when it holds enough), or by
-    /// `on_failure` when Redis cannot answer.
+    /// Decides a request of `cost` to `bucket` in Redis, under `key` (the request's subject key
+    /// of a per-subject bucket) or the bucket's own (from its batcher's tokens when it holds
+    /// enough), or by `on_failure` when Redis cannot answer.
     pub(crate) async fn decide(
         &self,
-        key: &RedisKey,
-        algo: &ExactAlgo,
+        bucket: &ExactBucket,
+        key: Option<&RedisKey>,
         cost: u64,
         on_failure: FailurePolicy,
-        batcher: Option<&Batcher>,
     ) -> Verdict {
-        match batcher {
+        let key = key.unwrap_or_else(|| bucket.key());
+        match bucket.batcher() {
             Some(batcher) => {
                 batcher
-                    .decide(&self.guarded, key, algo, cost, on_failure)
+                    .decide(&self.guarded, key, bucket.algo(), cost, on_failure)
                     .await
             }
-            None => self.guarded.decide(key, algo, cost, on_failure).await,
+            None => {
+                self.guarded
+                    .decide(key, bucket.algo(), cost, on_failure)
+                    .await
+            }
         }
         .verdict
     }
@@ -98,6 +118,18 @@ impl ExactStore {
     /// The breaker's state and counters.
     pub(crate) fn stats(&self) -> BreakerStats {
         self.guarded.breaker().stats()
+    }
+}
+
+// Only with the feature: a client built without Redis has no breaker to report, and a stand-in
+// `BreakerStats` of its own would be a second type of that name. Code that reads the breaker is
+// Redis code, so its crate turns the feature on (as the sidecar's metrics do); since features
+// only add items, that never breaks a crate built against the client without it.
+impl Client {
+    /// The Redis store's circuit breaker (`spillway_circuit_state`, `spillway_store_errors_total`),
+    /// when the rules have a `redis` section. Only with the `redis` feature.
+    pub fn store_stats(&self) -> Option<BreakerStats> {
+        self.rules().store.as_ref().map(|store| store.stats())
     }
 }
 
@@ -125,8 +157,14 @@ impl ExactBucket {
         bucket: &Bucket,
         rate: Rate,
         burst: Option<u64>,
-    ) -> Result<Self, UnsupportedAlgorithm> {
-        let algo = ExactAlgo::new(bucket.algorithm, rate, burst)?;
+    ) -> Result<Self, ClientError> {
+        let algo = ExactAlgo::new(bucket.algorithm, rate, burst).map_err(|source| {
+            ClientError::ExactAlgorithm {
+                service: service.to_owned(),
+                bucket: bucket.name.clone(),
+                source,
+            }
+        })?;
         let spec = &bucket.match_spec;
         let (scope, value, each) = match &spec.subject {
             Some(subject) => (

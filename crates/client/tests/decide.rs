@@ -167,6 +167,8 @@ fn a_broken_reload_keeps_the_rules_in_force() {
     assert_eq!(c.rules().version(), 1);
 }
 
+// Without the `redis` feature the bucket is refused for that first (`tests/without_redis.rs`).
+#[cfg(feature = "redis")]
 #[test]
 fn a_redis_bucket_without_a_redis_section_is_refused_and_the_rules_in_force_stay() {
     // What a proxy following a rules store can be handed: the store's `store: redis` rule merged

@@ -35,6 +35,7 @@ async fn the_layer_passes_admitted_requests_and_refuses_dropped_ones() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn the_layer_waits_for_redis_on_store_redis_buckets() {
     let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
@@ -61,6 +62,7 @@ async fn the_layer_waits_for_redis_on_store_redis_buckets() {
 }
 
 /// Two requests an hour per user, counted in the Redis at `url`.
+#[cfg(feature = "redis")]
 fn per_user_in(url: &str) -> spillway_core::config::Config {
     load_str(
         &format!(
