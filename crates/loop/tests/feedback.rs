@@ -1,0 +1,333 @@
+//! The 3-tier feedback loop on simulated time: simulated clients, zone aggregators and regional
+//! controllers, each tier its real sans-IO core, exchanging reports, instructions and global
+//! sums over a simulated network (MISSION G3, G6-G9, G12). Every run is the same run, so where
+//! a test bounds a time it bounds simulated time, with no slack for a busy machine.
+
+mod support;
+
+use std::time::Duration;
+
+use spillway_loop::{BucketKey, Interval, Tally};
+use support::{Fleet, Network, SERVICE, close, config};
+
+const INTERVAL: Duration = Duration::from_millis(200);
+const L: f64 = 1000.0;
+
+/// 1.5 L spread unevenly over 8 clients: region r1 offers 900/s, region r2 600/s.
+const UNEVEN: [f64; 8] = [300.0, 200.0, 250.0, 150.0, 200.0, 100.0, 150.0, 150.0];
+
+fn global_bucket() -> String {
+    config(
+        200,
+        1000,
+        &["{ name: global, limit: 1000/s, scope: global }"],
+    )
+}
+
+#[test]
+fn a_global_bucket_at_one_and_a_half_times_its_limit_drops_a_third_everywhere() {
+    // Every message's delay varies by up to 5 ms, so reports of one interval arrive apart.
+    let network = Network {
+        jitter_ms: 5,
+        seed: 7,
+        ..Network::default()
+    };
+    let mut fleet = Fleet::start_on(network, &global_bucket(), 2, 2, 2);
+    for (client, rate) in fleet.clients.iter_mut().zip(UNEVEN) {
+        client.set_rate("global", rate);
+    }
+    let converged = |fleet: &Fleet| {
+        fleet.all_drop("global", 1.0 / 3.0) && close(fleet.admitted("global"), L, 0.05 * L)
+    };
+    let took = fleet.wait_for(
+        3 * INTERVAL,
+        "every client drops 1/3 and L is admitted",
+        converged,
+    );
+    eprintln!("converged {took:?} after the load started");
+    // And it stays there, every millisecond of five intervals.
+    for _ in 0..5 * INTERVAL.as_millis() {
+        fleet.step();
+        assert!(
+            converged(&fleet),
+            "left the steady state at {} ms: admitted {}",
+            fleet.now_ms(),
+            fleet.admitted("global")
+        );
+    }
+    // Both controllers computed the same load from each other's sums.
+    for r in 0..2 {
+        let view = fleet.controller(r).view()[&BucketKey::new(SERVICE, "global")];
+        assert!(close(view.observed_rps, 1.5 * L, 0.05 * L), "{view:?}");
+        assert!(close(view.drop_ratio, 1.0 / 3.0, 0.03), "{view:?}");
+    }
+}
+
+#[test]
+fn a_surge_that_starts_mid_interval_gets_its_whole_ratio_from_the_first_instruction() {
+    let mut fleet = Fleet::start(&global_bucket(), 2, 2, 2);
+    let interval = Interval::new(INTERVAL);
+    // 400/s in all, under the limit: nothing is dropped.
+    for client in &mut fleet.clients {
+        client.set_rate("global", 50.0);
+    }
+    fleet.wait_for(10 * INTERVAL, "no drops under the limit", |fleet| {
+        fleet.clients.iter().all(|c| c.ratio("global") == 0.0)
+    });
+    // Two whole intervals at that load, so every report carries its tail.
+    let calm = interval.sequence_at(fleet.now_ms()) + 2;
+    // Then 15 L from 40% into an interval: its count alone would say 9,160/s, a ratio of
+    // 0.891; its tail says 15,000/s, the ratio of 14/15.
+    fleet.run_until(interval.end_of(calm) + 2 * interval.ms() / 5);
+    let surge = interval.sequence_at(fleet.now_ms());
+    for client in &mut fleet.clients {
+        client.clear_first_drop();
+        client.set_rate("global", 1875.0);
+    }
+    assert!(
+        fleet.now_ms() < Tally::tail_start(interval, surge),
+        "the surge began before the interval's tail"
+    );
+    fleet.wait_for(10 * INTERVAL, "every client drops", |fleet| {
+        fleet
+            .clients
+            .iter()
+            .all(|c| c.first_drop("global").is_some())
+    });
+    for client in &fleet.clients {
+        let (ratio, at) = client.first_drop("global").unwrap();
+        // Interval `surge + 1` is reported at its end: nothing before that comes from it.
+        assert!(
+            at < interval.end_of(surge + 1),
+            "{}'s first instruction came {} ms after the surge's interval ended",
+            client.id,
+            at - interval.end_of(surge)
+        );
+        assert!(
+            close(ratio, 14.0 / 15.0, 0.03),
+            "the first instruction after the surge's interval carries {ratio}"
+        );
+    }
+}
+
+#[test]
+fn zone_and_region_scoped_buckets_limit_only_their_zone_or_region() {
+    let yaml = config(
+        200,
+        1000,
+        &[
+            "{ name: per-zone, match: { procedure: /z }, limit: 100/s, scope: zone }",
+            "{ name: per-region, match: { procedure: /r }, limit: 200/s, scope: region }",
+        ],
+    );
+    let mut fleet = Fleet::start(&yaml, 2, 2, 2);
+    for client in &mut fleet.clients {
+        // Zone r1z1 offers 150/s against 100/s; every other zone 50/s.
+        let zone = if client.zone == "r1z1" { 75.0 } else { 25.0 };
+        client.set_rate("per-zone", zone);
+        // Region r1 offers 300/s against 200/s; r2 offers 160/s.
+        let region = if client.region == "r1" { 75.0 } else { 40.0 };
+        client.set_rate("per-region", region);
+    }
+    fleet.wait_for(
+        3 * INTERVAL,
+        "only the overloaded zone and region drop",
+        |fleet| {
+            fleet.clients.iter().all(|c| {
+                let zone = if c.zone == "r1z1" { 1.0 / 3.0 } else { 0.0 };
+                let region = if c.region == "r1" { 1.0 / 3.0 } else { 0.0 };
+                close(c.ratio("per-zone"), zone, 0.03) && close(c.ratio("per-region"), region, 0.03)
+            })
+        },
+    );
+    let zone_admitted: f64 = fleet
+        .clients
+        .iter()
+        .filter(|c| c.zone == "r1z1")
+        .map(|c| c.admitted("per-zone"))
+        .sum();
+    assert!(
+        close(zone_admitted, 100.0, 5.0),
+        "zone r1z1 admits {zone_admitted}"
+    );
+    let region_admitted: f64 = fleet
+        .clients_of("r1")
+        .map(|c| c.admitted("per-region"))
+        .sum();
+    assert!(
+        close(region_admitted, 200.0, 10.0),
+        "region r1 admits {region_admitted}"
+    );
+}
+
+#[test]
+fn without_the_controller_clients_fail_open_within_the_ttl_and_a_restart_restores_enforcement() {
+    let ttl = Duration::from_millis(1000);
+    let mut fleet = Fleet::start(&global_bucket(), 1, 2, 2);
+    for client in &mut fleet.clients {
+        client.set_rate("global", 375.0);
+    }
+    let enforcing = |fleet: &Fleet| fleet.all_drop("global", 1.0 / 3.0);
+    fleet.wait_for(3 * INTERVAL, "enforcement before the kill", enforcing);
+
+    fleet.kill_controller(0);
+    let took = fleet.wait_for(ttl + INTERVAL, "every client fails open", |fleet| {
+        fleet.clients.iter().all(|c| c.ratio("global") == 0.0)
+    });
+    eprintln!("failed open {took:?} after the controller stopped");
+    // Not a moment before the TTL: the last instructions held for exactly their TTL.
+    let last = fleet
+        .clients
+        .iter()
+        .map(|c| c.last_instructions_ms())
+        .max()
+        .unwrap();
+    assert_eq!(fleet.now_ms(), last + ttl.as_millis() as u64);
+    assert!(
+        fleet.aggregators().all(|a| a.hosts() == 2),
+        "the aggregators still hold their clients' streams"
+    );
+
+    fleet.restart_controller(0);
+    let took = fleet.wait_for(3 * INTERVAL, "enforcement after the restart", enforcing);
+    eprintln!("enforcing again {took:?} after the restart");
+}
+
+#[test]
+fn a_region_whose_peer_died_keeps_enforcing_the_global_limit_on_its_own() {
+    let interval = Duration::from_millis(100);
+    let ttl = Duration::from_millis(600);
+    let yaml = config(
+        100,
+        600,
+        &["{ name: global, limit: 1000/s, scope: global }"],
+    );
+    let mut fleet = Fleet::start(&yaml, 2, 2, 2);
+    // r1 offers 1,200/s and r2 600/s: together 1.8 L, a drop ratio of 4/9.
+    for client in &mut fleet.clients {
+        let rate = if client.region == "r1" { 300.0 } else { 150.0 };
+        client.set_rate("global", rate);
+    }
+    fleet.wait_for(3 * interval, "both regions drop 4/9", |fleet| {
+        fleet.all_drop("global", 4.0 / 9.0)
+    });
+
+    fleet.kill_controller(1);
+    let killed = fleet.now_ms();
+    // r2 fails open; r1 drops 1/6 from now on, 1,000/s of its 1,200/s, and never stops dropping.
+    loop {
+        let after = fleet.now_ms() - killed;
+        assert!(
+            fleet
+                .clients_of("r1")
+                .all(|c| c.ratio("global") >= 1.0 / 6.0 - 0.03),
+            "r1 stopped enforcing {after} ms after its peer died"
+        );
+        let settled = fleet.clients_of("r2").all(|c| c.ratio("global") == 0.0)
+            && fleet
+                .clients_of("r1")
+                .all(|c| close(c.ratio("global"), 1.0 / 6.0, 0.03))
+            && fleet.controller(0).live_peers(fleet.now_ms()).is_empty();
+        if settled {
+            eprintln!("settled {after} ms after the peer died");
+            break;
+        }
+        // The peer falls out after the TTL, then the smoother releases from 4/9 to 1/6 by 30% of
+        // the gap per interval: about 10 intervals to get within 0.03.
+        assert!(
+            u128::from(after) < (ttl + 20 * interval).as_millis(),
+            "not settled"
+        );
+        fleet.step();
+    }
+    let admitted: f64 = fleet.clients_of("r1").map(|c| c.admitted("global")).sum();
+    assert!(close(admitted, L, 0.05 * L), "r1 admits {admitted}");
+}
+
+#[test]
+fn a_rule_change_reaches_every_client_and_the_controllers_show_it_live_everywhere() {
+    let mut fleet = Fleet::start(&global_bucket(), 2, 2, 2);
+    for client in &mut fleet.clients {
+        client.set_rate("global", 187.5);
+    }
+    let first = fleet.rules().version;
+    fleet.wait_for(5 * INTERVAL, "every client runs the first rules", |fleet| {
+        fleet
+            .clients
+            .iter()
+            .all(|c| c.rules_version() == first && first > 0)
+    });
+
+    let after = config(
+        200,
+        1000,
+        &["{ name: global, limit: 750/s, scope: global }"],
+    );
+    let second = fleet.set_rules(&after);
+    assert!(second > first);
+    let took = fleet.wait_for(
+        10 * INTERVAL,
+        "every client runs the new rules and halves its load",
+        |fleet| {
+            fleet.all_drop("global", 0.5)
+                && fleet
+                    .clients
+                    .iter()
+                    .all(|c| c.rules_version() == second && c.rules_yaml() == after)
+        },
+    );
+    eprintln!("rules live everywhere {took:?} after the edit");
+
+    // Each controller's hosts view: its own four hosts, all on the new version.
+    fleet.wait_for(10 * INTERVAL, "both hosts views converge", |fleet| {
+        (0..2).all(|r| {
+            let core = fleet.controller(r);
+            core.hosts().iter().all(|h| h.rules_version == second)
+        })
+    });
+    for r in 0..2 {
+        let core = fleet.controller(r);
+        assert_eq!(core.rules().version, second);
+        let hosts = core.hosts();
+        assert_eq!(hosts.len(), 4, "{hosts:?}");
+        for host in &hosts {
+            assert!(
+                host.host_id.starts_with(&format!("r{}", r + 1)),
+                "{} in region {}",
+                host.host_id,
+                r + 1
+            );
+            assert_eq!(host.rules_version, second, "{host:?}");
+        }
+        let view = core.view()[&BucketKey::new(SERVICE, "global")];
+        assert_eq!(view.limit_rps, 750.0);
+        assert!(close(view.drop_ratio, 0.5, 0.03), "{view:?}");
+    }
+}
+
+#[test]
+fn adaptive_token_bucket_shares_follow_each_hosts_part_of_the_global_load() {
+    let yaml = config(
+        200,
+        1000,
+        &["{ name: adaptive, limit: 1000/s, scope: global, algorithm: adaptive-token-bucket }"],
+    );
+    let mut fleet = Fleet::start(&yaml, 2, 2, 1);
+    // 500/s in all: each host's share is its part of it (G10).
+    let rates = [250.0, 125.0, 75.0, 50.0];
+    for (client, rate) in fleet.clients.iter_mut().zip(rates) {
+        client.set_rate("adaptive", rate);
+    }
+    fleet.wait_for(
+        3 * INTERVAL,
+        "every host's share is its offered / global offered",
+        |fleet| {
+            fleet.clients.iter().zip(rates).all(|(c, rate)| {
+                c.share("adaptive")
+                    .is_some_and(|share| close(share, rate / 500.0, 0.02))
+            })
+        },
+    );
+    // An adaptive bucket is never sent a drop ratio: its shares do the limiting.
+    assert!(fleet.clients.iter().all(|c| c.ratio("adaptive") == 0.0));
+}
