@@ -12,19 +12,27 @@ use std::time::Duration;
 /// The shortest interval accepted; the configuration allows 100 ms reports.
 pub const MIN_INTERVAL_MS: u64 = 10;
 
-/// A report interval in milliseconds, at least [`MIN_INTERVAL_MS`].
+/// The longest interval accepted: one hour. A limiter that hears from its fleet less often than
+/// that does not limit anything; the bound keeps a bogus interval from a broken or hostile peer
+/// (a host's report, an aggregator's instructions) from stalling a tier's reports or growing a
+/// surge guard's history without end.
+pub const MAX_INTERVAL_MS: u64 = 3_600_000;
+
+/// A report interval in milliseconds, from [`MIN_INTERVAL_MS`] to [`MAX_INTERVAL_MS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Interval(u64);
 
 impl Interval {
-    /// An interval of `duration`, raised to [`MIN_INTERVAL_MS`] if shorter.
+    /// An interval of `duration`, raised to [`MIN_INTERVAL_MS`] if shorter and cut to
+    /// [`MAX_INTERVAL_MS`] if longer.
     pub fn new(duration: Duration) -> Self {
         Self::from_ms(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// An interval of `ms` milliseconds, raised to [`MIN_INTERVAL_MS`] if shorter.
+    /// An interval of `ms` milliseconds, raised to [`MIN_INTERVAL_MS`] if shorter and cut to
+    /// [`MAX_INTERVAL_MS`] if longer.
     pub fn from_ms(ms: u64) -> Self {
-        Interval(ms.max(MIN_INTERVAL_MS))
+        Interval(ms.clamp(MIN_INTERVAL_MS, MAX_INTERVAL_MS))
     }
 
     pub fn ms(self) -> u64 {
@@ -69,5 +77,7 @@ mod tests {
         assert_eq!(i.end_of(4), 1_250);
         assert_eq!(i.grace_ms(), 62);
         assert_eq!(Interval::from_ms(0).ms(), MIN_INTERVAL_MS);
+        assert_eq!(Interval::from_ms(u64::MAX).ms(), MAX_INTERVAL_MS);
+        assert_eq!(Interval::new(Duration::MAX).ms(), MAX_INTERVAL_MS);
     }
 }

@@ -281,8 +281,13 @@ impl RegionCore {
                 interval_ms: interval.ms(),
                 buckets: global_sums(config, &zone_sums).to_wire(),
             }));
-            self.awaiting
-                .insert(sequence, (zone_sums, interval.end_of(sequence) + 3 * grace));
+            self.awaiting.insert(
+                sequence,
+                (
+                    zone_sums,
+                    interval.end_of(sequence).saturating_add(3 * grace),
+                ),
+            );
         }
         let ttl = config.control.instruction_ttl;
         while let Some((&sequence, &(_, deadline))) = self.awaiting.first_key_value() {

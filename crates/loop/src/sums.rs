@@ -410,21 +410,22 @@ mod tests {
 
     #[test]
     fn an_interval_that_ends_past_the_end_of_time_waits_without_overflow() {
-        // Hosts reporting intervals of 2^63 ms, as a broken or hostile one may: interval 1 ends
-        // at u64::MAX ms (saturated), and its wait with it.
-        let interval = crate::interval::Interval::from_ms(1 << 63);
-        let mut open: Intervals<&str, u64> = Intervals::new(0);
-        *open.accept(1, "a").unwrap() += 1;
+        // Sequence numbers near the end of u64, as a broken or hostile host may claim once the
+        // window stands there: the interval's end saturates at u64::MAX ms, and its wait with it.
+        let interval = crate::interval::Interval::from_ms(1_000);
+        let last = u64::MAX - 20;
+        let mut open: Intervals<&str, u64> = Intervals::new(last);
+        *open.accept(last + 1, "a").unwrap() += 1;
         let (members, now, wait) = (["a", "b"], 1_800_000_000_000, interval.grace_ms());
         // Not overdue (it never is), and "b" has not reported it yet.
         assert!(
             open.close_ready(now, interval, wait, members.iter())
                 .is_empty()
         );
-        *open.accept(1, "b").unwrap() += 1;
+        *open.accept(last + 1, "b").unwrap() += 1;
         assert_eq!(
             open.close_ready(now, interval, wait, members.iter()),
-            vec![(1, 2, 2)]
+            vec![(last + 1, 2, 2)]
         );
     }
 }
