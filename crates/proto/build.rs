@@ -7,11 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // would then pull in with its server half; dialing goes through `spillway-link`'s endpoints.
     tonic_prost_build::configure()
         .build_transport(false)
-        .compile_with_config(
-        config,
-        &["proto/spillway/v1/control.proto"],
-        &["proto"],
-    )?;
+        .compile_with_config(config, &["proto/spillway/v1/control.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use spillway_client::control::{ControlOptions, ControlPlane, LinkOptions};
 use spillway_client::{Client, NoHeaders};
 use spillway_control::{Aggregator, AggregatorOptions, Controller, ControllerOptions};
-use spillway_loop::RulesSnapshot;
 use spillway_core::config::load_str;
 use spillway_core::pattern::RequestAttrs;
+use spillway_loop::RulesSnapshot;
 use tokio::sync::watch;
 
 /// Reports every 2 s, so the surge below (600 ms, right after an instruction) is over before
