@@ -85,7 +85,7 @@ impl Default for Network {
 
 /// The fleet's totals over one 100 ms sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Sample {
+pub struct FleetSample {
     /// Start of the sample, seconds since the start of the run.
     pub t_s: f64,
     pub offered: u64,
@@ -97,7 +97,7 @@ pub struct Sample {
 /// What a run leaves behind for the metrics.
 #[derive(Debug, Clone)]
 pub struct Trace {
-    pub samples: Vec<Sample>,
+    pub samples: Vec<FleetSample>,
     /// Per host: offered and admitted within the scenario's measured window.
     pub measured: Vec<(u64, u64)>,
     /// Control-plane bytes over every link, all tiers.
@@ -354,10 +354,10 @@ impl<'a> Engine<'a> {
         let ticks = (s.duration_s * 1e9 / TICK_NS as f64).round() as u64;
         // Every request counts in the sample in which it arrived at its host, also when a
         // central store decides it a few ticks later.
-        let mut samples: Vec<Sample> = (0..ticks.div_ceil(TICKS_PER_SAMPLE))
-            .map(|i| Sample {
+        let mut samples: Vec<FleetSample> = (0..ticks.div_ceil(TICKS_PER_SAMPLE))
+            .map(|i| FleetSample {
                 t_s: (i * TICKS_PER_SAMPLE * TICK_NS) as f64 / 1e9,
-                ..Sample::default()
+                ..FleetSample::default()
             })
             .collect();
         let mut measured = vec![(0u64, 0u64); self.hosts.len()];

@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod output;
 pub mod scenario;
 
-pub use engine::{Network, Sample, Trace};
+pub use engine::{FleetSample, Network, Trace};
 pub use metrics::Metrics;
 pub use scenario::Scenario;
 

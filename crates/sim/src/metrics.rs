@@ -1,7 +1,7 @@
 //! The figures of a run: enforcement delay, steady-state error, overshoot, fairness, wrongful
 //! drops, control-plane bytes and the round trips a central counter costs.
 
-use crate::engine::{Sample, TICK_NS, TICKS_PER_SAMPLE, Trace};
+use crate::engine::{FleetSample, TICK_NS, TICKS_PER_SAMPLE, Trace};
 use crate::scenario::Scenario;
 
 /// Hosts that offered fewer requests in the measured window are left out of Jain's index: below
@@ -43,7 +43,7 @@ impl Metrics {
     pub fn of(scenario: &Scenario, trace: &Trace) -> Metrics {
         let limit = scenario.limit_rps;
         let samples = &trace.samples;
-        let rps = |s: &Sample| s.admitted as f64 / SAMPLE_S;
+        let rps = |s: &FleetSample| s.admitted as f64 / SAMPLE_S;
         // The surge is over when the load falls, or when the scenario breaks the control plane
         // or a region (what happens then is another question than enforcement).
         let surge_end = [
@@ -57,7 +57,7 @@ impl Metrics {
         let enforcement_delay_s = scenario.surge_at().map(|at| {
             let expected = limit * SAMPLE_S;
             let bound = 1.1 * expected + 3.0 * expected.sqrt();
-            let during: Vec<&Sample> = samples
+            let during: Vec<&FleetSample> = samples
                 .iter()
                 .filter(|s| s.t_s >= at && s.t_s < surge_end)
                 .collect();
@@ -69,7 +69,7 @@ impl Metrics {
         });
         let (m0, m1) = scenario.measure;
         let overloaded = scenario.offered_rps(m0) > limit;
-        let window: Vec<&Sample> = samples
+        let window: Vec<&FleetSample> = samples
             .iter()
             .filter(|s| s.t_s >= m0 && s.t_s < m1)
             .collect();

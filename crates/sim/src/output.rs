@@ -105,7 +105,7 @@ fn chart(path: &Path, results: &[RunResult]) -> Result<(), Box<dyn std::error::E
     for (panel, r) in panels.iter().zip(results) {
         let duration = r.scenario.duration_s;
         let limit = r.scenario.limit_rps;
-        let series = |f: &dyn Fn(&crate::Sample) -> f64| -> Vec<(f64, f64)> {
+        let series = |f: &dyn Fn(&crate::FleetSample) -> f64| -> Vec<(f64, f64)> {
             r.trace.samples.iter().map(|s| (s.t_s, f(s))).collect()
         };
         let offered = series(&|s| s.offered as f64 / SAMPLE_S);
