@@ -93,7 +93,7 @@ pub struct Permit {
 
 /// How a permitted call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallOutcome {
     Success,
     Error,
     Timeout,
@@ -205,14 +205,14 @@ impl CircuitBreaker {
     }
 
     /// Records how a permitted call ended, at `now`.
-    pub fn record(&self, permit: Permit, outcome: Outcome, now: Instant) {
+    pub fn record(&self, permit: Permit, outcome: CallOutcome, now: Instant) {
         let counter = match outcome {
-            Outcome::Success => &self.successes,
-            Outcome::Error => &self.errors,
-            Outcome::Timeout => &self.timeouts,
+            CallOutcome::Success => &self.successes,
+            CallOutcome::Error => &self.errors,
+            CallOutcome::Timeout => &self.timeouts,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let ok = outcome == Outcome::Success;
+        let ok = outcome == CallOutcome::Success;
 
         let mut inner = self.lock();
         if permit.epoch != inner.epoch {
@@ -330,7 +330,7 @@ mod tests {
         }
     }
 
-    fn call(b: &CircuitBreaker, now: Instant, outcome: Outcome) -> bool {
+    fn call(b: &CircuitBreaker, now: Instant, outcome: CallOutcome) -> bool {
         match b.permit(now) {
             Some(p) => {
                 b.record(p, outcome, now);
@@ -342,7 +342,7 @@ mod tests {
 
     fn open(b: &CircuitBreaker, now: Instant) {
         for _ in 0..3 {
-            assert!(call(b, now, Outcome::Error));
+            assert!(call(b, now, CallOutcome::Error));
         }
         assert_eq!(b.state(), CircuitState::Open);
     }
@@ -351,13 +351,13 @@ mod tests {
     fn consecutive_failures_open_and_a_success_resets_the_count() {
         let b = CircuitBreaker::new(config());
         let t = Instant::now();
-        call(&b, t, Outcome::Error);
-        call(&b, t, Outcome::Timeout);
-        call(&b, t, Outcome::Success);
-        call(&b, t, Outcome::Error);
-        call(&b, t, Outcome::Error);
+        call(&b, t, CallOutcome::Error);
+        call(&b, t, CallOutcome::Timeout);
+        call(&b, t, CallOutcome::Success);
+        call(&b, t, CallOutcome::Error);
+        call(&b, t, CallOutcome::Error);
         assert_eq!(b.state(), CircuitState::Closed);
-        call(&b, t, Outcome::Timeout);
+        call(&b, t, CallOutcome::Timeout);
         assert_eq!(b.state(), CircuitState::Open);
         let stats = b.stats();
         assert_eq!((stats.errors, stats.timeouts, stats.successes), (3, 2, 1));
@@ -397,13 +397,13 @@ mod tests {
             let (mut arrivals, mut probes) = (0, 0);
             while b.state() == before {
                 arrivals += 1;
-                probes += usize::from(call(b, t, Outcome::Success));
+                probes += usize::from(call(b, t, CallOutcome::Success));
             }
             (arrivals, probes)
         };
         // The first arrival after `open_for` is the first probe; at one in 4, the 5th probe
         // is arrival 17.
-        assert!(call(&b, t, Outcome::Success));
+        assert!(call(&b, t, CallOutcome::Success));
         assert_eq!(stage(&b), (16, 4));
         assert_eq!(
             b.state(),
@@ -425,7 +425,12 @@ mod tests {
         let t = t + Duration::from_secs(1);
         // 5 probes need 4 successes: the second failure makes that impossible.
         // Stage 0 lets arrivals 0, 4, 8, ... through.
-        let mut outcomes = [Outcome::Success, Outcome::Error, Outcome::Timeout].into_iter();
+        let mut outcomes = [
+            CallOutcome::Success,
+            CallOutcome::Error,
+            CallOutcome::Timeout,
+        ]
+        .into_iter();
         for arrival in 0..9 {
             let permitted = b.permit(t);
             assert_eq!(permitted.is_some(), arrival % 4 == 0);
@@ -445,8 +450,8 @@ mod tests {
         let stale = b.permit(t).unwrap();
         open(&b, t);
         let t = t + Duration::from_secs(1);
-        assert!(call(&b, t, Outcome::Success));
-        b.record(stale, Outcome::Error, t);
+        assert!(call(&b, t, CallOutcome::Success));
+        b.record(stale, CallOutcome::Error, t);
         assert!(matches!(b.state(), CircuitState::HalfOpen { stage: 0, .. }));
         assert_eq!(b.stats().errors, 4, "still counted");
     }

@@ -6,7 +6,7 @@ use spillway_core::config::FailurePolicy;
 use spillway_core::decision::Verdict;
 
 use crate::algo::ExactAlgo;
-use crate::breaker::{BreakerConfig, CircuitBreaker, Outcome};
+use crate::breaker::{BreakerConfig, CallOutcome, CircuitBreaker};
 use crate::key::RedisKey;
 use crate::limiter::{Answer, RedisLimiter};
 
@@ -107,9 +107,9 @@ impl GuardedLimiter {
         };
         let result = self.limiter.take(key, algo, cost, want).await;
         let outcome = match &result {
-            Ok(_) => Outcome::Success,
-            Err(e) if e.is_timeout() => Outcome::Timeout,
-            Err(_) => Outcome::Error,
+            Ok(_) => CallOutcome::Success,
+            Err(e) if e.is_timeout() => CallOutcome::Timeout,
+            Err(_) => CallOutcome::Error,
         };
         self.breaker.record(permit, outcome, Instant::now());
         result.map_err(|_| Fallback::StoreFailed)

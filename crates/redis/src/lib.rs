@@ -112,7 +112,7 @@ mod script;
 
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
 pub use batch::{BatchConfig, Batcher, BatchingLimiter};
-pub use breaker::{BreakerConfig, BreakerStats, CircuitBreaker, CircuitState, Outcome, Permit};
+pub use breaker::{BreakerConfig, BreakerStats, CallOutcome, CircuitBreaker, CircuitState, Permit};
 pub use endpoint::Target;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
 pub use key::RedisKey;
