@@ -22,9 +22,10 @@ pub enum CallError {
     Body(String),
 }
 
-/// An answer: status, selected headers and the body as JSON (`Null` when empty).
+/// What the rules service answered: status, selected headers and the body as JSON (`Null` when
+/// empty).
 #[derive(Debug, Clone)]
-pub struct Answer {
+pub struct RulesResponse {
     pub status: u16,
     pub etag: Option<String>,
     pub retry_after: Option<String>,
@@ -32,9 +33,9 @@ pub struct Answer {
     pub body: Value,
 }
 
-impl Answer {
-    /// The answer when its status is a success, else its problem as an error.
-    pub fn ok(self) -> Result<Answer, CallError> {
+impl RulesResponse {
+    /// The response when its status is a success, else its problem as an error.
+    pub fn ok(self) -> Result<Self, CallError> {
         if (200..300).contains(&self.status) {
             Ok(self)
         } else {
@@ -49,20 +50,21 @@ impl Answer {
     }
 }
 
-pub struct Client {
+/// A blocking client of the rules service's REST API (SPEC §4), one bearer token per client.
+pub struct RulesClient {
     server: String,
     token: Option<String>,
     agent: Agent,
 }
 
-impl Client {
+impl RulesClient {
     pub fn new(server: &str, token: Option<String>) -> Self {
         let agent: Agent = Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
             .build()
             .into();
-        Client {
+        RulesClient {
             server: server.trim_end_matches('/').to_owned(),
             token,
             agent,
@@ -76,7 +78,7 @@ impl Client {
         path: &str,
         body: Option<&str>,
         if_match: Option<&str>,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<RulesResponse, CallError> {
         let url = format!("{}{path}", self.server);
         let mut request = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(token) = &self.token {
@@ -125,7 +127,7 @@ impl Client {
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
-        Ok(Answer {
+        Ok(RulesResponse {
             status,
             etag,
             retry_after,
@@ -134,11 +136,11 @@ impl Client {
         })
     }
 
-    pub fn get(&self, path: &str) -> Result<Answer, CallError> {
+    pub fn get(&self, path: &str) -> Result<RulesResponse, CallError> {
         self.send("GET", path, None, None)
     }
 
-    pub fn post(&self, path: &str, body: &str) -> Result<Answer, CallError> {
+    pub fn post(&self, path: &str, body: &str) -> Result<RulesResponse, CallError> {
         self.send("POST", path, Some(body), None)
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::Value;
-use spillway_rules::client::{Answer, CallError, Client};
+use spillway_rules::client::{CallError, RulesClient, RulesResponse};
 use spillway_rules::{Budgets, Role, Store, StoreError};
 
 use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
@@ -127,8 +127,8 @@ fn admin_create(name: &str, role: RoleArg, database: &str) -> ExitCode {
     })
 }
 
-fn client(args: &RulesClientArgs) -> Client {
-    Client::new(&args.server, args.token.clone())
+fn client(args: &RulesClientArgs) -> RulesClient {
+    RulesClient::new(&args.server, args.token.clone())
 }
 
 /// Prints a failed call: an invalid rule or file is bad configuration (2), the rest runtime (1).
@@ -142,9 +142,9 @@ fn failed(command: &str, err: &CallError) -> ExitCode {
     }
 }
 
-fn call(command: &str, answer: Result<Answer, CallError>) -> Result<Value, ExitCode> {
+fn call(command: &str, answer: Result<RulesResponse, CallError>) -> Result<Value, ExitCode> {
     answer
-        .and_then(Answer::ok)
+        .and_then(RulesResponse::ok)
         .map(|a| a.body)
         .map_err(|err| failed(command, &err))
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spillway_rules::client::{Answer, Client};
+use spillway_rules::client::{RulesClient, RulesResponse};
 use spillway_rules::{Budgets, Role, Store};
 use spillway_testkit::Postgres;
 use tempfile::TempDir;
@@ -101,12 +101,12 @@ pub fn start_with(db: Db, budgets: Budgets) -> Service {
 }
 
 impl Service {
-    pub fn client(&self, token: &str) -> Client {
-        Client::new(&self.url, Some(token.to_owned()))
+    pub fn client(&self, token: &str) -> RulesClient {
+        RulesClient::new(&self.url, Some(token.to_owned()))
     }
 
-    pub fn anonymous(&self) -> Client {
-        Client::new(&self.url, None)
+    pub fn anonymous(&self) -> RulesClient {
+        RulesClient::new(&self.url, None)
     }
 
     pub fn rules(&self) -> Vec<Value> {
@@ -125,7 +125,7 @@ impl Service {
         self.runtime.block_on(self.store.version()).unwrap()
     }
 
-    pub fn create(&self, token: &str, rule: &Value) -> Answer {
+    pub fn create(&self, token: &str, rule: &Value) -> RulesResponse {
         self.client(token)
             .post("/v1/rules", &rule.to_string())
             .unwrap()
