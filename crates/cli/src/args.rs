@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use spillway_rules::Role;
 
 /// Spillway: global rate limiting for fleets of microservices.
 #[derive(Debug, Parser)]
@@ -297,19 +299,19 @@ pub enum AdminCommand {
         /// The user's name.
         name: String,
         /// The user's role.
-        #[arg(long, value_enum, default_value_t = Role::Admin)]
+        // The store's own `Role`: clap offers its names (help, suggestions) and its `FromStr`
+        // turns the one given into the value.
+        #[arg(
+            long,
+            default_value_t = Role::Admin,
+            value_parser = PossibleValuesParser::new(Role::ALL.map(Role::name))
+                .try_map(|name| name.parse::<Role>()),
+        )]
         role: Role,
         /// `sqlite://PATH` or `postgres://...`.
         #[arg(long)]
         database: String,
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Role {
-    Admin,
-    Viewer,
-    Service,
 }
 
 #[derive(Debug, Args)]

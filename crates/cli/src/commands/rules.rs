@@ -9,7 +9,7 @@ use serde_json::Value;
 use spillway_rules::client::{CallError, RulesClient, RulesResponse};
 use spillway_rules::{Budgets, Role, Store, StoreError};
 
-use crate::args::{AdminCommand, Role as RoleArg, RulesClientArgs, RulesCommand};
+use crate::args::{AdminCommand, RulesClientArgs, RulesCommand};
 
 pub fn rules(command: RulesCommand) -> ExitCode {
     match command {
@@ -93,12 +93,7 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
     })
 }
 
-fn admin_create(name: &str, role: RoleArg, database: &str) -> ExitCode {
-    let role = match role {
-        RoleArg::Admin => Role::Admin,
-        RoleArg::Viewer => Role::Viewer,
-        RoleArg::Service => Role::Service,
-    };
+fn admin_create(name: &str, role: Role, database: &str) -> ExitCode {
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,

@@ -21,6 +21,9 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, in the order `spillway rules admin create --role` lists them.
+    pub const ALL: [Role; 3] = [Role::Admin, Role::Viewer, Role::Service];
+
     pub fn name(self) -> &'static str {
         match self {
             Role::Admin => "admin",
