@@ -35,9 +35,10 @@ enum Compiled {
     Peer,
 }
 
-/// The `identity` section, compiled.
+/// The `identity` section ([`config::Identity`]) compiled: reads a request's attributes from its
+/// path, headers and peer.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub struct IdentityExtractor {
     caller: Box<[Compiled]>,
     procedure: Box<[Compiled]>,
     /// In [`SubjectKind::ALL`] order.
@@ -60,7 +61,7 @@ fn compile(sources: &Sources) -> Box<[Compiled]> {
         .collect()
 }
 
-impl Identity {
+impl IdentityExtractor {
     pub fn new(identity: &config::Identity) -> Self {
         Self {
             caller: compile(&identity.caller),
@@ -107,7 +108,7 @@ mod tests {
 
     #[test]
     fn first_present_source_wins() {
-        let identity = Identity::new(&config::Identity::default());
+        let identity = IdentityExtractor::new(&config::Identity::default());
         let mut headers = HeaderMap::new();
         headers.insert("rpc-caller", "gateway".parse().unwrap());
         headers.insert("x-user-id", "alice".parse().unwrap());

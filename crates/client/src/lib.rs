@@ -54,7 +54,7 @@ mod watch;
 pub use acquire::AcquireError;
 pub use client::{BucketStats, Client};
 pub use error::{ClientError, InstructionError};
-pub use identity::{Headers, Identity, NoHeaders};
+pub use identity::{Headers, IdentityExtractor, NoHeaders};
 pub use layer::{BoxError, Limited, RateLimit, RateLimitLayer, ResponseFuture};
 pub use rules::{CompiledBucket, RedisChecks, Rules, Step};
 #[cfg(feature = "redis")]

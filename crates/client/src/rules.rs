@@ -17,7 +17,7 @@ use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
 
 use crate::error::ClientError;
-use crate::identity::{Headers, Identity};
+use crate::identity::{Headers, IdentityExtractor};
 use crate::store::{ExactBucket, ExactStore, RedisKey};
 use crate::subjects::SubjectMap;
 
@@ -149,7 +149,7 @@ impl CompiledBucket {
 pub struct Rules {
     version: u64,
     config: Arc<Config>,
-    identity: Identity,
+    identity: IdentityExtractor,
     matcher: Matcher,
     buckets: Box<[CompiledBucket]>,
     /// The Redis of `store: redis` buckets, kept across reloads that leave `redis` unchanged so
@@ -243,7 +243,7 @@ impl Rules {
         let matcher = Matcher::compile(buckets.iter().map(|b| &b.bucket.match_spec));
         Ok(Self {
             version,
-            identity: Identity::new(&config.identity),
+            identity: IdentityExtractor::new(&config.identity),
             config: Arc::new(config),
             matcher,
             buckets: buckets.into(),
@@ -265,7 +265,7 @@ impl Rules {
         &self.config
     }
 
-    pub fn identity(&self) -> &Identity {
+    pub fn identity(&self) -> &IdentityExtractor {
         &self.identity
     }
 
