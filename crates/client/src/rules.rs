@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use http::HeaderName;
 use spillway_core::algo::{AdaptiveTokenBucket, DropRatio, Limiter, Rate};
 use spillway_core::clock::Nanos;
-use spillway_core::config::{self, Algorithm, Bucket, Config, Cost, FailurePolicy, Store};
+use spillway_core::config::{self, Algorithm, Bucket, Config, Cost, FailurePolicy, StateStore};
 use spillway_core::counters::{BucketCounters, Outcome};
 use spillway_core::decision::{BucketId, Decision, Mode, Verdict};
 use spillway_core::limit::Limit;
@@ -423,7 +423,7 @@ fn build(service: &str, bucket: &Bucket, max_subjects: usize) -> Result<Limiters
     };
     let rate = Rate::new(bucket.limit.count.get(), bucket.limit.period).map_err(param)?;
     let burst = bucket.burst.map(NonZeroU64::get);
-    if bucket.store == Store::Redis {
+    if bucket.store == StateStore::Redis {
         return ExactBucket::new(service, bucket, rate, burst).map(Limiters::Exact);
     }
     build_local(bucket, rate, burst, max_subjects).map_err(param)
@@ -435,7 +435,7 @@ pub(crate) fn first_redis_bucket(config: &Config) -> Option<(&str, &str)> {
         service
             .buckets
             .iter()
-            .find(|b| b.store == Store::Redis)
+            .find(|b| b.store == StateStore::Redis)
             .map(|b| (service.name.as_str(), b.name.as_str()))
     })
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use spillway_core::config::{
-    self, Algorithm, Cost, FailurePolicy, Mode, RedisTarget, Scope, Source, Store,
+    self, Algorithm, Cost, FailurePolicy, Mode, RedisTarget, Scope, Source, StateStore,
 };
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 
@@ -36,7 +36,7 @@ fn the_spec_file_loads_with_the_values_it_states() {
     assert_eq!(charge.limit.per_second(), 5000.0);
     assert_eq!((charge.scope, charge.mode), (Scope::Global, Mode::Enforce));
     assert_eq!(charge.algorithm, Algorithm::DropRatio);
-    assert_eq!(charge.store, Store::ControlPlane);
+    assert_eq!(charge.store, StateStore::ControlPlane);
     assert_eq!(charge.on_store_failure, FailurePolicy::Open);
     assert_eq!(charge.burst, None);
 
@@ -46,7 +46,7 @@ fn the_spec_file_loads_with_the_values_it_states() {
         (SubjectKind::User, &SubjectValue::Each)
     );
     assert_eq!(search.limit.period, Duration::from_secs(60));
-    assert_eq!(search.store, Store::Redis);
+    assert_eq!(search.store, StateStore::Redis);
     assert_eq!(search.on_store_failure, FailurePolicy::Closed);
     let Cost::Header(cost) = &search.cost else {
         panic!("a header cost expected");
@@ -77,14 +77,14 @@ redis: { url: redis://localhost }
     )
     .unwrap();
     let buckets = &config.services[0].buckets;
-    let stores: Vec<Store> = buckets.iter().map(|b| b.store).collect();
+    let stores: Vec<StateStore> = buckets.iter().map(|b| b.store).collect();
     assert_eq!(
         stores,
         [
-            Store::ControlPlane,
-            Store::Local,
-            Store::ControlPlane,
-            Store::Redis
+            StateStore::ControlPlane,
+            StateStore::Local,
+            StateStore::ControlPlane,
+            StateStore::Redis
         ]
     );
     let bursts: Vec<Option<u64>> = buckets.iter().map(|b| b.burst.map(|n| n.get())).collect();

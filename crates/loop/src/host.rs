@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use spillway_core::algo::{Kind, Ratio, Share};
 use spillway_core::clock::{Nanos, nanos};
-use spillway_core::config::{Config, Store};
+use spillway_core::config::{Config, StateStore};
 use spillway_core::counters::Snapshot;
 use spillway_core::surge::{self, Instructed, SurgeGuard};
 use spillway_proto::v1;
@@ -108,8 +108,8 @@ impl Bucket {
 }
 
 /// Buckets whose limit the control plane computes from everyone's counts.
-pub fn on_control_plane(kind: Kind, store: Store) -> bool {
-    matches!(kind, Kind::DropRatio | Kind::AdaptiveTokenBucket) && store == Store::ControlPlane
+pub fn on_control_plane(kind: Kind, store: StateStore) -> bool {
+    matches!(kind, Kind::DropRatio | Kind::AdaptiveTokenBucket) && store == StateStore::ControlPlane
 }
 
 /// A host's control loop: events and time in, [`HostStep`]s and reports out.

@@ -33,7 +33,8 @@ use std::path::Path;
 pub use error::ConfigError;
 pub use model::{
     Algorithm, BucketFile, ConfigFile, Control, Cost, CostHeader, FailurePolicy, Identity,
-    MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source, Sources, Store,
+    MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source, Sources,
+    StateStore,
 };
 pub use positions::Position;
 pub use table::{describe_match, render_table};

@@ -314,7 +314,7 @@ pub struct BucketFile {
     pub algorithm: Algorithm,
     /// Defaults to `control-plane` for drop-ratio and adaptive-token-bucket, else `local`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub store: Option<Store>,
+    pub store: Option<StateStore>,
     #[serde(default)]
     pub cost: Cost,
     /// Defaults to `closed` for `store: redis` (S8), else `open` (G9).
@@ -408,7 +408,9 @@ pub enum Scope {
 /// Where a bucket's state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-pub enum Store {
+// `spillway schema` keeps the `Store` definition name it has always printed.
+#[schemars(rename = "Store")]
+pub enum StateStore {
     /// In the proxy's memory: the limit holds per proxy instance.
     Local,
     /// In Redis, exactly, one Lua call per decision (S5, W1).
@@ -430,14 +432,14 @@ pub enum FailurePolicy {
 impl Algorithm {
     /// Drop-ratio and the adaptive token bucket need the global view that only the control
     /// plane has; the exact algorithms count locally or in Redis.
-    pub fn stores(self) -> &'static [Store] {
+    pub fn stores(self) -> &'static [StateStore] {
         match self {
-            Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket => &[Store::ControlPlane],
-            _ => &[Store::Local, Store::Redis],
+            Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket => &[StateStore::ControlPlane],
+            _ => &[StateStore::Local, StateStore::Redis],
         }
     }
 
-    pub fn default_store(self) -> Store {
+    pub fn default_store(self) -> StateStore {
         self.stores()[0]
     }
 }
@@ -448,17 +450,17 @@ impl fmt::Display for Algorithm {
     }
 }
 
-impl Store {
+impl StateStore {
     pub fn name(self) -> &'static str {
         match self {
-            Store::Local => "local",
-            Store::Redis => "redis",
-            Store::ControlPlane => "control-plane",
+            StateStore::Local => "local",
+            StateStore::Redis => "redis",
+            StateStore::ControlPlane => "control-plane",
         }
     }
 }
 
-impl fmt::Display for Store {
+impl fmt::Display for StateStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::model::{
     Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MatchFile, Mode,
-    RedisFile, Scope, Source, Sources, Store, is_header_name,
+    RedisFile, Scope, Source, Sources, StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
 use crate::limit::{Limit, format_duration};
@@ -67,7 +67,7 @@ pub struct Bucket {
     pub scope: Scope,
     pub mode: Mode,
     pub algorithm: Algorithm,
-    pub store: Store,
+    pub store: StateStore,
     pub cost: Cost,
     pub on_store_failure: FailurePolicy,
     /// Hot-key batching (S10): `Some(N)` (2 to 1000) only for `store: redis` token buckets.
@@ -90,10 +90,10 @@ pub enum RedisTarget {
 
 /// `on_store_failure` when the file says nothing: Redis fails closed behind its circuit
 /// breaker (S8); everything else fails open, as the control plane must (G9).
-pub fn default_failure_policy(store: Store) -> FailurePolicy {
+pub fn default_failure_policy(store: StateStore) -> FailurePolicy {
     match store {
-        Store::Redis => FailurePolicy::Closed,
-        Store::Local | Store::ControlPlane => FailurePolicy::Open,
+        StateStore::Redis => FailurePolicy::Closed,
+        StateStore::Local | StateStore::ControlPlane => FailurePolicy::Open,
     }
 }
 
@@ -310,7 +310,7 @@ fn check_bucket(
             format!("store {store} does not fit {algorithm_name}: {advice}"),
         ));
     }
-    if store == Store::Redis && !has_redis {
+    if store == StateStore::Redis && !has_redis {
         return Err(check.at_value(
             &child(path, "store"),
             "store: redis needs a top-level `redis` section, like `redis: { url: redis://127.0.0.1:6379 }`",
@@ -365,11 +365,11 @@ fn check_batch(
     path: &str,
     bucket: &BucketFile,
     batch: u64,
-    store: Store,
+    store: StateStore,
     algorithm_name: &str,
 ) -> Result<(), Located> {
     let at = child(path, "batch");
-    if store != Store::Redis {
+    if store != StateStore::Redis {
         let written = if check.positions.contains(&child(path, "store")) {
             format!("store {store}")
         } else {
