@@ -114,9 +114,9 @@ impl CompiledBucket {
     }
 
     /// Counts `verdict` and turns it into this bucket's decision.
-    fn record(&self, id: u32, verdict: Verdict) -> Decision {
+    fn record(&self, id: BucketId, verdict: Verdict) -> Decision {
         self.counters.record(Outcome::of(verdict, self.mode), 1);
-        verdict.into_decision(BucketId(id), self.mode)
+        verdict.into_decision(id, self.mode)
     }
 
     /// Subjects held, for per-subject buckets.
@@ -178,7 +178,7 @@ pub struct RedisChecks {
 
 #[derive(Debug)]
 struct Check {
-    id: u32,
+    id: BucketId,
     /// The key of a per-subject bucket, which holds the request's subject value; `None` for a
     /// bucket with one key, which the bucket keeps.
     key: Option<RedisKey>,
@@ -275,7 +275,7 @@ impl Rules {
 
     /// The bucket a decision names.
     pub fn bucket(&self, id: BucketId) -> Option<&CompiledBucket> {
-        self.buckets.get(id.0 as usize)
+        self.buckets.get(id.index())
     }
 
     /// The bucket `name` of `service`.
@@ -304,7 +304,7 @@ impl Rules {
             Step::Redis(pending) => {
                 let mut decision = pending.local;
                 for check in pending.checks {
-                    let bucket = &self.buckets[check.id as usize];
+                    let bucket = &self.buckets[check.id.index()];
                     let verdict = match &self.store {
                         Some(store) => store.policy_verdict(bucket.on_store_failure()),
                         None => Verdict::Allow,
@@ -342,7 +342,7 @@ impl Rules {
     pub async fn finish(&self, pending: RedisChecks) -> Decision {
         let mut decision = pending.local;
         for check in pending.checks {
-            let bucket = &self.buckets[check.id as usize];
+            let bucket = &self.buckets[check.id.index()];
             let verdict = match (&self.store, &bucket.state.limiters) {
                 (Some(store), Limiters::Exact(exact)) => {
                     store
@@ -373,7 +373,7 @@ impl Rules {
         let mut decision = Decision::Allow;
         let mut checks = Vec::new();
         for id in matches.iter() {
-            let bucket = &self.buckets[id as usize];
+            let bucket = &self.buckets[id.index()];
             if let Limiters::Exact(exact) = &bucket.state.limiters {
                 let key = match exact.subject() {
                     None => None,

@@ -13,7 +13,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use spillway_core::algo::{DropRatio, Ratio};
 use spillway_core::clock::{Clock, CoarseClock, SystemClock};
 use spillway_core::counters::{BucketCounters, Outcome};
-use spillway_core::decision::{BucketId, Decision, Mode};
+use spillway_core::decision::{Decision, Mode};
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{MatchSpec, RequestAttrs};
 
@@ -49,10 +49,10 @@ impl RuleSet {
         let now = clock.now();
         let mut decision = Decision::Allow;
         for bucket in out.iter() {
-            let i = bucket as usize;
+            let i = bucket.index();
             let verdict = self.limiters[i].decide(now);
             self.counters[i].record(Outcome::of(verdict, Mode::Enforce), 1);
-            decision = decision.combine(verdict.into_decision(BucketId(bucket), Mode::Enforce));
+            decision = decision.combine(verdict.into_decision(bucket, Mode::Enforce));
         }
         decision.forwards()
     }

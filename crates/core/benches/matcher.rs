@@ -4,6 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use spillway_core::decision::BucketId;
 use spillway_core::matcher::Matcher;
 use spillway_core::pattern::{MatchSpec, RequestAttrs};
 
@@ -19,7 +20,7 @@ fn bench_case(c: &mut Criterion, name: &str, specs: &[MatchSpec], request: Reque
             black_box(out.len())
         })
     });
-    let mut found: Vec<u32> = Vec::with_capacity(specs.len());
+    let mut found: Vec<BucketId> = Vec::with_capacity(specs.len());
     c.bench_function(&format!("linear_scan/{name}"), |b| {
         b.iter(|| {
             found.clear();
@@ -28,17 +29,17 @@ fn bench_case(c: &mut Criterion, name: &str, specs: &[MatchSpec], request: Reque
                 (0..)
                     .zip(specs)
                     .filter(|(_, s)| s.matches(request))
-                    .map(|(i, _)| i),
+                    .map(|(i, _)| BucketId(i)),
             );
             black_box(found.len())
         })
     });
     // The two must agree, or the numbers compare different work.
     matcher.find(&request, &mut out);
-    let expected: Vec<u32> = (0..)
+    let expected: Vec<BucketId> = (0..)
         .zip(specs)
         .filter(|(_, s)| s.matches(&request))
-        .map(|(i, _)| i)
+        .map(|(i, _)| BucketId(i))
         .collect();
     assert_eq!(out.as_slice(), expected.as_slice(), "{name}");
 }

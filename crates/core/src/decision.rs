@@ -9,9 +9,18 @@ use std::time::Duration;
 /// algorithm could ever hold (for example a cost of 200 against a bucket of 100 tokens).
 pub const NEVER: Duration = Duration::MAX;
 
-/// Identifies a bucket of the compiled rule set. Small and `Copy` so a decision carries it freely.
+/// A bucket of the compiled rule set: its position in the sequence given to
+/// [`Matcher::compile`](crate::matcher::Matcher::compile). Small and `Copy` so the matcher and a
+/// decision carry it freely; ordered as the positions are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BucketId(pub u32);
+
+impl BucketId {
+    /// The position, to index the buckets in the order they were compiled.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
 
 /// Whether a bucket denies or only counts what it would have denied (G4).
 #[derive(

@@ -24,10 +24,8 @@
 
 use std::collections::HashMap;
 
+use crate::decision::BucketId;
 use crate::pattern::{MatchSpec, Pattern, RequestAttrs, Subject};
-
-/// A bucket's position in the sequence given to [`Matcher::compile`].
-pub type BucketId = u32;
 
 /// Exact keys come from the configuration and lookups from requests, so a request can choose what
 /// it hashes. A fixed-seed fast hasher is still safe here: flooding needs the attacker to *insert*
@@ -123,7 +121,7 @@ impl Matcher {
         let mut by_caller: Level<Level<Candidates>> = Level::default();
         let mut buckets = 0;
         for (position, spec) in specs.into_iter().enumerate() {
-            let bucket = BucketId::try_from(position).expect("more than u32::MAX buckets");
+            let bucket = BucketId(u32::try_from(position).expect("more than u32::MAX buckets"));
             let candidate = Candidate {
                 bucket,
                 subject: spec.subject.clone(),
@@ -381,7 +379,7 @@ mod tests {
             },
             &mut out,
         );
-        assert_eq!(out.as_slice(), &[0, 1, 4, 6]);
+        assert_eq!(out.as_slice(), [0, 1, 4, 6].map(BucketId));
     }
 
     #[test]
@@ -403,6 +401,6 @@ mod tests {
         assert!(out.is_empty());
         request.subjects[SubjectKind::Org.index()] = Some("acme");
         matcher.find(&request, &mut out);
-        assert_eq!(out.as_slice(), &[0]);
+        assert_eq!(out.as_slice(), [BucketId(0)]);
     }
 }

@@ -2,6 +2,7 @@
 //! empty configuration, subjects, `*` against a missing key, and a glob and an exact value on the
 //! same key.
 
+use spillway_core::decision::BucketId;
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{
     MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
@@ -34,7 +35,7 @@ fn request<'a>(caller: Option<&'a str>, procedure: Option<&'a str>) -> RequestAt
 fn find(matcher: &Matcher, request: &RequestAttrs<'_>) -> Vec<u32> {
     let mut out = Matches::new();
     matcher.find(request, &mut out);
-    out.iter().collect()
+    out.iter().map(|bucket| bucket.0).collect()
 }
 
 #[test]
@@ -160,9 +161,9 @@ fn find_replaces_the_previous_result() {
     let matcher = Matcher::compile(&specs);
     let mut out = matcher.matches_buffer();
     matcher.find(&request(Some("gw"), None), &mut out);
-    assert_eq!(out.as_slice(), [0]);
+    assert_eq!(out.as_slice(), [BucketId(0)]);
     matcher.find(&request(Some("other"), None), &mut out);
-    assert_eq!(out.as_slice(), [1]);
+    assert_eq!(out.as_slice(), [BucketId(1)]);
     matcher.find(&request(Some("nobody"), None), &mut out);
     assert!(out.is_empty());
 }

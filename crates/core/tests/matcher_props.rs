@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
+use spillway_core::decision::BucketId;
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{
     MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
@@ -79,11 +80,11 @@ fn request() -> impl Strategy<Value = RequestAttrs<'static>> {
         })
 }
 
-fn reference(specs: &[MatchSpec], request: &RequestAttrs<'_>) -> Vec<u32> {
+fn reference(specs: &[MatchSpec], request: &RequestAttrs<'_>) -> Vec<BucketId> {
     (0..)
         .zip(specs)
         .filter(|(_, spec)| spec.matches(request))
-        .map(|(bucket, _)| bucket)
+        .map(|(bucket, _)| BucketId(bucket))
         .collect()
 }
 
