@@ -115,12 +115,17 @@ impl ZoneCore {
     /// A host opened stream `conn` before reporting (the simulator's hosts are linked from the
     /// start); a server learns the host from its first report instead.
     pub fn join(&mut self, host: &str, conn: u64) {
-        self.hosts.entry(host.to_owned()).or_insert_with(|| Host {
-            conn,
-            rules_version: 0,
-            last: Sums::default(),
-            sent_rules: 0,
-        });
+        if !self.hosts.contains_key(host) {
+            self.hosts.insert(
+                host.to_owned(),
+                Host {
+                    conn,
+                    rules_version: 0,
+                    last: Sums::default(),
+                    sent_rules: 0,
+                },
+            );
+        }
     }
 
     /// A report from `report.host_id` on stream `conn`, at `now_ms`.
