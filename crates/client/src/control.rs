@@ -112,17 +112,12 @@ impl HostLimiters for Linked {
         self.client.rules().shared_config().clone()
     }
 
-    fn totals(&self, buckets: &[BucketKey]) -> Vec<Snapshot> {
-        let rules = self.client.rules();
-        buckets
-            .iter()
-            .map(|key| {
-                rules
-                    .find(&key.service, &key.bucket)
-                    .map(|b| b.counters.snapshot())
-                    .unwrap_or_default()
-            })
-            .collect()
+    fn counters(&self, key: &BucketKey) -> Snapshot {
+        self.client
+            .rules()
+            .find(&key.service, &key.bucket)
+            .map(|b| b.counters.snapshot())
+            .unwrap_or_default()
     }
 
     fn apply(&self, key: &BucketKey, step: &HostStep) {

@@ -10,7 +10,7 @@
 //!
 //! How a `spillway-client` embedder plugs in:
 //! ```text
-//! HostLimiters::totals      -> each control-plane bucket's counters (monotonic totals)
+//! HostLimiters::counters    -> each control-plane bucket's counters (monotonic totals)
 //! HostLimiters::apply       -> Client::set_drop_ratio, DropRatio::set_surge, set_share
 //! HostLimiters::apply_rules -> config::load_str(yaml) then Client::reload, persisted to disk
 //! LinkStatus::connected     -> spillway_control_plane_connected
@@ -45,9 +45,8 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// core follows them.
     fn config(&self) -> Arc<Config>;
 
-    /// The counters of `buckets` (monotonic totals), in the same order; zeros for a bucket that
-    /// is gone.
-    fn totals(&self, buckets: &[BucketKey]) -> Vec<Snapshot>;
+    /// The counters of `bucket` (monotonic totals); zeros for a bucket that is gone.
+    fn counters(&self, bucket: &BucketKey) -> Snapshot;
 
     /// Applies one step of the core to `bucket`'s limiter: a drop ratio, a surge correction or
     /// an adaptive share. Never [`HostStep::Rules`], which goes to [`HostLimiters::apply_rules`].
@@ -270,9 +269,9 @@ impl Driver {
         }
     }
 
+    /// Every bucket's counters, in the core's order.
     fn totals(&self, core: &HostCore) -> Vec<Snapshot> {
-        let keys: Vec<BucketKey> = core.buckets().cloned().collect();
-        self.host.totals(&keys)
+        core.buckets().map(|key| self.host.counters(key)).collect()
     }
 
     /// Applies `steps` of the core in `state`, and the instructions that waited for new rules.

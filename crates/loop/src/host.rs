@@ -108,7 +108,7 @@ impl Bucket {
 }
 
 /// Buckets whose limit the control plane computes from everyone's counts.
-pub fn on_control_plane(kind: Kind, store: StateStore) -> bool {
+fn on_control_plane(kind: Kind, store: StateStore) -> bool {
     matches!(kind, Kind::DropRatio | Kind::AdaptiveTokenBucket) && store == StateStore::ControlPlane
 }
 

@@ -23,7 +23,7 @@ pub mod sums;
 pub mod tally;
 pub mod zone;
 
-pub use host::{HostCore, HostId, HostStep, HostTime, on_control_plane};
+pub use host::{HostCore, HostId, HostStep, HostTime};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
 pub use rules::{RulesError, RulesSnapshot};

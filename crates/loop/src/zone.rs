@@ -456,6 +456,7 @@ mod tests {
         assert_eq!((sent[1].0, sent[1].2), ("b", false));
         // Sent once; again only when the send failed.
         let again = zone.on_instructions(8_200, instructions.clone());
+        assert_eq!(again.len(), 2, "both hosts are still instructed");
         assert!(again.iter().all(
             |s| matches!(s, ZoneStep::Send { instructions, .. } if instructions.rules.is_none())
         ));

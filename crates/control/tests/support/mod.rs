@@ -164,21 +164,16 @@ impl HostLimiters for SimClient {
         self.lock().config.clone()
     }
 
-    fn totals(&self, buckets: &[BucketKey]) -> Vec<Snapshot> {
+    fn counters(&self, key: &BucketKey) -> Snapshot {
         let mut state = self.lock();
-        buckets
-            .iter()
-            .map(|key| {
-                // Whole requests only, as real counters hold.
-                let b = state.bucket(key.clone());
-                let allowed = b.admitted.floor() as u64;
-                Snapshot {
-                    allowed,
-                    dropped: (b.offered.floor() as u64).saturating_sub(allowed),
-                    shadow_dropped: 0,
-                }
-            })
-            .collect()
+        // Whole requests only, as real counters hold.
+        let b = state.bucket(key.clone());
+        let allowed = b.admitted.floor() as u64;
+        Snapshot {
+            allowed,
+            dropped: (b.offered.floor() as u64).saturating_sub(allowed),
+            shadow_dropped: 0,
+        }
     }
 
     fn apply(&self, key: &BucketKey, step: &HostStep) {
