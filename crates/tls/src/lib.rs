@@ -1,0 +1,18 @@
+//! Spillway's transport security (SPEC §7): SPIFFE identities ([`identity`]), a process's
+//! certificate files re-read when they change ([`files`]), the dialling side of a mutual-TLS
+//! link that verifies the server by identity ([`client`]), listeners that hand each
+//! connection's verified identity to the services ([`server`], feature `server`), and a
+//! development PKI ([`certs`], feature `dev-pki`).
+#![forbid(unsafe_code)]
+
+#[cfg(feature = "dev-pki")]
+pub mod certs;
+pub mod client;
+pub mod files;
+pub mod identity;
+#[cfg(feature = "server")]
+pub mod server;
+
+pub use client::{Connector, Expect};
+pub use files::{TlsError, TlsFiles, TlsSource};
+pub use identity::{DEFAULT_TRUST_DOMAIN, Identity, IdentityError, Role, SanPolicy};
