@@ -25,6 +25,7 @@
 mod error;
 pub mod model;
 pub mod positions;
+pub mod secret;
 mod table;
 pub mod validate;
 
@@ -37,6 +38,7 @@ pub use model::{
     StateStore,
 };
 pub use positions::Position;
+pub use secret::redact_url;
 pub use table::{describe_match, render_table};
 pub use validate::{Bucket, Config, Redis, RedisTarget, Service, default_failure_policy};
 

@@ -8,12 +8,14 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::num::NonZeroU64;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::value::MapAccessDeserializer;
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
+use super::secret::redact_url;
 use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 
 /// The limiter algorithm of a bucket (`drop-ratio` by default): the core's own [`Kind`], so the
@@ -582,7 +584,7 @@ impl<'de> Deserialize<'de> for Cost {
 }
 
 /// The Redis that exact buckets count in: exactly one of `url`, `sentinel` or `cluster`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(extend("oneOf" = [
     { "required": ["url"] },
@@ -603,6 +605,32 @@ pub struct RedisFile {
     #[serde(default = "default_redis_timeout", with = "duration_text")]
     #[schemars(with = "DurationText")]
     pub timeout: Duration,
+    /// A file holding the Redis password (its text, without a trailing newline), read by each
+    /// process that connects when it starts: the password stays out of this file, out of the
+    /// control plane's link and out of logs. Relative paths are from the working directory.
+    /// Without it, the `SPILLWAY_REDIS_PASSWORD` environment variable gives the password, if
+    /// set; a password written in a URL is the last resort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for RedisFile {
+    /// URLs with their password replaced by `***`, so a logged configuration shows none.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisFile")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("sentinel", &self.sentinel)
+            .field(
+                "cluster",
+                &self
+                    .cluster
+                    .as_ref()
+                    .map(|nodes| nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>()),
+            )
+            .field("timeout", &self.timeout)
+            .field("password_file", &self.password_file)
+            .finish()
+    }
 }
 
 pub(crate) fn default_redis_timeout() -> Duration {
@@ -610,13 +638,25 @@ pub(crate) fn default_redis_timeout() -> Duration {
 }
 
 /// Redis Sentinel: the monitored master's name and the sentinels to ask.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SentinelFile {
     /// The master's name in the sentinels' configuration, e.g. `mymaster`.
     pub master: String,
     /// Sentinel addresses, e.g. `redis://10.0.0.1:26379`.
     pub nodes: Vec<String>,
+}
+
+impl fmt::Debug for SentinelFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelFile")
+            .field("master", &self.master)
+            .field(
+                "nodes",
+                &self.nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// The schema of a duration (`250ms`, `1s`, `2m`, `1h`, `1d`).

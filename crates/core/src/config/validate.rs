@@ -4,14 +4,17 @@
 //! document's [`Positions`] so the message still reads `FILE:LINE:COLUMN: what is wrong`.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::num::NonZeroU64;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{
     Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MatchFile, Mode,
-    RedisFile, Scope, Source, Sources, StateStore, is_header_name,
+    RedisFile, Scope, SentinelFile, Source, Sources, StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
+use super::secret::{redact_url, url_has_password};
 use crate::limit::{Limit, format_duration};
 use crate::pattern::{MatchSpec, Pattern, Subject, SubjectKind, SubjectValue};
 
@@ -79,13 +82,65 @@ pub struct Bucket {
 pub struct Redis {
     pub target: RedisTarget,
     pub timeout: Duration,
+    /// Where the password is kept, read by the process that connects (`redis.password_file`).
+    pub password_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where Redis is. Its `Debug` shows URLs with their password as `***`.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     Single { url: String },
     Sentinel { master: String, nodes: Vec<String> },
     Cluster { nodes: Vec<String> },
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |nodes: &[String]| -> Vec<String> {
+            nodes.iter().map(|n| redact_url(n).into_owned()).collect()
+        };
+        match self {
+            RedisTarget::Single { url } => f
+                .debug_struct("Single")
+                .field("url", &redact_url(url))
+                .finish(),
+            RedisTarget::Sentinel { master, nodes } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("nodes", &redacted(nodes))
+                .finish(),
+            RedisTarget::Cluster { nodes } => f
+                .debug_struct("Cluster")
+                .field("nodes", &redacted(nodes))
+                .finish(),
+        }
+    }
+}
+
+impl From<&Redis> for RedisFile {
+    /// The section as a file would write it: how a host puts its own `redis` back beside rules
+    /// it received, which never carry one.
+    fn from(redis: &Redis) -> Self {
+        let (url, sentinel, cluster) = match &redis.target {
+            RedisTarget::Single { url } => (Some(url.clone()), None, None),
+            RedisTarget::Sentinel { master, nodes } => (
+                None,
+                Some(SentinelFile {
+                    master: master.clone(),
+                    nodes: nodes.clone(),
+                }),
+                None,
+            ),
+            RedisTarget::Cluster { nodes } => (None, None, Some(nodes.clone())),
+        };
+        RedisFile {
+            url,
+            sentinel,
+            cluster,
+            timeout: redis.timeout,
+            password_file: redis.password_file.clone(),
+        }
+    }
 }
 
 /// `on_store_failure` when the file says nothing: Redis fails closed behind its circuit
@@ -507,18 +562,62 @@ fn check_redis_url(check: &Checker<'_>, path: &str, url: &str) -> Result<(), Loc
         Some(rest) if !rest.trim().is_empty() => Ok(()),
         Some(_) => Err(check.at_value(
             path,
-            format!("redis address \"{url}\" has no host; write redis://HOST:PORT"),
+            format!(
+                "redis address \"{}\" has no host; write redis://HOST:PORT",
+                redact_url(url)
+            ),
         )),
         None => Err(check.at_value(
             path,
             format!(
-                "redis address \"{url}\" must start with redis:// or rediss:// (TLS), like redis://127.0.0.1:6379"
+                "redis address \"{}\" must start with redis:// or rediss:// (TLS), like redis://127.0.0.1:6379",
+                redact_url(url)
             ),
         )),
     }
 }
 
+/// `password_file` names a file, and the password is not also written in a URL (which one would
+/// win would be a guess).
+fn check_password_file(check: &Checker<'_>, redis: &RedisFile) -> Result<(), Located> {
+    let Some(file) = &redis.password_file else {
+        return Ok(());
+    };
+    if file.as_os_str().is_empty() || file.to_str().is_some_and(|f| f.trim().is_empty()) {
+        return Err(check.at_value(
+            "redis.password_file",
+            "password_file is empty; name the file that holds the Redis password, like /run/secrets/redis-password",
+        ));
+    }
+    let urls = redis
+        .url
+        .iter()
+        .map(|url| ("redis.url".to_owned(), url))
+        .chain(
+            redis
+                .cluster
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, url)| (item("redis.cluster", i), url)),
+        );
+    for (path, url) in urls {
+        if url_has_password(url) {
+            return Err(check.at_value(
+                &path,
+                format!(
+                    "redis address \"{}\" carries a password and redis.password_file is set; keep the password in the file only and write the address without it",
+                    redact_url(url)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_redis(check: &Checker<'_>, redis: RedisFile) -> Result<Redis, Located> {
+    check_password_file(check, &redis)?;
+    let password_file = redis.password_file.clone();
     let given: Vec<&str> = [
         ("url", redis.url.is_some()),
         ("sentinel", redis.sentinel.is_some()),
@@ -586,5 +685,6 @@ fn check_redis(check: &Checker<'_>, redis: RedisFile) -> Result<Redis, Located> 
     Ok(Redis {
         target,
         timeout: redis.timeout,
+        password_file,
     })
 }
