@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -236,6 +237,14 @@ pub enum RulesCommand {
         /// UTC day; it applies whole files, so it gets more.
         #[arg(long, env = "SPILLWAY_RULES_SERVICE_BUDGET", default_value_t = 1000)]
         service_budget: u32,
+        /// The longest `ttl` an incident override may have, like `7d` or `12h`.
+        #[arg(
+            long,
+            env = "SPILLWAY_RULES_MAX_OVERRIDE_TTL",
+            default_value = "7d",
+            value_parser = duration
+        )]
+        max_override_ttl: Duration,
     },
     /// Apply a whole configuration declaratively (one modification).
     Apply {
@@ -270,15 +279,125 @@ pub enum RulesCommand {
         /// The rule's id (UUID).
         id: String,
     },
-    /// Show the audit log: who changed what, when.
+    /// Show the audit log: who changed what, when; newest first.
     History {
         #[command(flatten)]
         client: RulesClientArgs,
+        /// At most this many entries (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Only entries older than this rules version: the next page after the last one shown.
+        #[arg(long)]
+        before: Option<i64>,
     },
     /// Manage users directly in the store.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
+    },
+    /// Manage the service's users (admin only).
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Manage bearer tokens (admin only).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+/// `30d`, `12h`, `15m`: the durations of the configuration file.
+fn duration(text: &str) -> Result<Duration, String> {
+    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// List the users, their roles and how many working tokens each holds.
+    List {
+        #[command(flatten)]
+        client: RulesClientArgs,
+    },
+    /// Create a user and print its first token once.
+    Create {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The user's name.
+        name: String,
+        /// The user's role.
+        #[arg(
+            long,
+            default_value_t = Role::Viewer,
+            value_parser = PossibleValuesParser::new(Role::ALL.map(Role::name))
+                .try_map(|name| name.parse::<Role>()),
+        )]
+        role: Role,
+        /// The token expires after this long, like `30d` or `12h`; without it, never.
+        #[arg(long, value_parser = duration)]
+        expires: Option<Duration>,
+    },
+    /// Change a user's role; every instance of the service applies it within a second.
+    Update {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The user's name.
+        name: String,
+        /// The new role.
+        #[arg(
+            long,
+            value_parser = PossibleValuesParser::new(Role::ALL.map(Role::name))
+                .try_map(|name| name.parse::<Role>()),
+        )]
+        role: Role,
+    },
+    /// Delete a user and its tokens; every instance refuses them within a second.
+    Delete {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The user's name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a new token and print it once.
+    Create {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// Whose token (default: your own).
+        #[arg(long)]
+        user: Option<String>,
+        /// It expires after this long, like `30d` or `12h`; without it, never.
+        #[arg(long, value_parser = duration)]
+        expires: Option<Duration>,
+    },
+    /// List tokens (never their secrets): id, user, state, expiry, last use.
+    List {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// Only this user's tokens.
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Revoke a token for good; every instance refuses it within a second.
+    Revoke {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The token's id: the 32 hex digits after `spw_`.
+        id: String,
+    },
+    /// Give a token a new secret and print it once; the old secret stops working everywhere
+    /// within a second.
+    Rotate {
+        #[command(flatten)]
+        client: RulesClientArgs,
+        /// The token's id: the 32 hex digits after `spw_`.
+        id: String,
+        /// The new secret expires after this long; without it, as long as the old one was given.
+        #[arg(long, value_parser = duration)]
+        expires: Option<Duration>,
     },
 }
 
@@ -311,6 +430,9 @@ pub enum AdminCommand {
         /// `sqlite://PATH` or `postgres://...`.
         #[arg(long)]
         database: String,
+        /// The token expires after this long, like `30d`; without it, never.
+        #[arg(long, value_parser = duration)]
+        expires: Option<Duration>,
     },
 }
 

@@ -17,24 +17,33 @@ use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
+use crate::access;
 use crate::auth::Authenticator;
 use crate::problem::ApiError;
-use crate::rule::{input_of, parse_config, parse_rule};
-use crate::store::{Store, User};
+use crate::rule::{Bounds, check_reason, input_of, parse_config, parse_rule};
+use crate::store::{Role, Store, User};
 
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
-    auth: Authenticator,
+    pub bounds: Bounds,
+    pub(crate) auth: Authenticator,
     metrics: Arc<Mutex<BTreeMap<u16, u64>>>,
 }
 
 impl AppState {
     pub fn new(store: Store) -> Self {
+        Self::with_bounds(store, Bounds::default())
+    }
+
+    pub fn with_bounds(store: Store, bounds: Bounds) -> Self {
+        let auth = Authenticator::default();
+        auth.warm_up();
         AppState {
             store,
-            auth: Authenticator::default(),
+            bounds,
+            auth,
             metrics: Arc::default(),
         }
     }
@@ -50,6 +59,17 @@ impl AppState {
         let user = self.user(headers).await?;
         if !user.role.can_write() {
             return Err(ApiError::Forbidden {
+                role: user.role.name().to_owned(),
+            });
+        }
+        Ok(user)
+    }
+
+    /// The caller, if it is an admin: only admins manage users and tokens.
+    pub(crate) async fn admin(&self, headers: &HeaderMap) -> Result<User, ApiError> {
+        let user = self.user(headers).await?;
+        if user.role != Role::Admin {
+            return Err(ApiError::AdminOnly {
                 role: user.role.name().to_owned(),
             });
         }
@@ -71,6 +91,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/rules:apply", axum::routing::post(apply))
         .route("/v1/audit", get(audit))
+        .merge(access::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
@@ -81,6 +102,16 @@ pub fn router(state: AppState) -> Router {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     store: Store,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, store, Bounds::default(), shutdown).await
+}
+
+/// [`serve`], with bounds on what is stored other than the defaults.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    store: Store,
+    bounds: Bounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let sweeper = tokio::spawn({
@@ -95,7 +126,7 @@ pub async fn serve(
             }
         }
     });
-    let result = axum::serve(listener, router(AppState::new(store)))
+    let result = axum::serve(listener, router(AppState::with_bounds(store, bounds)))
         .with_graceful_shutdown(shutdown)
         .await;
     sweeper.abort();
@@ -106,11 +137,12 @@ pub async fn serve(
 pub async fn bind_and_serve(
     addr: SocketAddr,
     store: Store,
+    bounds: Bounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "rules service listening");
-    serve(listener, store, shutdown).await
+    serve_with(listener, store, bounds, shutdown).await
 }
 
 async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -242,7 +274,7 @@ fn json_body(body: &Bytes) -> Result<Value, ApiError> {
     (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
     (status = 403, description = "A viewer may not write", body = Problem, content_type = "application/problem+json"),
     (status = 409, description = "Another rule has the same (subject, subject value, api) or name", body = Problem, content_type = "application/problem+json"),
-    (status = 422, description = "Invalid rule", body = Problem, content_type = "application/problem+json"),
+    (status = 422, description = "Invalid rule, a ttl over the maximum, or a reason over 4096 bytes", body = Problem, content_type = "application/problem+json"),
     (status = 429, description = "Today's modification budget is spent", body = Problem, content_type = "application/problem+json"),
 ))]
 async fn create_rule(
@@ -252,6 +284,7 @@ async fn create_rule(
 ) -> Result<Response, ApiError> {
     let user = state.writer(&headers).await?;
     let input = parse_rule(json_body(&body)?)?;
+    state.bounds.check(&input)?;
     let rule = state.store.create_rule(&user, input).await?;
     let location = HeaderValue::from_str(&format!("/v1/rules/{}", rule.id))
         .unwrap_or(HeaderValue::from_static("/v1/rules"));
@@ -291,7 +324,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         (status = 404, description = "No such rule", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another rule has the same (subject, subject value, api) or name", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "The rule's version moved", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid rule", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid rule, a ttl over the maximum, or a reason over 4096 bytes", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "If-Match is missing", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Today's modification budget is spent", body = Problem, content_type = "application/problem+json"),
 ))]
@@ -305,13 +338,15 @@ async fn update_rule(
     let id = rule_id(&id)?;
     let expected = if_match(&headers)?;
     let input = parse_rule(json_body(&body)?)?;
+    state.bounds.check(&input)?;
     let rule = state.store.update_rule(&user, &id, expected, input).await?;
     Ok((etag(rule.version), Json(rule.to_json())).into_response())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
 struct ReasonQuery {
-    /// Why, for the audit log.
+    /// Why, for the audit log; at most 4096 bytes.
+    #[param(max_length = 4096)]
     reason: Option<String>,
 }
 
@@ -325,6 +360,7 @@ struct ReasonQuery {
         (status = 204, description = "Deleted"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A viewer may not write", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A reason longer than 4096 bytes", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such rule", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "The rule's version moved", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Today's modification budget is spent", body = Problem, content_type = "application/problem+json"),
@@ -337,6 +373,8 @@ async fn delete_rule(
 ) -> Result<StatusCode, ApiError> {
     let user = state.writer(&headers).await?;
     let id = rule_id(&id)?;
+    check_reason(query.reason.as_deref(), "the `reason` parameter")
+        .map_err(ApiError::BadRequest)?;
     let expected = match if_match(&headers) {
         Err(ApiError::PreconditionRequired) => None,
         other => other?,
@@ -353,7 +391,8 @@ struct ApplyQuery {
     /// Show the diff without changing anything.
     #[serde(default)]
     dry_run: bool,
-    /// Why, for the audit log.
+    /// Why, for the audit log; at most 4096 bytes.
+    #[param(max_length = 4096)]
     reason: Option<String>,
 }
 
@@ -361,7 +400,7 @@ struct ApplyQuery {
     request_body(content = String, description = "A whole configuration file (SPEC §2), YAML or JSON", content_type = "application/yaml"),
     responses(
         (status = 200, description = "What changed (or would change)", body = ApplyAnswer),
-        (status = 400, description = "The body is not text", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not text, or a reason longer than 4096 bytes", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A viewer may not write", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A rule of the file conflicts with an incident override", body = Problem, content_type = "application/problem+json"),
@@ -375,6 +414,8 @@ async fn apply(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let user = state.writer(&headers).await?;
+    check_reason(query.reason.as_deref(), "the `reason` parameter")
+        .map_err(ApiError::BadRequest)?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::BadRequest("the configuration is not UTF-8 text".to_owned()))?;
     let wanted = parse_config(text)?
@@ -388,32 +429,57 @@ async fn apply(
     Ok(Json(json!(diff)))
 }
 
+/// A page of the audit log holds this many entries unless `limit` says otherwise...
+pub const AUDIT_PAGE: u32 = 100;
+/// ...and never more than this many.
+pub const AUDIT_PAGE_MAX: u32 = 1000;
+
 #[derive(Debug, Deserialize, IntoParams)]
 struct AuditQuery {
-    /// The newest entries first, at most this many (default 100).
+    /// The newest entries first, at most this many (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+    /// Only entries older than this rules version: the cursor of the next page, which the
+    /// `link: <...>; rel="next"` header of a full page names.
+    #[param(minimum = 1)]
+    before: Option<i64>,
 }
 
 #[utoipa::path(get, path = "/v1/audit", security(("bearer" = [])), params(AuditQuery), responses(
-    (status = 200, description = "Who changed what, when, from which version to which; newest first", body = Vec<AuditAnswer>),
-    (status = 400, description = "A limit out of range", body = Problem, content_type = "application/problem+json"),
+    (status = 200, description = "Who changed what, when, from which version to which; newest first. A full page has a `link` header with rel=\"next\" to the older entries.", body = Vec<AuditAnswer>),
+    (status = 400, description = "A limit or cursor out of range", body = Problem, content_type = "application/problem+json"),
     (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
 ))]
 async fn audit(
     State(state): State<AppState>,
     headers: HeaderMap,
     Query(query): Query<AuditQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     state.user(&headers).await?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
+    let limit = query.limit.unwrap_or(AUDIT_PAGE);
+    if !(1..=AUDIT_PAGE_MAX).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
-            "limit {limit}: ask for 1 to 1000 entries"
+            "limit {limit}: ask for 1 to {AUDIT_PAGE_MAX} entries"
         )));
     }
-    let entries = state.store.audit(i64::from(limit)).await?;
-    Ok(Json(json!(entries)))
+    if let Some(before) = query.before.filter(|b| *b < 1) {
+        return Err(ApiError::BadRequest(format!(
+            "before {before}: the cursor is a rules version, 1 or more"
+        )));
+    }
+    let entries = state.store.audit(i64::from(limit), query.before).await?;
+    let mut response = Json(json!(entries)).into_response();
+    // A full page may have older entries behind it; an empty next page ends the walk.
+    if entries.len() == limit as usize
+        && let Some(last) = entries.last()
+        && let Ok(link) = HeaderValue::from_str(&format!(
+            "</v1/audit?limit={limit}&before={}>; rel=\"next\"",
+            last.version
+        ))
+    {
+        response.headers_mut().insert(header::LINK, link);
+    }
+    Ok(response)
 }
 
 // ---- schemas of the OpenAPI document ----
@@ -421,7 +487,7 @@ async fn audit(
 /// An RFC 9457 problem document.
 #[derive(ToSchema)]
 #[allow(dead_code)]
-struct Problem {
+pub(crate) struct Problem {
     r#type: String,
     title: String,
     status: u16,
@@ -466,11 +532,12 @@ struct RuleBody {
     cost: Option<Value>,
     #[schema(nullable = false)]
     on_store_failure: Option<String>,
-    /// Makes the rule an incident override that ends after this long, like `15m`.
+    /// Makes the rule an incident override that ends after this long, like `15m`; at most the
+    /// service's maximum (`rules serve --max-override-ttl`, 7d unless set).
     #[schema(nullable = false)]
     ttl: Option<String>,
-    /// Why, for the audit log.
-    #[schema(nullable = false)]
+    /// Why, for the audit log; at most 4096 bytes.
+    #[schema(nullable = false, max_length = 4096)]
     reason: Option<String>,
 }
 
@@ -559,8 +626,12 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Spillway rules service", description = "Rules (SPEC §2 buckets plus their service), audited, within a daily modification budget (S1-S4)."),
-    paths(healthz, readyz, metrics, openapi, list_rules, get_rule, create_rule, update_rule, delete_rule, apply, audit),
-    components(schemas(Problem, RuleBody, MatchBody, RuleAnswer, ApplyAnswer, AuditAnswer)),
+    paths(healthz, readyz, metrics, openapi, list_rules, get_rule, create_rule, update_rule, delete_rule, apply, audit,
+        access::list_users, access::create_user, access::update_user, access::delete_user,
+        access::list_tokens, access::create_token, access::revoke_token, access::rotate_token),
+    components(schemas(Problem, RuleBody, MatchBody, RuleAnswer, ApplyAnswer, AuditAnswer,
+        access::NewUserBody, access::RoleBody, access::NewTokenBody, access::RotateBody,
+        access::UserAnswer, access::TokenAnswer, access::NewTokenAnswer, access::NewUserAnswer)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

@@ -1,19 +1,44 @@
-//! Bearer tokens: `spw_<user id>_<secret>`, shown once and stored as an argon2 hash.
+//! Bearer tokens: `spw_<token id>_<secret>`, shown once and stored as an argon2 hash.
 //!
-//! The id part selects the user's row, so a request costs one hash check instead of one per
-//! user. The secret is 256 random bits, so argon2 runs with light parameters: its cost guards
-//! against guessing, and nobody guesses 256 bits. Tokens already verified are remembered in
-//! memory, keyed by the whole token, so a busy client does not pay the hash on every request.
+//! The id part selects the token's row, so a request costs one hash check instead of one per
+//! token. The secret is 256 random bits, so argon2 runs with light parameters: its cost guards
+//! against guessing, and nobody guesses 256 bits.
+//!
+//! A token already verified is remembered in memory, so a busy client does not pay the hash on
+//! every request. The memory is not trusted for long: an entry older than [`REVALIDATE_AFTER`]
+//! is checked again against the store (one primary-key read, no hash) before it is used, so a
+//! token revoked, rotated, expired, demoted or deleted on any instance of the service stops
+//! working on every other one within that time plus one read. Expiry is also checked against the
+//! clock on every request.
+//!
+//! Timing: the secret is compared in constant time (argon2's own check, and [`same`] for the
+//! remembered ones), and a token id that names no token is checked against a dummy hash, so an
+//! unknown id takes about as long as a wrong secret.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 
-use crate::store::{Store, StoreError, User};
+use crate::store::{Store, StoreError, TokenRecord, User};
+use crate::time::{format_millis, now_millis};
 
 pub const TOKEN_PREFIX: &str = "spw_";
+
+/// How long a verified token is trusted from memory before the store is asked again. A change
+/// of a token or of its user reaches every instance within this plus one read: well inside the
+/// second SPEC §7 allows.
+pub const REVALIDATE_AFTER: Duration = Duration::from_millis(500);
+
+/// How often at most a token's `last_used_at` is written, so that a busy token costs no write
+/// per request.
+const LAST_USED_EVERY_MILLIS: i64 = 60_000;
+
+/// Remembered tokens beyond this many make the next insertion forget the ones unused for a
+/// minute.
+const REMEMBERED: usize = 4096;
 
 /// Why a request is not authenticated.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +47,12 @@ pub enum AuthError {
     Missing,
     #[error("invalid bearer token")]
     Invalid,
+    /// Only said to a client that proved it holds the secret.
+    #[error("this token was revoked at {0}; ask an admin for a new one")]
+    Revoked(String),
+    /// Only said to a client that proved it holds the secret.
+    #[error("this token expired at {0}; ask an admin to rotate it or for a new one")]
+    Expired(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -47,13 +78,52 @@ fn verify_secret(secret: &str, hash: &str) -> bool {
         .is_ok_and(|parsed| hasher().verify_password(secret.as_bytes(), &parsed).is_ok())
 }
 
+/// The hash an unknown token id is checked against: same parameters as a real one, so the
+/// check costs the same, and a secret nobody holds, so it never matches.
+fn dummy_hash() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| {
+        let mut bytes = [0u8; 32];
+        let _ = getrandom::fill(&mut bytes);
+        let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        // Fails only if the system has no randomness, when no token can be made either.
+        hash_secret(&secret).unwrap_or_default()
+    })
+}
+
+/// Whether two byte strings are equal, in time that depends on their lengths only.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// A verified token, as remembered.
+#[derive(Clone)]
+struct Remembered {
+    secret: String,
+    /// The hash it was verified against: a rotation changes it.
+    hash: String,
+    user: User,
+    expires_at: Option<i64>,
+    /// When the store last vouched for it: taken before that read began.
+    checked: Instant,
+}
+
 /// Checks tokens against the store.
 #[derive(Clone, Default)]
 pub struct Authenticator {
-    verified: Arc<RwLock<HashMap<String, User>>>,
+    verified: Arc<RwLock<HashMap<String, Remembered>>>,
 }
 
 impl Authenticator {
+    /// Computes the dummy hash now rather than on the first unknown token id.
+    pub fn warm_up(&self) {
+        let _ = dummy_hash();
+    }
+
     /// The user an `authorization` header value names.
     pub async fn authenticate(
         &self,
@@ -66,14 +136,6 @@ impl Authenticator {
             .or_else(|| header.strip_prefix("bearer "))
             .ok_or(AuthError::Missing)?
             .trim();
-        if let Some(user) = self
-            .verified
-            .read()
-            .ok()
-            .and_then(|m| m.get(token).cloned())
-        {
-            return Ok(user);
-        }
         let (id, secret) = token
             .strip_prefix(TOKEN_PREFIX)
             .and_then(|rest| rest.split_once('_'))
@@ -81,20 +143,115 @@ impl Authenticator {
         if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(AuthError::Invalid);
         }
-        let (user, hash) = store.user(id).await?.ok_or(AuthError::Invalid)?;
-        let secret = secret.to_owned();
+        let remembered = self
+            .verified
+            .read()
+            .ok()
+            .and_then(|m| m.get(id).cloned())
+            .filter(|r| same(r.secret.as_bytes(), secret.as_bytes()));
+        let now = now_millis();
+        if let Some(entry) = &remembered {
+            if let Some(at) = entry.expires_at.filter(|at| *at <= now) {
+                self.forget(id);
+                return Err(AuthError::Expired(format_millis(at)));
+            }
+            if entry.checked.elapsed() < REVALIDATE_AFTER {
+                return Ok(entry.user.clone());
+            }
+        }
+        let checked = Instant::now();
+        let record = store.token_record(id).await?;
+        // Revalidation: the same secret hash still stands, so no argon2 is needed.
+        if let (Some(entry), Some(record)) = (&remembered, &record)
+            && record.secret_hash == entry.hash
+        {
+            let user = still_valid(record, now)
+                .inspect_err(|_| self.forget(id))?
+                .clone();
+            self.remember(id, secret, record, checked);
+            self.note_use(store, id, record, now);
+            return Ok(user);
+        }
+        if remembered.is_some() {
+            // Rotated or gone: the memory is of no use any more.
+            self.forget(id);
+        }
+        let hash = record
+            .as_ref()
+            .map_or_else(|| dummy_hash().to_owned(), |r| r.secret_hash.clone());
+        let owned = secret.to_owned();
         // Hashing is CPU work; keep it off the reactor's threads.
-        let ok = tokio::task::spawn_blocking(move || verify_secret(&secret, &hash))
+        let ok = tokio::task::spawn_blocking(move || verify_secret(&owned, &hash))
             .await
             .unwrap_or(false);
-        if !ok {
+        let Some(record) = record.filter(|_| ok) else {
             return Err(AuthError::Invalid);
-        }
-        if let Ok(mut verified) = self.verified.write() {
-            verified.insert(token.to_owned(), user.clone());
-        }
+        };
+        let user = still_valid(&record, now)?.clone();
+        self.remember(id, secret, &record, checked);
+        self.note_use(store, id, &record, now);
         Ok(user)
     }
+
+    fn remember(&self, id: &str, secret: &str, record: &TokenRecord, checked: Instant) {
+        if let Ok(mut verified) = self.verified.write() {
+            if verified.len() >= REMEMBERED {
+                verified.retain(|_, r| r.checked.elapsed() < Duration::from_secs(60));
+            }
+            verified.insert(
+                id.to_owned(),
+                Remembered {
+                    secret: secret.to_owned(),
+                    hash: record.secret_hash.clone(),
+                    user: record.user.clone(),
+                    expires_at: record.expires_at,
+                    checked,
+                },
+            );
+        }
+    }
+
+    /// Forgets token `id`, so that this instance asks the store about it on its next use.
+    pub(crate) fn forget(&self, id: &str) {
+        if let Ok(mut verified) = self.verified.write() {
+            verified.remove(id);
+        }
+    }
+
+    /// Forgets every token of user `user_id`.
+    pub(crate) fn forget_user(&self, user_id: &str) {
+        if let Ok(mut verified) = self.verified.write() {
+            verified.retain(|_, r| r.user.id != user_id);
+        }
+    }
+
+    /// Writes `last_used_at` in the background when the stored one is a minute old.
+    fn note_use(&self, store: &Store, id: &str, record: &TokenRecord, now: i64) {
+        if record
+            .last_used_at
+            .is_some_and(|at| now - at < LAST_USED_EVERY_MILLIS)
+        {
+            return;
+        }
+        let store = store.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            if let Err(err) = store.touch_token(&id, now).await {
+                tracing::debug!(%err, "noting when a token was last used");
+            }
+        });
+    }
+}
+
+/// The token's user, unless the token was revoked or has expired.
+fn still_valid(record: &TokenRecord, now: i64) -> Result<&User, AuthError> {
+    if let Some(at) = record.revoked_at {
+        return Err(AuthError::Revoked(format_millis(at)));
+    }
+    if let Some(at) = record.expires_at.filter(|at| *at <= now) {
+        return Err(AuthError::Expired(format_millis(at)));
+    }
+    Ok(&record.user)
 }
 
 #[cfg(test)]
@@ -107,5 +264,28 @@ mod tests {
         assert!(hash.starts_with("$argon2id$"));
         assert!(verify_secret("s3cret", &hash));
         assert!(!verify_secret("s3creT", &hash));
+    }
+
+    #[test]
+    fn the_dummy_hash_is_a_real_one_that_matches_nothing_sent() {
+        let dummy = dummy_hash();
+        assert!(PasswordHash::new(dummy).is_ok(), "{dummy}");
+        assert_eq!(
+            PasswordHash::new(dummy).unwrap().params,
+            PasswordHash::new(&hash_secret("x").unwrap())
+                .unwrap()
+                .params,
+            "the same parameters, so the same cost"
+        );
+        assert!(!verify_secret(&"0".repeat(64), dummy));
+        assert!(!verify_secret("", dummy));
+    }
+
+    #[test]
+    fn same_compares_whole_strings() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
+        assert!(same(b"", b""));
     }
 }

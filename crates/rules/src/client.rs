@@ -30,6 +30,8 @@ pub struct RulesResponse {
     pub etag: Option<String>,
     pub retry_after: Option<String>,
     pub content_type: Option<String>,
+    /// The `link` header: a full page of `/v1/audit` names the next one there.
+    pub link: Option<String>,
     pub body: Value,
 }
 
@@ -118,6 +120,7 @@ impl RulesClient {
         let etag = header("etag");
         let retry_after = header("retry-after");
         let content_type = header("content-type");
+        let link = header("link");
         let text = response
             .into_body()
             .read_to_string()
@@ -132,6 +135,7 @@ impl RulesClient {
             etag,
             retry_after,
             content_type,
+            link,
             body,
         })
     }

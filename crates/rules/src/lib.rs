@@ -2,12 +2,14 @@
 //! REST API within a daily budget, and announced to every follower as soon as they commit.
 //!
 //! - [`store`] holds users, rules, the audit log and the rules version;
-//! - [`api`] serves SPEC §4 over it, [`problem`] maps its errors to RFC 9457 answers;
+//! - [`api`] serves SPEC §4 over it (and, in `access`, the users and tokens of SPEC §7),
+//!   [`auth`] checks bearer tokens, [`problem`] maps its errors to RFC 9457 answers;
 //! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]), and
 //!   [`follow`](mod@follow) turns what it announces into the rules they run;
 //! - [`client`] is the blocking HTTP client the `spillway rules` commands use.
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod api;
 pub mod auth;
 pub mod client;
@@ -18,8 +20,8 @@ pub mod store;
 pub mod time;
 pub mod watch;
 
-pub use api::{ApiDoc, bind_and_serve, serve};
+pub use api::{ApiDoc, bind_and_serve, serve, serve_with};
 pub use follow::{apply_each, follow};
-pub use rule::{Rule, RuleError};
-pub use store::{Budgets, Role, Store, StoreError, User};
+pub use rule::{Bounds, MAX_REASON_BYTES, Rule, RuleError};
+pub use store::{AccessError, Budgets, Role, Store, StoreError, TokenInfo, User, UserInfo};
 pub use watch::{RuleSet, RulesWatcher};

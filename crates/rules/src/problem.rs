@@ -1,5 +1,6 @@
 //! The one place that turns errors into answers: RFC 9457 problem documents with the status
-//! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down).
+//! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
+//! for rules and for the users and tokens of SPEC §7 alike.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -7,7 +8,7 @@ use serde_json::json;
 
 use crate::auth::AuthError;
 use crate::rule::RuleError;
-use crate::store::{ChangeError, StoreError};
+use crate::store::{AccessError, ChangeError, StoreError};
 
 /// Everything a request can end in besides success.
 #[derive(Debug, thiserror::Error)]
@@ -18,8 +19,15 @@ pub enum ApiError {
         "role {role} may read but not change rules; ask an admin for an admin or service token"
     )]
     Forbidden { role: String },
+    #[error("role {role} may not manage users and tokens; that takes an admin token")]
+    AdminOnly { role: String },
     #[error("{0}")]
     BadRequest(String),
+    /// Well-formed, but not a request the service can carry out (a bad role, expiry or name).
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error(transparent)]
+    Access(#[from] AccessError),
     #[error(transparent)]
     Rule(#[from] RuleError),
     #[error(transparent)]
@@ -48,7 +56,9 @@ impl ApiError {
             title,
         };
         match self {
-            ApiError::Auth(AuthError::Store(_)) | ApiError::Store(_) => p(
+            ApiError::Auth(AuthError::Store(_))
+            | ApiError::Store(_)
+            | ApiError::Access(AccessError::Store(_)) => p(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
                 "The rules store is unavailable",
@@ -63,7 +73,25 @@ impl ApiError {
                 "forbidden",
                 "This role may not change rules",
             ),
+            ApiError::AdminOnly { .. } => p(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Only an admin manages users and tokens",
+            ),
             ApiError::BadRequest(_) => p(StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::Unprocessable(_) => p(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-request",
+                "The request is invalid",
+            ),
+            ApiError::Access(AccessError::NotFound(_)) => {
+                p(StatusCode::NOT_FOUND, "not-found", "No such user or token")
+            }
+            ApiError::Access(AccessError::Conflict(_)) => p(
+                StatusCode::CONFLICT,
+                "access-conflict",
+                "The change conflicts with the users and tokens as they are",
+            ),
             ApiError::Rule(_) => p(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-rule",
@@ -123,7 +151,12 @@ impl IntoResponse for ApiError {
             HeaderValue::from_static("application/problem+json"),
         );
         match &self {
-            ApiError::Auth(AuthError::Missing | AuthError::Invalid) => {
+            ApiError::Auth(
+                AuthError::Missing
+                | AuthError::Invalid
+                | AuthError::Revoked(_)
+                | AuthError::Expired(_),
+            ) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             ApiError::Change(ChangeError::Budget { retry_after, .. }) => {

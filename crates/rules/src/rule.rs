@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use spillway_core::config::{self, BucketFile, Config, ConfigFile};
-use spillway_core::limit::parse_duration;
+use spillway_core::limit::{format_duration, parse_duration};
 
 use crate::time::format_millis;
 
@@ -30,6 +30,53 @@ const READ_ONLY: [&str; 6] = [
 /// A single rule cannot carry the `redis` section, but core requires one for `store: redis`;
 /// the consumers (controller, proxy) bring their own.
 const PLACEHOLDER_REDIS: &str = "redis://127.0.0.1:6379";
+
+/// The most bytes a `reason` may hold, wherever it is sent: a paragraph and a link or two. The
+/// audit log keeps every reason for good, so it is bounded.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// What the service stores at most, beyond what core checks of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// The longest `ttl` an incident override may have (`rules serve --max-override-ttl`).
+    pub max_override_ttl: Duration,
+}
+
+impl Default for Bounds {
+    /// A week: an override outliving its incident by more than that should be a rule.
+    fn default() -> Self {
+        Bounds {
+            max_override_ttl: Duration::from_secs(7 * 86_400),
+        }
+    }
+}
+
+impl Bounds {
+    /// Refuses an override whose `ttl` is longer than the maximum.
+    pub fn check(&self, input: &RuleInput) -> Result<(), RuleError> {
+        match input.ttl {
+            Some(ttl) if ttl > self.max_override_ttl => Err(invalid(format!(
+                "ttl {} is longer than the maximum of {} this service allows \
+                 (rules serve --max-override-ttl); an override that long should be a permanent rule",
+                format_duration(ttl),
+                format_duration(self.max_override_ttl)
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Refuses a `reason` longer than [`MAX_REASON_BYTES`], saying where it came from.
+pub fn check_reason(reason: Option<&str>, place: &str) -> Result<(), String> {
+    match reason {
+        Some(text) if text.len() > MAX_REASON_BYTES => Err(format!(
+            "{place} is {} bytes long; at most {MAX_REASON_BYTES} are kept, so shorten it or link to \
+             the incident instead",
+            text.len()
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// A rule as a client sends it, checked by core.
 #[derive(Debug, Clone)]
@@ -151,6 +198,7 @@ pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
         .map(|text| parse_duration(&text).map_err(|e| invalid(format!("ttl: {e}"))))
         .transpose()?;
     let reason = take_string(&mut map, "reason")?;
+    check_reason(reason.as_deref(), "`reason`").map_err(invalid)?;
     if ttl.is_some() && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
         return Err(invalid(
             "an incident override (a rule with a `ttl`) needs a `reason` for the audit log",

@@ -4,12 +4,14 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use spillway_core::limit::format_duration;
 use spillway_rules::client::{CallError, RulesClient, RulesResponse};
-use spillway_rules::{Budgets, Role, Store, StoreError};
+use spillway_rules::{AccessError, Bounds, Budgets, Role, Store, StoreError};
 
-use crate::args::{AdminCommand, RulesClientArgs, RulesCommand};
+use crate::args::{AdminCommand, RulesClientArgs, RulesCommand, TokenCommand, UserCommand};
 
 pub fn rules(command: RulesCommand) -> ExitCode {
     match command {
@@ -18,6 +20,7 @@ pub fn rules(command: RulesCommand) -> ExitCode {
             database,
             admin_budget,
             service_budget,
+            max_override_ttl,
         } => serve(
             listen,
             &database,
@@ -25,6 +28,7 @@ pub fn rules(command: RulesCommand) -> ExitCode {
                 admin: admin_budget,
                 service: service_budget,
             },
+            Bounds { max_override_ttl },
         ),
         RulesCommand::Apply {
             client,
@@ -34,15 +38,22 @@ pub fn rules(command: RulesCommand) -> ExitCode {
         RulesCommand::List { client, service } => list(&client, service.as_deref()),
         RulesCommand::Get { client, id } => get(&client, &id),
         RulesCommand::Delete { client, id } => delete(&client, &id),
-        RulesCommand::History { client } => history(&client),
+        RulesCommand::History {
+            client,
+            limit,
+            before,
+        } => history(&client, limit, before),
         RulesCommand::Admin {
             command:
                 AdminCommand::Create {
                     name,
                     role,
                     database,
+                    expires,
                 },
-        } => admin_create(&name, role, &database),
+        } => admin_create(&name, role, &database, expires),
+        RulesCommand::User { command } => user(command),
+        RulesCommand::Token { command } => token(command),
     }
 }
 
@@ -66,7 +77,7 @@ fn store_failure(err: &StoreError) -> ExitCode {
     })
 }
 
-fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
+fn serve(listen: SocketAddr, database: &str, budgets: Budgets, bounds: Bounds) -> ExitCode {
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -80,7 +91,7 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
             super::stop_signal().await;
             tracing::info!("stopping: finishing the requests in flight");
         };
-        match spillway_rules::bind_and_serve(listen, store.clone(), shutdown).await {
+        match spillway_rules::bind_and_serve(listen, store.clone(), bounds, shutdown).await {
             Ok(()) => {
                 store.close().await;
                 ExitCode::SUCCESS
@@ -93,7 +104,7 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets) -> ExitCode {
     })
 }
 
-fn admin_create(name: &str, role: Role, database: &str) -> ExitCode {
+fn admin_create(name: &str, role: Role, database: &str, expires: Option<Duration>) -> ExitCode {
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -103,16 +114,23 @@ fn admin_create(name: &str, role: Role, database: &str) -> ExitCode {
             Ok(store) => store,
             Err(err) => return store_failure(&err),
         };
-        let created = store.create_user(name, role).await;
+        let created = store.create_user_with(name, role, expires).await;
         store.close().await;
         match created {
-            Ok((user, token)) => {
+            Ok((user, info, token)) => {
+                let until = info
+                    .expires_at
+                    .map_or(String::new(), |at| format!(", until {}", format_at(at)));
                 eprintln!(
-                    "created {} {} (id {}); its token is shown once, here:",
-                    user.role, user.name, user.id
+                    "created {} {} (id {}, token {}{until}); its token is shown once, here:",
+                    user.role, user.name, user.id, info.id
                 );
                 println!("{token}");
                 ExitCode::SUCCESS
+            }
+            Err(err @ AccessError::Conflict(_)) => {
+                eprintln!("spillway rules admin create: {err}");
+                ExitCode::from(2)
             }
             Err(err) => {
                 eprintln!("spillway rules admin create: {err}");
@@ -312,8 +330,18 @@ fn delete(args: &RulesClientArgs, id: &str) -> ExitCode {
     }
 }
 
-fn history(args: &RulesClientArgs) -> ExitCode {
-    match call("history", client(args).get("/v1/audit")) {
+fn format_at(millis: i64) -> String {
+    spillway_rules::time::format_millis(millis)
+}
+
+fn history(args: &RulesClientArgs, limit: u32, before: Option<i64>) -> ExitCode {
+    let mut path = format!("/v1/audit?limit={limit}");
+    if let Some(before) = before {
+        path.push_str(&format!("&before={before}"));
+    }
+    let answer = client(args).get(&path);
+    let more = answer.as_ref().is_ok_and(|a| a.link.is_some());
+    match call("history", answer) {
         Ok(entries) => {
             for entry in entries.as_array().into_iter().flatten() {
                 let subject = if entry["after"].is_object() {
@@ -339,9 +367,197 @@ fn history(args: &RulesClientArgs) -> ExitCode {
                     text(&entry["action"]),
                 );
             }
+            if more && let Some(last) = entries.as_array().and_then(|e| e.last()) {
+                eprintln!(
+                    "older entries: spillway rules history --limit {limit} --before {}",
+                    text(&last["version"])
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(code) => code,
+    }
+}
+
+fn user(command: UserCommand) -> ExitCode {
+    match command {
+        UserCommand::List { client: args } => {
+            match call("user list", client(&args).get("/v1/users")) {
+                Ok(users) => {
+                    for user in users.as_array().into_iter().flatten() {
+                        println!(
+                            "{}  {}  {} active token(s)  since {}  id {}",
+                            text(&user["name"]),
+                            text(&user["role"]),
+                            text(&user["active_tokens"]),
+                            text(&user["created_at"]),
+                            text(&user["id"]),
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        UserCommand::Create {
+            client: args,
+            name,
+            role,
+            expires,
+        } => {
+            let mut body = json!({"name": name, "role": role.name()});
+            if let Some(expires) = expires {
+                body["expires"] = json!(format_duration(expires));
+            }
+            match call(
+                "user create",
+                client(&args).post("/v1/users", &body.to_string()),
+            ) {
+                Ok(made) => {
+                    eprintln!(
+                        "created {} {}; {}",
+                        text(&made["user"]["role"]),
+                        text(&made["user"]["name"]),
+                        token_shown(&made["token"])
+                    );
+                    println!("{}", text(&made["token"]["token"]));
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        UserCommand::Update {
+            client: args,
+            name,
+            role,
+        } => {
+            let body = json!({"role": role.name()}).to_string();
+            let path = format!("/v1/users/{}", encode(&name));
+            match call(
+                "user update",
+                client(&args).send("PATCH", &path, Some(&body), None),
+            ) {
+                Ok(user) => {
+                    println!("{} is now {}", text(&user["name"]), text(&user["role"]));
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        UserCommand::Delete { client: args, name } => {
+            let path = format!("/v1/users/{}", encode(&name));
+            match call(
+                "user delete",
+                client(&args).send("DELETE", &path, None, None),
+            ) {
+                Ok(_) => {
+                    println!("deleted {name} and its tokens");
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+    }
+}
+
+/// What stderr says of a token just shown on stdout.
+fn token_shown(token: &Value) -> String {
+    let until = match &token["expires_at"] {
+        Value::String(at) => format!("expires {at}"),
+        _ => "does not expire".to_owned(),
+    };
+    format!(
+        "token {} ({until}) is shown once, here:",
+        text(&token["id"])
+    )
+}
+
+fn token(command: TokenCommand) -> ExitCode {
+    match command {
+        TokenCommand::Create {
+            client: args,
+            user,
+            expires,
+        } => {
+            let mut body = json!({});
+            if let Some(user) = user {
+                body["user"] = json!(user);
+            }
+            if let Some(expires) = expires {
+                body["expires"] = json!(format_duration(expires));
+            }
+            match call(
+                "token create",
+                client(&args).post("/v1/tokens", &body.to_string()),
+            ) {
+                Ok(made) => {
+                    eprintln!("{} for {}", token_shown(&made), text(&made["user"]));
+                    println!("{}", text(&made["token"]));
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        TokenCommand::List { client: args, user } => {
+            let path = match user {
+                Some(user) => format!("/v1/tokens?user={}", encode(&user)),
+                None => "/v1/tokens".to_owned(),
+            };
+            match call("token list", client(&args).get(&path)) {
+                Ok(tokens) => {
+                    for token in tokens.as_array().into_iter().flatten() {
+                        let at = |key: &str| match &token[key] {
+                            Value::String(at) => at.clone(),
+                            _ => "never".to_owned(),
+                        };
+                        println!(
+                            "{}  {}  {}  {}  created {}  expires {}  last used {}",
+                            text(&token["id"]),
+                            text(&token["user"]),
+                            text(&token["role"]),
+                            text(&token["state"]),
+                            text(&token["created_at"]),
+                            at("expires_at"),
+                            at("last_used_at"),
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        TokenCommand::Revoke { client: args, id } => {
+            let path = format!("/v1/tokens/{}/revoke", encode(&id));
+            match call("token revoke", client(&args).post(&path, "")) {
+                Ok(token) => {
+                    println!("revoked {} of {}", text(&token["id"]), text(&token["user"]));
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        TokenCommand::Rotate {
+            client: args,
+            id,
+            expires,
+        } => {
+            let mut body = json!({});
+            if let Some(expires) = expires {
+                body["expires"] = json!(format_duration(expires));
+            }
+            let path = format!("/v1/tokens/{}/rotate", encode(&id));
+            match call("token rotate", client(&args).post(&path, &body.to_string())) {
+                Ok(made) => {
+                    eprintln!(
+                        "rotated: the old secret no longer works; the new {}",
+                        token_shown(&made)
+                    );
+                    println!("{}", text(&made["token"]));
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
     }
 }
 

@@ -125,12 +125,19 @@ impl Audit<'_> {
 }
 
 impl Store {
-    /// The newest `limit` entries of the audit log, newest first.
-    pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, StoreError> {
+    /// The newest `limit` entries of the audit log older than version `before` (all when
+    /// `None`), newest first: a page, walked by passing the last version of one as the `before`
+    /// of the next.
+    pub async fn audit(
+        &self,
+        limit: i64,
+        before: Option<i64>,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
         let rows = sqlx::query(
             "SELECT version, actor, at, action, rule_id, before_json, after_json, reason \
-             FROM audit_log ORDER BY version DESC LIMIT $1",
+             FROM audit_log WHERE version < $1 ORDER BY version DESC LIMIT $2",
         )
+        .bind(before.unwrap_or(i64::MAX))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;

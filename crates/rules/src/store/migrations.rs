@@ -10,8 +10,14 @@ use sqlx::AnyPool;
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
 
-const MIGRATIONS: [(i64, &str, &str); 1] =
-    [(1, "rules", include_str!("../../migrations/0001_rules.sql"))];
+const MIGRATIONS: [(i64, &str, &str); 2] = [
+    (1, "rules", include_str!("../../migrations/0001_rules.sql")),
+    (
+        2,
+        "tokens",
+        include_str!("../../migrations/0002_tokens.sql"),
+    ),
+];
 
 /// Brings the schema of the store behind `pool` up to this build's.
 pub(super) async fn run(pool: &AnyPool) -> Result<(), MigrateError> {

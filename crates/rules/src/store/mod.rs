@@ -6,7 +6,8 @@
 //! counted next sees every modification committed before it: fifty concurrent writers cannot
 //! slip past it, and a refused one rolls back its bump and stores nothing.
 //!
-//! By concern: `migrations` (the schema), `users` (users and roles), `budget` (the daily
+//! By concern: `migrations` (the schema), `users` (users and roles), `tokens` (their bearer
+//! tokens), `budget` (the daily
 //! modification budget), `rules` (reading and changing one rule), `planner` (the pure diff of
 //! an apply) and `apply` (carrying it out), `audit` (the audit log).
 
@@ -16,6 +17,7 @@ mod budget;
 mod migrations;
 mod planner;
 mod rules;
+mod tokens;
 mod users;
 
 use std::time::Duration;
@@ -30,7 +32,9 @@ use crate::watch;
 pub use audit::{AuditAction, AuditEntry};
 pub use budget::Budgets;
 pub use planner::{ApplyDiff, UpdatedRule};
-pub use users::{Role, User};
+pub use tokens::TokenInfo;
+pub(crate) use tokens::TokenRecord;
+pub use users::{Role, User, UserInfo};
 
 use audit::Audit;
 
@@ -72,6 +76,23 @@ pub enum ChangeError {
         limit: u32,
         retry_after: u64,
     },
+}
+
+/// Why a change to users or tokens was refused; nothing of it was stored.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl From<sqlx::Error> for AccessError {
+    fn from(err: sqlx::Error) -> Self {
+        AccessError::Store(StoreError::Database(err))
+    }
 }
 
 impl From<sqlx::Error> for ChangeError {
@@ -208,6 +229,21 @@ impl Store {
             self.budgets.check(&mut tx, user, now).await?;
         }
         Ok((tx, version, now))
+    }
+
+    /// A transaction that holds the writers' lock without making a modification, for changes to
+    /// users that must see every other such change (the last admin stays an admin).
+    async fn begin_exclusive(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        match self.backend {
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT version FROM rules_version WHERE id = 1 FOR UPDATE")
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(tx)
+            }
+            Backend::Sqlite => Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+        }
     }
 
     /// Ends a modification: writes its audit row, announces the new version and commits.

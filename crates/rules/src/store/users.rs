@@ -1,13 +1,15 @@
-//! Users and their roles: who may read, who may write, and the token each one holds.
+//! Users and their roles: who may read and who may write. Their tokens are in `tokens`.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::{Value, json};
 use sqlx::Row;
 
-use super::{Store, StoreError};
-use crate::auth;
-use crate::time::now_millis;
+use super::tokens::{TokenInfo, insert_token};
+use super::{AccessError, Store, StoreError};
+use crate::time::{format_millis, now_millis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,6 +37,11 @@ impl Role {
     pub fn can_write(self) -> bool {
         self != Role::Viewer
     }
+
+    /// The role named `text`, if any.
+    pub fn named(text: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|role| role.name() == text)
+    }
 }
 
 impl std::fmt::Display for Role {
@@ -46,12 +53,7 @@ impl std::fmt::Display for Role {
 impl FromStr for Role {
     type Err = StoreError;
     fn from_str(text: &str) -> Result<Self, StoreError> {
-        match text {
-            "admin" => Ok(Role::Admin),
-            "viewer" => Ok(Role::Viewer),
-            "service" => Ok(Role::Service),
-            other => Err(StoreError::Corrupt(format!("unknown role {other:?}"))),
-        }
+        Role::named(text).ok_or_else(|| StoreError::Corrupt(format!("unknown role {text:?}")))
     }
 }
 
@@ -62,50 +64,199 @@ pub struct User {
     pub role: Role,
 }
 
+/// A user as `GET /v1/users` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    pub user: User,
+    pub created_at: i64,
+    /// Tokens that work now: neither revoked nor expired.
+    pub active_tokens: i64,
+}
+
+impl UserInfo {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.user.id,
+            "name": self.user.name,
+            "role": self.user.role,
+            "created_at": format_millis(self.created_at),
+            "active_tokens": self.active_tokens,
+        })
+    }
+}
+
 impl Store {
-    /// Creates a user and returns its token, which is stored only as an argon2 hash.
+    /// Creates a user with one token that never expires, and returns that token; it is stored
+    /// only as an argon2 hash.
     pub async fn create_user(&self, name: &str, role: Role) -> Result<(User, String), StoreError> {
+        self.insert_user(name, role, None)
+            .await
+            .map(|(user, _, token)| (user, token))
+    }
+
+    /// Creates a user and its first token, which expires after `expires` when given; a name
+    /// that is taken is a conflict.
+    pub async fn create_user_with(
+        &self,
+        name: &str,
+        role: Role,
+        expires: Option<Duration>,
+    ) -> Result<(User, TokenInfo, String), AccessError> {
+        self.insert_user(name, role, expires)
+            .await
+            .map_err(|err| match err {
+                StoreError::Database(sqlx::Error::Database(db))
+                    if db.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+                {
+                    AccessError::Conflict(format!("a user named {name:?} exists already"))
+                }
+                other => AccessError::Store(other),
+            })
+    }
+
+    async fn insert_user(
+        &self,
+        name: &str,
+        role: Role,
+        expires: Option<Duration>,
+    ) -> Result<(User, TokenInfo, String), StoreError> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let mut secret = [0u8; 32];
-        getrandom::fill(&mut secret).map_err(|e| StoreError::Hash(e.to_string()))?;
-        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        let token = format!("{}{id}_{secret}", auth::TOKEN_PREFIX);
-        let hash = auth::hash_secret(&secret).map_err(StoreError::Hash)?;
-        sqlx::query(
-            "INSERT INTO users (id, name, role, token_hash, created_at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&id)
-        .bind(name)
-        .bind(role.name())
-        .bind(hash)
-        .bind(now_millis())
-        .execute(&self.pool)
-        .await?;
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO users (id, name, role, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&id)
+            .bind(name)
+            .bind(role.name())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         let user = User {
             id,
             name: name.to_owned(),
             role,
         };
-        Ok((user, token))
+        let (info, token) = insert_token(&mut tx, &user, expires, now).await?;
+        tx.commit().await?;
+        Ok((user, info, token))
     }
 
-    /// The user with this id and its token hash.
-    pub async fn user(&self, id: &str) -> Result<Option<(User, String)>, StoreError> {
-        let row = sqlx::query("SELECT id, name, role, token_hash FROM users WHERE id = $1")
-            .bind(id)
+    /// Every user, by name.
+    pub async fn list_users(&self) -> Result<Vec<UserInfo>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT u.id, u.name, u.role, u.created_at, \
+             (SELECT COUNT(*) FROM tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL \
+              AND (t.expires_at IS NULL OR t.expires_at > $1)) AS active_tokens \
+             FROM users u ORDER BY u.name",
+        )
+        .bind(now_millis())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let role: String = row.try_get("role")?;
+                Ok(UserInfo {
+                    user: User {
+                        id: row.try_get("id")?,
+                        name: row.try_get("name")?,
+                        role: role.parse()?,
+                    },
+                    created_at: row.try_get("created_at")?,
+                    active_tokens: row.try_get("active_tokens")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The user called `name`.
+    pub async fn user_named(&self, name: &str) -> Result<Option<User>, StoreError> {
+        let row = sqlx::query("SELECT id, name, role FROM users WHERE name = $1")
+            .bind(name)
             .fetch_optional(&self.pool)
             .await?;
         row.map(|row| {
             let role: String = row.try_get("role")?;
-            Ok((
-                User {
-                    id: row.try_get("id")?,
-                    name: row.try_get("name")?,
-                    role: role.parse()?,
-                },
-                row.try_get("token_hash")?,
-            ))
+            Ok(User {
+                id: row.try_get("id")?,
+                name: row.try_get("name")?,
+                role: role.parse()?,
+            })
         })
         .transpose()
     }
+
+    /// Gives user `name` another role. Every instance of the service sees it within
+    /// [`REVALIDATE_AFTER`](crate::auth::REVALIDATE_AFTER): a demoted admin writes no more.
+    pub async fn set_role(&self, name: &str, role: Role) -> Result<User, AccessError> {
+        let mut tx = self.begin_exclusive().await?;
+        let user = user_in(&mut tx, name).await?;
+        if user.role == Role::Admin && role != Role::Admin {
+            last_admin_guard(&mut tx, &user, "demote").await?;
+        }
+        sqlx::query("UPDATE users SET role = $1 WHERE id = $2")
+            .bind(role.name())
+            .bind(&user.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(User { role, ..user })
+    }
+
+    /// Deletes user `name` and every token it holds. Its modifications stay in the audit log,
+    /// under its name.
+    pub async fn delete_user(&self, name: &str) -> Result<User, AccessError> {
+        let mut tx = self.begin_exclusive().await?;
+        let user = user_in(&mut tx, name).await?;
+        if user.role == Role::Admin {
+            last_admin_guard(&mut tx, &user, "delete").await?;
+        }
+        sqlx::query("DELETE FROM tokens WHERE user_id = $1")
+            .bind(&user.id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM users WHERE id = $1")
+            .bind(&user.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(user)
+    }
+}
+
+/// User `name` as the transaction sees it.
+async fn user_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    name: &str,
+) -> Result<User, AccessError> {
+    let row = sqlx::query("SELECT id, name, role FROM users WHERE name = $1")
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?
+        .ok_or_else(|| AccessError::NotFound(format!("no user named {name:?}")))?;
+    let role: String = row.try_get("role")?;
+    Ok(User {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        role: role.parse()?,
+    })
+}
+
+/// Refuses to take away the last admin: nobody could manage users and tokens through the API
+/// any more (`spillway rules admin create --database` would still bootstrap one).
+async fn last_admin_guard(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    user: &User,
+    what: &str,
+) -> Result<(), AccessError> {
+    let others: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM users WHERE role = 'admin' AND id <> $1")
+            .bind(&user.id)
+            .fetch_one(&mut **tx)
+            .await?;
+    if others == 0 {
+        return Err(AccessError::Conflict(format!(
+            "{} is the last admin; make another user admin before you {what} it",
+            user.name
+        )));
+    }
+    Ok(())
 }

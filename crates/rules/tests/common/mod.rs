@@ -1,12 +1,12 @@
 //! Shared harness: a rules service on 127.0.0.1:0 over a real SQLite file or a private
-//! PostgreSQL, with one user of each role.
+//! PostgreSQL, with one user of each role, and more instances of it on the same store.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use spillway_rules::client::{RulesClient, RulesResponse};
-use spillway_rules::{Budgets, Role, Store};
+use spillway_rules::{Bounds, Budgets, Role, Store};
 use spillway_testkit::Postgres;
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
@@ -60,6 +60,10 @@ pub fn start(db: Db) -> Service {
 }
 
 pub fn start_with(db: Db, budgets: Budgets) -> Service {
+    start_bounded(db, budgets, Bounds::default())
+}
+
+pub fn start_bounded(db: Db, budgets: Budgets, bounds: Bounds) -> Service {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -82,9 +86,14 @@ pub fn start_with(db: Db, budgets: Budgets) -> Service {
             .expect("bind");
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(spillway_rules::serve(listener, store.clone(), async {
-            let _ = rx.await;
-        }));
+        tokio::spawn(spillway_rules::serve_with(
+            listener,
+            store.clone(),
+            bounds,
+            async {
+                let _ = rx.await;
+            },
+        ));
         (store, tokens, addr, tx)
     });
     Service {
@@ -100,7 +109,49 @@ pub fn start_with(db: Db, budgets: Budgets) -> Service {
     }
 }
 
+/// Another instance of the service on the same store, as a second replica behind a load
+/// balancer would be: its own pool, its own memory of verified tokens.
+pub struct Instance {
+    pub url: String,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Instance {
+    pub fn client(&self, token: &str) -> RulesClient {
+        RulesClient::new(&self.url, Some(token.to_owned()))
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 impl Service {
+    /// A second instance of the service on this one's store.
+    pub fn another_instance(&self) -> Instance {
+        let url = self.db.url();
+        let (addr, tx) = self.runtime.block_on(async {
+            let store = Store::connect(&url).await.expect("store");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().unwrap();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(spillway_rules::serve(listener, store, async {
+                let _ = rx.await;
+            }));
+            (addr, tx)
+        });
+        Instance {
+            url: format!("http://{addr}"),
+            shutdown: Some(tx),
+        }
+    }
+
     pub fn client(&self, token: &str) -> RulesClient {
         RulesClient::new(&self.url, Some(token.to_owned()))
     }
