@@ -1,5 +1,6 @@
 //! `spillway rules ...` end to end through the real binary: bootstrap users in an SQLite store,
-//! serve the REST API on a loopback port, and drive it with the admin client commands.
+//! serve the REST API on a loopback port, and drive it with the admin client commands, users and
+//! tokens included.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -333,4 +334,172 @@ fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(proxy.terminate().code(), Some(0));
+}
+
+/// The id part of `spw_<id>_<secret>`.
+fn token_id(token: &str) -> &str {
+    token
+        .strip_prefix("spw_")
+        .and_then(|rest| rest.split_once('_'))
+        .expect("spw_<id>_<secret>")
+        .0
+}
+
+/// SPEC §7 through the CLI: an admin makes a user and tokens, lists them (never a secret),
+/// revokes, rotates, demotes and deletes; each change is refused by the server at once.
+#[test]
+fn an_admin_manages_users_and_tokens_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("rules.db").display());
+    let admin = create_user(&database, "alice", "admin");
+    let server = Server::start(&database);
+
+    let made = server.client(
+        Some(&admin),
+        &["user", "create", "bob", "--role", "service"],
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    let bob = stdout(&made).trim().to_owned();
+    assert!(bob.starts_with("spw_"), "{bob:?}");
+    assert!(stderr(&made).contains("shown once"), "{}", stderr(&made));
+    assert!(
+        !stderr(&made).contains(&bob),
+        "the token goes to stdout only"
+    );
+
+    let users = server.client(Some(&admin), &["user", "list"]);
+    assert!(users.status.success(), "{}", stderr(&users));
+    let listed = stdout(&users);
+    assert!(
+        listed.contains("alice  admin  1 active token(s)"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("bob  service  1 active token(s)"),
+        "{listed}"
+    );
+
+    let second = server.client(
+        Some(&admin),
+        &["token", "create", "--user", "bob", "--expires", "30d"],
+    );
+    assert!(second.status.success(), "{}", stderr(&second));
+    let second = stdout(&second).trim().to_owned();
+    let works = |token: &str| server.client(Some(token), &["list"]);
+    assert!(works(&second).status.success());
+
+    let tokens = server.client(Some(&admin), &["token", "list", "--user", "bob"]);
+    assert!(tokens.status.success(), "{}", stderr(&tokens));
+    let text = stdout(&tokens);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for token in [&bob, &second] {
+        let (id, secret) = token[4..].split_once('_').unwrap();
+        assert!(!text.contains(secret), "no secret listed: {text}");
+        let line = lines.iter().find(|l| l.starts_with(id)).unwrap();
+        assert!(line.contains("bob  service  active"), "{line}");
+    }
+    let dated = lines
+        .iter()
+        .find(|l| l.starts_with(token_id(&second)))
+        .unwrap();
+    assert!(!dated.contains("expires never"), "{dated}");
+
+    // Revoked: refused at once.
+    let revoked = server.client(Some(&admin), &["token", "revoke", token_id(&second)]);
+    assert!(revoked.status.success(), "{}", stderr(&revoked));
+    let refused = works(&second);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("401") && stderr(&refused).contains("revoked"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // Rotated: the same id, a new secret; the old one is refused.
+    let rotated = server.client(
+        Some(&admin),
+        &["token", "rotate", token_id(&bob), "--expires", "12h"],
+    );
+    assert!(rotated.status.success(), "{}", stderr(&rotated));
+    let new = stdout(&rotated).trim().to_owned();
+    assert_eq!(token_id(&new), token_id(&bob));
+    assert_ne!(new, bob);
+    assert_eq!(works(&bob).status.code(), Some(1));
+    assert!(works(&new).status.success());
+
+    // Demoted to viewer: bob reads, may not write, and never managed users.
+    let demoted = server.client(Some(&admin), &["user", "update", "bob", "--role", "viewer"]);
+    assert!(demoted.status.success(), "{}", stderr(&demoted));
+    assert_eq!(stdout(&demoted).trim(), "bob is now viewer");
+    let minimal = workspace_file("examples/minimal.yaml");
+    let write = server.client(Some(&new), &["apply", "-f", &minimal]);
+    assert_eq!(write.status.code(), Some(1));
+    assert!(stderr(&write).contains("403"), "{}", stderr(&write));
+    let manage = server.client(Some(&new), &["user", "list"]);
+    assert_eq!(manage.status.code(), Some(1));
+    assert!(stderr(&manage).contains("403"), "{}", stderr(&manage));
+
+    // Deleted: every token of bob's is refused.
+    let deleted = server.client(Some(&admin), &["user", "delete", "bob"]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    let gone = works(&new);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(stderr(&gone).contains("401"), "{}", stderr(&gone));
+
+    // The last admin stays one.
+    let last = server.client(
+        Some(&admin),
+        &["user", "update", "alice", "--role", "viewer"],
+    );
+    assert_eq!(last.status.code(), Some(1));
+    assert!(stderr(&last).contains("last admin"), "{}", stderr(&last));
+
+    // A duration that is none: bad usage, with the file format's words.
+    let bad = server.client(Some(&admin), &["token", "create", "--expires", "30x"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("30x"), "{}", stderr(&bad));
+
+    // The audit log in pages: two changes, one a page, and the way to the next.
+    let applied = server.client(Some(&admin), &["apply", "-f", &minimal]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let listed = stdout(&server.client(Some(&admin), &["list"]));
+    let id = listed.split_whitespace().next().unwrap().to_owned();
+    assert!(
+        server
+            .client(Some(&admin), &["delete", &id])
+            .status
+            .success()
+    );
+    let page = server.client(Some(&admin), &["history", "--limit", "1"]);
+    assert!(page.status.success(), "{}", stderr(&page));
+    assert_eq!(stdout(&page).lines().count(), 1, "{}", stdout(&page));
+    assert!(stdout(&page).contains("delete"));
+    assert!(
+        stderr(&page).contains("older entries: spillway rules history --limit 1 --before 2"),
+        "{}",
+        stderr(&page)
+    );
+    let next = server.client(Some(&admin), &["history", "--limit", "1", "--before", "2"]);
+    assert!(stdout(&next).contains("apply"), "{}", stdout(&next));
+
+    assert!(server.stop().success());
+}
+
+#[test]
+fn rules_serve_refuses_a_maximum_override_ttl_that_is_no_duration() {
+    let output = run(&[
+        "rules",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--max-override-ttl",
+        "a week",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("--max-override-ttl"),
+        "{}",
+        stderr(&output)
+    );
 }
