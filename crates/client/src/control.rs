@@ -4,9 +4,11 @@
 //!
 //! [`ControlPlane::spawn`] runs a [`ClientLink`] (which drives the host's sans-IO core,
 //! `spillway_loop::HostCore`) over a [`Client`]: the client gives the link its counters and
-//! applies what the core decides to its limiters ([`HostLimiters`]). Rules pushed down are
-//! validated, swapped in, and written to the state directory as the last good rules, so a
-//! restarted sidecar enforces them before the control plane answers ([`last_good_rules`]).
+//! applies what the core decides to its limiters ([`HostLimiters`]). Rules pushed down are data
+//! (the controller's `control` and `services`, never its file's text or its `redis` section):
+//! they run with the client's own `identity` and `redis`, are validated, swapped in, and written
+//! to the state directory as the last good rules, so a restarted sidecar enforces them before
+//! the control plane answers ([`last_good_rules`]).
 //! Between instructions each drop-ratio bucket's surge guard (`spillway_core::surge`), ticked
 //! every 50 ms, holds the host to its part of the limit when its own load jumps
 //! (`control.surge_guard`, on by default).
@@ -17,10 +19,11 @@ use std::time::Duration;
 
 use spillway_core::algo::{Limiter, Ratio};
 use spillway_core::clock::Nanos;
-use spillway_core::config::{self, Config};
+use spillway_core::config::Config;
 use spillway_core::counters::Snapshot;
 use spillway_link::now_ms;
-use spillway_loop::{BucketKey, HostStep};
+use spillway_loop::{BucketKey, HostStep, LinkRules};
+use spillway_proto::v1;
 use tokio::task::JoinHandle;
 
 pub use spillway_link::{Backoff, ClientLink, HostLimiters, LinkOptions, LinkStatus, UrlError};
@@ -64,22 +67,41 @@ impl ControlOptions {
     }
 }
 
-/// The last good rules of a state directory: their control-plane version and configuration.
-/// `None` when there are none, or when they no longer validate (logged: the caller then starts
-/// from its own file, and the control plane sends the rules again).
-pub fn last_good_rules(state_dir: &Path) -> Option<(u64, Config)> {
+/// The last good rules of a state directory, run with the client's own settings `own` (its
+/// file: its `identity` and `redis`): their control-plane version and configuration. `None`
+/// when there are none, or when they no longer validate (logged: the caller then starts from its
+/// own file, and the control plane sends the rules again).
+///
+/// The file holds the rules as they came down, data ([`LinkRules`] as JSON, which is YAML too),
+/// after the version line; a file written by an older client (a whole configuration file) gives
+/// its `control` and `services` only.
+pub fn last_good_rules(state_dir: &Path, own: &Config) -> Option<(u64, Config)> {
     let path = state_dir.join(LAST_GOOD_RULES);
     let text = std::fs::read_to_string(&path).ok()?;
-    let version = text
-        .lines()
-        .next()
-        .and_then(|line| line.strip_prefix(VERSION_PREFIX))
+    let (first, body) = text.split_once('\n').unwrap_or((&text, ""));
+    let version = first
+        .strip_prefix(VERSION_PREFIX)
         .and_then(|v| v.trim().parse::<u64>().ok());
     let Some(version) = version else {
         tracing::warn!(path = %path.display(), "no version line; ignoring the saved rules");
         return None;
     };
-    match config::load_str(&text, &path.display().to_string()) {
+    // The same two shapes a message of the link has: data, or (older) a file's text.
+    let message = if body.trim_start().starts_with('{') {
+        v1::Rules {
+            version,
+            json: body.to_owned(),
+            ..Default::default()
+        }
+    } else {
+        v1::Rules {
+            version,
+            yaml: body.to_owned(),
+            ..Default::default()
+        }
+    };
+    let name = path.display().to_string();
+    match LinkRules::decode(&message).and_then(|rules| rules.with_own(own, &name)) {
         Ok(config) => Some((version, config)),
         Err(err) => {
             tracing::warn!("{err}; ignoring the saved rules");
@@ -88,12 +110,13 @@ pub fn last_good_rules(state_dir: &Path) -> Option<(u64, Config)> {
     }
 }
 
-/// Writes `yaml` as the last good rules of version `version`: to a temporary file first and then
-/// renamed, so a crash mid-write leaves the previous rules whole.
-fn save_rules(state_dir: &Path, version: u64, yaml: &str) -> std::io::Result<()> {
+/// Writes `rules` as the last good rules of version `version`: to a temporary file first and
+/// then renamed, so a crash mid-write leaves the previous rules whole.
+fn save_rules(state_dir: &Path, version: u64, rules: &LinkRules) -> std::io::Result<()> {
+    let json = rules.to_json().map_err(std::io::Error::other)?;
     std::fs::create_dir_all(state_dir)?;
     let tmp = state_dir.join(format!("{LAST_GOOD_RULES}.tmp"));
-    std::fs::write(&tmp, format!("{VERSION_PREFIX}{version}\n{yaml}"))?;
+    std::fs::write(&tmp, format!("{VERSION_PREFIX}{version}\n{json}\n"))?;
     std::fs::rename(&tmp, state_dir.join(LAST_GOOD_RULES))
 }
 
@@ -149,12 +172,16 @@ impl HostLimiters for Linked {
     fn apply_rules(
         &self,
         version: u64,
-        yaml: &str,
+        rules: &v1::Rules,
     ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>> {
-        let config = config::load_str(yaml, &format!("control-plane rules version {version}"))?;
+        let rules = LinkRules::decode(rules)?;
+        // The client's own identity and redis stay: a reload keeps them from its file, and
+        // rules received before kept them too.
+        let own = self.client.rules().shared_config().clone();
+        let config = rules.with_own(&own, &format!("control-plane rules version {version}"))?;
         self.client.reload(config)?;
         if let Some(dir) = &self.state_dir
-            && let Err(err) = save_rules(dir, version, yaml)
+            && let Err(err) = save_rules(dir, version, &rules)
         {
             // The rules are in force; only a restart without the control plane would miss them.
             tracing::error!(dir = %dir.display(), "cannot save the last good rules: {err}");

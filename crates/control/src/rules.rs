@@ -1,5 +1,6 @@
 //! The YAML file as a source of the rules a controller sends down (G12, G13), watched by polling
-//! its modification time.
+//! its modification time. What goes down is rendered from the parsed file, never its text
+//! (SPEC §7): its `control` and `services` as data, without its comments or its `redis` section.
 //!
 //! The controller reads rules from a `watch` channel, so any source plugs in the same way: this
 //! file, or the rules service's store (`spillway_rules::follow`).
@@ -44,7 +45,8 @@ impl FileRules {
     }
 
     /// Reloads if the file changed. An invalid edit keeps the rules in force and returns the
-    /// error, so a typo never takes limits away.
+    /// error, so a typo never takes limits away; an edit that changes nothing sent down (a
+    /// comment, the `redis` section) is no new version.
     pub fn poll(&mut self) -> Result<Option<Arc<RulesSnapshot>>, ControlError> {
         let stamp = modified(&self.path)?;
         if stamp == self.stamp {
@@ -52,7 +54,7 @@ impl FileRules {
         }
         let (stamp, snapshot) = read(&self.path, self.current.version)?;
         self.stamp = stamp;
-        if *snapshot.yaml == *self.current.yaml {
+        if snapshot.sends_the_same(&self.current) {
             return Ok(None);
         }
         self.current = Arc::new(snapshot);
@@ -142,6 +144,25 @@ mod tests {
         let err = rules.poll().unwrap_err().to_string();
         assert!(err.contains("rules.yaml:2:11"), "{err}");
         assert_eq!(rules.current().version, second.version);
+    }
+
+    #[test]
+    fn an_edit_of_a_comment_or_of_redis_is_no_new_version_and_never_goes_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        let redis = "redis: { url: \"redis://:hunter2@127.0.0.1:6379\" }\n";
+        std::fs::write(&path, format!("# secret comment\n{ONE}{redis}")).unwrap();
+        let mut rules = FileRules::load(&path).unwrap();
+        let message = rules.current().message();
+        for field in [&message.yaml, &message.json] {
+            assert!(!field.contains("secret comment"), "{field}");
+            assert!(!field.contains("hunter2"), "{field}");
+        }
+
+        let other = "redis: { url: \"redis://:swordfish@127.0.0.1:6380\" }\n";
+        std::fs::write(&path, format!("# another comment\n{ONE}{other}")).unwrap();
+        bump_mtime(&path, 1);
+        assert_eq!(rules.poll().unwrap().map(|r| r.version), None);
     }
 
     /// Moves the file's modification time forward so the edit is seen even on coarse clocks.

@@ -12,7 +12,7 @@
 //! ```text
 //! HostLimiters::counters    -> each control-plane bucket's counters (monotonic totals)
 //! HostLimiters::apply       -> Client::set_drop_ratio, DropRatio::set_surge, set_share
-//! HostLimiters::apply_rules -> config::load_str(yaml) then Client::reload, persisted to disk
+//! HostLimiters::apply_rules -> LinkRules::decode, with_own, then Client::reload, persisted to disk
 //! LinkStatus::connected     -> spillway_control_plane_connected
 //! ```
 
@@ -52,13 +52,15 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// an adaptive share. Never [`HostStep::Rules`], which goes to [`HostLimiters::apply_rules`].
     fn apply(&self, bucket: &BucketKey, step: &HostStep);
 
-    /// New rules (the YAML of SPEC §2) as version `version`: validated, swapped in, and what is
-    /// now in force returned. On an error the client keeps its rules and the link keeps
-    /// reporting the old version, which the controller shows.
+    /// New rules from the control plane as version `version`, the message as it came (read it
+    /// with `spillway_loop::LinkRules::decode` and run it with the client's own `identity` and
+    /// `redis`, `LinkRules::with_own`): validated, swapped in, and what is now in force
+    /// returned. On an error the client keeps its rules and the link keeps reporting the old
+    /// version, which the controller shows.
     fn apply_rules(
         &self,
         version: u64,
-        yaml: &str,
+        rules: &v1::Rules,
     ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>>;
 }
 
@@ -278,8 +280,8 @@ impl Driver {
     fn apply(&self, state: &mut State, now: HostTime, steps: Vec<HostStep>) {
         for step in steps {
             match step {
-                HostStep::Rules { version, yaml } => {
-                    let more = match self.host.apply_rules(version, &yaml) {
+                HostStep::Rules { version, rules } => {
+                    let more = match self.host.apply_rules(version, &rules) {
                         Ok(config) => {
                             tracing::info!(version, "rules from the control plane applied");
                             let more = state.core.rules_applied(now, version, &config);

@@ -70,10 +70,12 @@ pub enum HostStep {
     /// An adaptive token bucket's share expired: it refills at its whole limit again, as a host
     /// alone would, until the control plane sends a new one (G9).
     ShareExpired { bucket: usize },
-    /// New rules (the YAML of SPEC §2) as version `version`: apply them, then call
-    /// [`HostCore::rules_applied`] or [`HostCore::rules_refused`], which apply the rest of the
-    /// instruction set that carried them.
-    Rules { version: u64, yaml: String },
+    /// New rules as version `version`, the message as it came (of either shape: read it with
+    /// [`crate::LinkRules::decode`] and run it with the host's own settings,
+    /// [`crate::LinkRules::with_own`]): apply them, then call [`HostCore::rules_applied`] or
+    /// [`HostCore::rules_refused`], which apply the rest of the instruction set that carried
+    /// them.
+    Rules { version: u64, rules: v1::Rules },
 }
 
 /// One control-plane bucket as the host core tracks it.
@@ -281,7 +283,7 @@ impl HostCore {
         {
             let step = HostStep::Rules {
                 version: rules.version,
-                yaml: rules.yaml.clone(),
+                rules: rules.clone(),
             };
             self.pending = Some(instructions);
             return vec![step];
@@ -573,18 +575,12 @@ mod tests {
     fn instructions_with_new_rules_wait_until_the_rules_are_applied() {
         let mut core = core(DROP);
         let mut message = instructions(vec![instruction("shared", 0.0, Some(0.5))]);
-        message.rules = Some(v1::Rules {
-            version: 4,
-            yaml: ADAPTIVE.into(),
-        });
+        let rules = crate::RulesSnapshot::parse(4, ADAPTIVE, "new")
+            .unwrap()
+            .message();
+        message.rules = Some(rules.clone());
         let steps = core.on_instructions(at(8_010), message.clone());
-        assert_eq!(
-            steps,
-            [HostStep::Rules {
-                version: 4,
-                yaml: ADAPTIVE.into()
-            }]
-        );
+        assert_eq!(steps, [HostStep::Rules { version: 4, rules }]);
         // Refused: the host keeps version 3, and `shared` is no bucket of its rules.
         assert!(core.rules_refused(at(8_011)).is_empty());
         assert_eq!(core.rules_version(), 3);

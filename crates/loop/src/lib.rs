@@ -26,7 +26,7 @@ pub mod zone;
 pub use host::{HostCore, HostId, HostStep, HostTime};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
-pub use rules::{RulesError, RulesSnapshot};
+pub use rules::{LinkRules, RulesError, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};
 pub use tally::{BucketReport, Tally};
 pub use zone::{ZoneCore, ZoneStep, host_shares};

@@ -347,10 +347,8 @@ impl RegionCore {
                         sequence,
                         buckets,
                         rules_version: rules.version,
-                        rules: send_rules.then(|| v1::Rules {
-                            version: rules.version,
-                            yaml: rules.yaml.to_string(),
-                        }),
+                        // The rules as data, never the source's text (SPEC §7).
+                        rules: send_rules.then(|| rules.message()),
                     }),
                 },
             });

@@ -428,6 +428,7 @@ mod tests {
                 rules: Some(v1::Rules {
                     version: 2,
                     yaml: "rules".into(),
+                    ..Default::default()
                 }),
                 buckets: vec![v1::BucketInstruction {
                     service: "api".into(),

@@ -11,7 +11,7 @@ use spillway_core::config::load_str;
 use spillway_core::counters::Snapshot;
 use spillway_loop::sums::{Intervals, MAX_AHEAD};
 use spillway_loop::{
-    BucketKey, HostCore, HostId, HostStep, HostTime, Interval, RegionCore, RegionStep,
+    BucketKey, HostCore, HostId, HostStep, HostTime, Interval, LinkRules, RegionCore, RegionStep,
     RulesSnapshot, Sums, ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
@@ -248,12 +248,12 @@ proptest! {
                     })
                     .collect(),
                 rules_version: rules.map_or(0, |r| r.0),
-                rules: rules.map(|(version, yaml)| v1::Rules { version, yaml: yaml.into() }),
+                rules: rules.map(|(version, yaml)| v1::Rules { version, yaml: yaml.into(), ..Default::default() }),
             };
             let mut steps = core.on_instructions(now, message);
-            if let Some(HostStep::Rules { version, yaml }) = steps.first().cloned() {
-                // A real client validates the rules before it takes them.
-                steps = match load_str(&yaml, "control-plane") {
+            if let Some(HostStep::Rules { version, rules }) = steps.first().cloned() {
+                // A real client validates the rules, with its own settings, before it takes them.
+                steps = match LinkRules::decode(&rules).and_then(|r| r.with_own(&config, "control-plane")) {
                     Ok(config) => core.rules_applied(now, version, &config),
                     Err(_) => core.rules_refused(now),
                 };

@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
-use spillway_client::Client;
 use spillway_client::control::{ControlPlane, last_good_rules};
+use spillway_client::{Client, ClientError};
+use spillway_core::config;
 
 use crate::error::ProxyError;
 use crate::server::ProxyOptions;
@@ -21,7 +22,12 @@ pub(crate) fn start(
     let Some(control) = &options.control else {
         return Ok((Arc::new(Client::from_file(&options.config)?), None));
     };
-    let saved = control.state_dir.as_deref().and_then(last_good_rules);
+    // Its own file gives what is this process's own (identity, redis) beside saved rules.
+    let own = config::load_file(&options.config).map_err(ClientError::from)?;
+    let saved = control
+        .state_dir
+        .as_deref()
+        .and_then(|dir| last_good_rules(dir, &own));
     let (client, version) = match saved {
         Some((version, config)) => {
             tracing::info!(
@@ -30,7 +36,7 @@ pub(crate) fn start(
             );
             (Client::new(config)?, version)
         }
-        None => (Client::from_file(&options.config)?, 0),
+        None => (Client::new(own)?, 0),
     };
     let client = Arc::new(client);
     let link = ControlPlane::spawn(client.clone(), control.clone(), version)

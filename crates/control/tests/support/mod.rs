@@ -18,7 +18,8 @@ use spillway_core::clock::{Clock, Nanos, SystemClock};
 use spillway_core::config::{self, Config};
 use spillway_core::counters::Snapshot;
 use spillway_link::{Backoff, ClientLink, HostLimiters, LinkOptions};
-use spillway_loop::{BucketKey, HostStep};
+use spillway_loop::{BucketKey, HostStep, LinkRules};
+use spillway_proto::v1;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reconnects fast, so a restarted controller is found within an interval or two.
@@ -59,7 +60,8 @@ struct Bucket {
 struct SimState {
     config: Arc<Config>,
     rules_version: u64,
-    yaml: String,
+    /// The last rules message that came down, as it came.
+    received: Option<v1::Rules>,
     buckets: HashMap<BucketKey, Bucket>,
     /// Load is integrated up to here.
     since: Nanos,
@@ -97,7 +99,8 @@ pub struct SimClient {
 }
 
 impl SimClient {
-    fn new(host: String, region: &str, zone: &str, yaml: &str) -> Self {
+    /// Host `host` of `zone` running its own file `yaml` until the control plane sends rules.
+    pub fn new(host: String, region: &str, zone: &str, yaml: &str) -> Self {
         Self {
             host,
             region: region.to_owned(),
@@ -106,7 +109,7 @@ impl SimClient {
             state: Mutex::new(SimState {
                 config: Arc::new(config::load_str(yaml, "rules.yaml").unwrap()),
                 rules_version: 0,
-                yaml: String::new(),
+                received: None,
                 buckets: HashMap::new(),
                 since: 0,
             }),
@@ -150,8 +153,21 @@ impl SimClient {
         self.lock().rules_version
     }
 
-    pub fn rules_yaml(&self) -> String {
-        self.lock().yaml.clone()
+    /// The last rules message that came down, as it came (`None`: none yet).
+    pub fn received_rules(&self) -> Option<v1::Rules> {
+        self.lock().received.clone()
+    }
+
+    /// The configuration this client runs.
+    pub fn running(&self) -> Arc<Config> {
+        self.lock().config.clone()
+    }
+
+    /// Whether it runs the control section and the services of the file `yaml`.
+    pub fn runs_rules_of(&self, yaml: &str) -> bool {
+        let file = config::load_str(yaml, "expected").unwrap();
+        let running = self.running();
+        running.services == file.services && running.control == file.control
     }
 }
 
@@ -191,14 +207,15 @@ impl HostLimiters for SimClient {
     fn apply_rules(
         &self,
         version: u64,
-        yaml: &str,
+        rules: &v1::Rules,
     ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>> {
-        // Validated like a real client's before it switches.
-        let config = Arc::new(config::load_str(yaml, "control-plane")?);
+        // Run with its own settings and validated like a real client's before it switches.
         let mut state = self.lock();
+        state.received = Some(rules.clone());
+        let config = LinkRules::decode(rules)?.with_own(&state.config, "control-plane")?;
+        let config = Arc::new(config);
         state.config = config.clone();
         state.rules_version = version;
-        state.yaml = yaml.to_owned();
         Ok(config)
     }
 }

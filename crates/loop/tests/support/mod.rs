@@ -20,7 +20,8 @@ use spillway_core::config;
 use spillway_core::counters::Snapshot;
 use spillway_core::surge;
 use spillway_loop::{
-    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot, ZoneCore, ZoneStep,
+    HostCore, HostId, HostStep, HostTime, LinkRules, RegionCore, RegionStep, RulesSnapshot,
+    ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 
@@ -172,8 +173,9 @@ pub struct Host {
     core: HostCore,
     /// Its own clock, the fleet's, in ns: what its limiters are read against.
     now: u64,
-    /// The rules it runs, as the text that came down (empty: its own file).
-    yaml: String,
+    /// The configuration it runs: its own file, then each rules version that came down with
+    /// its own identity and redis.
+    config: config::Config,
     /// By bucket name; a bucket keeps its load across rules changes.
     loads: BTreeMap<String, Load>,
     /// The first drop ratio above 0 each bucket was instructed, and when (ms), until cleared.
@@ -241,8 +243,10 @@ impl Host {
         self.core.rules_version()
     }
 
-    pub fn rules_yaml(&self) -> &str {
-        &self.yaml
+    /// Whether it runs the control section and the services of the file `yaml`.
+    pub fn runs_rules_of(&self, yaml: &str) -> bool {
+        let file = config::load_str(yaml, "expected").unwrap();
+        self.config.services == file.services && self.config.control == file.control
     }
 
     /// When instructions last arrived (simulated Unix ms, 0: never).
@@ -256,11 +260,14 @@ impl Host {
         let now = self.time();
         for step in steps {
             let bucket = match &step {
-                HostStep::Rules { version, yaml } => {
-                    let more = match config::load_str(yaml, "control-plane rules") {
+                HostStep::Rules { version, rules } => {
+                    let applied = LinkRules::decode(rules)
+                        .and_then(|r| r.with_own(&self.config, "control-plane rules"));
+                    let more = match applied {
                         Ok(config) => {
-                            self.yaml.clone_from(yaml);
-                            self.core.rules_applied(now, *version, &config)
+                            let more = self.core.rules_applied(now, *version, &config);
+                            self.config = config;
+                            more
                         }
                         Err(_) => self.core.rules_refused(now),
                     };
@@ -399,7 +406,7 @@ impl Fleet {
                 0,
             ),
             now: self.now_ms * NS_PER_MS,
-            yaml: String::new(),
+            config: (**config).clone(),
             loads: BTreeMap::new(),
             first_drop: HashMap::new(),
         };
