@@ -77,6 +77,14 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A name to look up: one with a NUL names nobody (PostgreSQL cannot even compare it).
+fn known_name(name: &str) -> Result<&str, ApiError> {
+    if name.contains('\0') {
+        return Err(ApiError::NotFound(format!("no user named {name:?}")));
+    }
+    Ok(name)
+}
+
 fn token_id(id: &str) -> Result<&str, ApiError> {
     if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(id)
@@ -268,7 +276,7 @@ pub(crate) async fn update_user(
     let admin = state.admin(&headers).await?;
     let body: RoleBody = body(&bytes, false)?;
     let role = role(&body.role)?;
-    let user = state.store.set_role(&name, role).await?;
+    let user = state.store.set_role(known_name(&name)?, role).await?;
     // This instance at once; the others within REVALIDATE_AFTER.
     state.auth.forget_user(&user.id);
     tracing::info!(admin = %admin.name, user = %user.name, %role, "role changed");
@@ -290,7 +298,7 @@ pub(crate) async fn delete_user(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let admin = state.admin(&headers).await?;
-    let user = state.store.delete_user(&name).await?;
+    let user = state.store.delete_user(known_name(&name)?).await?;
     state.auth.forget_user(&user.id);
     tracing::info!(admin = %admin.name, user = %user.name, "user deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -308,7 +316,8 @@ pub(crate) async fn list_tokens(
     Query(query): Query<TokensQuery>,
 ) -> Result<Json<Value>, ApiError> {
     state.admin(&headers).await?;
-    let tokens = state.store.list_tokens(query.user.as_deref()).await?;
+    let user = query.user.as_deref().map(known_name).transpose()?;
+    let tokens = state.store.list_tokens(user).await?;
     let now = now_millis();
     Ok(Json(Value::Array(
         tokens.iter().map(|t| t.to_json(now)).collect(),
@@ -332,7 +341,10 @@ pub(crate) async fn create_token(
     let body: NewTokenBody = body(&bytes, true)?;
     let expires = expires(body.expires.as_deref())?;
     let name = body.user.unwrap_or_else(|| admin.name.clone());
-    let (info, token) = state.store.create_token(&name, expires).await?;
+    let (info, token) = state
+        .store
+        .create_token(known_name(&name)?, expires)
+        .await?;
     tracing::info!(admin = %admin.name, user = %name, token = %info.id, "token created");
     Ok((
         StatusCode::CREATED,

@@ -66,13 +66,17 @@ impl Bounds {
     }
 }
 
-/// Refuses a `reason` longer than [`MAX_REASON_BYTES`], saying where it came from.
+/// Refuses a `reason` longer than [`MAX_REASON_BYTES`] or holding a NUL (which PostgreSQL cannot
+/// store, so it is refused on both stores alike), saying where it came from.
 pub fn check_reason(reason: Option<&str>, place: &str) -> Result<(), String> {
     match reason {
         Some(text) if text.len() > MAX_REASON_BYTES => Err(format!(
             "{place} is {} bytes long; at most {MAX_REASON_BYTES} are kept, so shorten it or link to \
              the incident instead",
             text.len()
+        )),
+        Some(text) if text.contains('\0') => Err(format!(
+            "{place} contains the NUL character (U+0000), which cannot be stored"
         )),
         _ => Ok(()),
     }

@@ -120,6 +120,16 @@ fn a_reason_longer_than_4096_bytes_is_refused(db: Db) {
         .post(&format!("/v1/rules:apply?reason={long}"), "version: 1\n")
         .unwrap();
     assert_eq!(applied.status, 400, "{}", applied.body);
+    let nul = admin
+        .send(
+            "DELETE",
+            &format!("/v1/rules/{id}?reason=a%00b"),
+            None,
+            None,
+        )
+        .unwrap();
+    assert_eq!(nul.status, 400, "{}", nul.body);
+    assert!(nul.body["detail"].as_str().unwrap().contains("NUL"));
     assert_eq!(service.rules().len(), 1, "nothing was deleted");
     assert_eq!(
         service.audit().len(),

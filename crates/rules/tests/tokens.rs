@@ -454,7 +454,7 @@ fn the_last_admin_stays(db: Db) {
 fn bad_requests_say_what_is_wrong(db: Db) {
     let service = start(db);
     let admin = service.client(&service.admin);
-    let cases: [(&str, String, Option<String>, u16, &str); 9] = [
+    let cases: [(&str, String, Option<String>, u16, &str); 11] = [
         (
             "POST",
             "/v1/users".into(),
@@ -497,6 +497,8 @@ fn bad_requests_say_what_is_wrong(db: Db) {
             404,
             "nobody",
         ),
+        ("GET", "/v1/tokens?user=a%00b".into(), None, 404, "no user"),
+        ("DELETE", "/v1/users/a%00b".into(), None, 404, "no user"),
         (
             "POST",
             "/v1/tokens/not-an-id/revoke".into(),
