@@ -99,6 +99,7 @@ fn token_id(id: &str) -> Result<&str, ApiError> {
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewUserBody {
     /// 1 to 64 letters, digits, `.`, `_`, `@` or `-`.
+    #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")]
     name: String,
     /// admin, viewer or service (default viewer).
     #[schema(nullable = false)]

@@ -446,7 +446,8 @@ struct AuditQuery {
 }
 
 #[utoipa::path(get, path = "/v1/audit", security(("bearer" = [])), params(AuditQuery), responses(
-    (status = 200, description = "Who changed what, when, from which version to which; newest first. A full page has a `link` header with rel=\"next\" to the older entries.", body = Vec<AuditAnswer>),
+    (status = 200, description = "Who changed what, when, from which version to which; newest first", body = Vec<AuditAnswer>,
+        headers(("link" = String, description = "On a full page only: `</v1/audit?limit=N&before=V>; rel=\"next\"`, the older entries"))),
     (status = 400, description = "A limit or cursor out of range", body = Problem, content_type = "application/problem+json"),
     (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
 ))]
