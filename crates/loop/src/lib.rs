@@ -17,6 +17,7 @@
 
 pub mod host;
 pub mod interval;
+pub mod plausible;
 pub mod region;
 pub mod rules;
 pub mod sums;
@@ -25,8 +26,9 @@ pub mod zone;
 
 pub use host::{HostCore, HostId, HostStep, HostTime};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
+pub use plausible::{Bounds, Clamp, ClampCounts, ClampReason, Factors};
 pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
 pub use rules::{LinkRules, RulesError, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};
 pub use tally::{BucketReport, Tally};
-pub use zone::{ZoneCore, ZoneStep, host_shares};
+pub use zone::{ClampNotice, NOTICE_EVERY_MS, ZoneCore, ZoneStep, host_shares};

@@ -6,6 +6,10 @@
 //! interval after its end has passed: with 1 s reports and one silent host, the zone's sums
 //! still leave at 250 ms past the second, and with all hosts healthy they leave the moment the
 //! last report arrives, so the loop's delay is the network's, not a sum of timers.
+//!
+//! Before it sums them, the aggregator bounds what each host's counts may say
+//! ([`crate::plausible`]): a compromised proxy reporting `offered = 1e9` counts for at most the
+//! bucket's limit (or a few times its zone's median host), and is held to what was counted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -14,7 +18,24 @@ use spillway_core::algo::Ratio;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
+use crate::plausible::{self, Bounds, Clamp, ClampCounts, Factors};
 use crate::sums::{BucketKey, Intervals, Sums};
+
+/// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
+/// that host's clamps went without one since the last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClampNotice {
+    pub clamp: Clamp,
+    pub unlogged: u64,
+}
+
+/// At most one [`ClampNotice`] per host in this long: 10 s, so a proxy that lies in every report
+/// makes one warning line every ten seconds, not one per report.
+pub const NOTICE_EVERY_MS: u64 = 10_000;
+
+/// Notices held for an owner that does not take them (the simulator): the oldest are kept, the
+/// rest are still counted in [`ZoneCore::clamped`].
+const MAX_NOTICES: usize = 256;
 
 /// What the owner of a [`ZoneCore`] sends.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,7 +56,7 @@ struct Host {
     /// new one.
     conn: u64,
     rules_version: u64,
-    /// Its counts in its latest report.
+    /// Its counts in the last closed interval it reported, as they were counted.
     last: Sums,
     /// The rules version last sent to it.
     sent_rules: u64,
@@ -52,9 +73,18 @@ pub struct ZoneCore {
     interval_from_controller: bool,
     /// In name order, so what is sent to them goes out in the same order every run.
     hosts: BTreeMap<String, Host>,
-    /// The zone's sums of the intervals still open, by reporting host.
-    window: Intervals<String, Sums>,
+    /// Each host's counts of the intervals still open, by reporting host.
+    window: Intervals<String, BTreeMap<String, Sums>>,
     rules: Option<v1::Rules>,
+    /// What a host's counts may say, from the controller's rules.
+    bounds: Bounds,
+    /// The hosts clamped against their peers in the last closed interval, and how much of
+    /// their load was counted: their drop ratios are raised to match.
+    factors: Factors,
+    clamped: ClampCounts,
+    notices: Vec<ClampNotice>,
+    /// Per host, when its last notice was taken and how many clamps went unlogged since.
+    noticed: HashMap<String, (u64, u64)>,
     /// The zone's sums of the last closed interval, to split shares among hosts.
     last_sums: Sums,
     /// Hosts and rules versions the controller knows from this zone, while a stream to it is
@@ -76,6 +106,11 @@ impl ZoneCore {
             hosts: BTreeMap::new(),
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             rules: None,
+            bounds: Bounds::default(),
+            factors: Factors::default(),
+            clamped: ClampCounts::default(),
+            notices: Vec::new(),
+            noticed: HashMap::new(),
             last_sums: Sums::default(),
             told: None,
             late_reports: 0,
@@ -112,6 +147,21 @@ impl ZoneCore {
         self.forwarded
     }
 
+    /// Counts lowered so far, by reason ([`crate::plausible`]).
+    pub fn clamped(&self) -> &ClampCounts {
+        &self.clamped
+    }
+
+    /// The clamps to log since the last call: at most one per host per [`NOTICE_EVERY_MS`].
+    pub fn take_notices(&mut self) -> Vec<ClampNotice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// The bounds in force (the defaults until the controller's rules came).
+    pub fn bounds(&self) -> &Bounds {
+        &self.bounds
+    }
+
     /// A host opened stream `conn` before reporting (the simulator's hosts are linked from the
     /// start); a server learns the host from its first report instead.
     pub fn join(&mut self, host: &str, conn: u64) {
@@ -134,7 +184,28 @@ impl ZoneCore {
         if !self.interval_from_controller && report.interval_ms > 0 {
             self.adopt(Interval::from_ms(report.interval_ms), now_ms);
         }
-        let sums = Sums::from_wire(&report.buckets);
+        let mut sums = Sums::from_wire(&report.buckets);
+        let mut lowered = Vec::new();
+        plausible::check_report(
+            &mut sums,
+            &self.bounds,
+            self.interval,
+            |key, reason, from, to| {
+                lowered.push((key.clone(), reason, from, to));
+            },
+        );
+        for (bucket, reason, reported, counted) in lowered {
+            self.note(
+                now_ms,
+                Clamp {
+                    host: report.host_id.clone(),
+                    bucket,
+                    reason,
+                    reported,
+                    counted,
+                },
+            );
+        }
         self.join(&report.host_id, conn);
         let Some(host) = self.hosts.get_mut(&report.host_id) else {
             return steps;
@@ -144,7 +215,6 @@ impl ZoneCore {
             host.sent_rules = 0;
         }
         host.rules_version = report.rules_version;
-        host.last = sums.clone();
         // A host that joins between two instruction sets gets the rules at once.
         if let Some(rules) = &self.rules
             && rules.version != report.rules_version
@@ -161,12 +231,13 @@ impl ZoneCore {
                 },
             });
         }
-        let accepted = report.interval_ms == self.interval.ms()
-            && self
-                .window
+        let accepted = report.interval_ms == self.interval.ms() && {
+            let name = report.host_id.clone();
+            self.window
                 .accept(report.sequence, report.host_id)
-                .map(|pending| pending.add(&sums))
-                .is_some();
+                .map(|pending| pending.entry(name).or_default().add(&sums))
+                .is_some()
+        };
         if !accepted {
             self.late_reports += 1;
             return steps;
@@ -197,10 +268,63 @@ impl ZoneCore {
         );
         closed
             .into_iter()
-            .map(|(sequence, sums, reported)| {
+            .map(|(sequence, hosts, reported)| {
+                let sums = self.bound(now_ms, hosts);
                 ZoneStep::Forward(self.forward(sequence, sums, reported))
             })
             .collect()
+    }
+
+    /// Bounds the hosts of a closed interval against each other and sums them: what each host
+    /// counted for becomes its last counts (for its adaptive share), and the part of each
+    /// clamped host's load that was counted, its drop ratio's factor.
+    fn bound(&mut self, now_ms: u64, mut hosts: BTreeMap<String, Sums>) -> Sums {
+        let mut lowered = Vec::new();
+        self.factors = plausible::bound_peers(
+            &mut hosts,
+            &self.bounds,
+            self.interval,
+            |h, key, r, a, b| {
+                lowered.push(Clamp {
+                    host: h.to_owned(),
+                    bucket: key.clone(),
+                    reason: r,
+                    reported: a,
+                    counted: b,
+                });
+            },
+        );
+        for clamp in lowered {
+            self.note(now_ms, clamp);
+        }
+        self.noticed
+            .retain(|_, (at, _)| now_ms.saturating_sub(*at) < NOTICE_EVERY_MS);
+        let mut zone = Sums::default();
+        for (name, sums) in hosts {
+            zone.add(&sums);
+            if let Some(host) = self.hosts.get_mut(&name) {
+                host.last = sums;
+            }
+        }
+        zone
+    }
+
+    /// Counts a clamp, and keeps it as a notice when its host has had none for a while.
+    fn note(&mut self, now_ms: u64, clamp: Clamp) {
+        self.clamped.add(clamp.reason);
+        let due = self
+            .noticed
+            .get(&clamp.host)
+            .is_none_or(|(at, _)| now_ms.saturating_sub(*at) >= NOTICE_EVERY_MS);
+        if due {
+            let unlogged = self.noticed.remove(&clamp.host).map_or(0, |(_, n)| n);
+            self.noticed.insert(clamp.host.clone(), (now_ms, 0));
+            if self.notices.len() < MAX_NOTICES {
+                self.notices.push(ClampNotice { clamp, unlogged });
+            }
+        } else if let Some((_, unlogged)) = self.noticed.get_mut(&clamp.host) {
+            *unlogged += 1;
+        }
     }
 
     /// A stream to the controller opened: it knows none of this zone's hosts yet.
@@ -250,6 +374,11 @@ impl ZoneCore {
             self.interval_from_controller = true;
         }
         if let Some(rules) = instructions.rules.take() {
+            if self.rules_version() != rules.version
+                && let Some(bounds) = Bounds::from_rules(&rules)
+            {
+                self.bounds = bounds;
+            }
             self.rules = Some(rules);
         }
         let count = self.hosts.len();
@@ -257,6 +386,9 @@ impl ZoneCore {
         for (name, host) in &mut self.hosts {
             let mut message = instructions.clone();
             host_shares(&mut message.buckets, &self.last_sums, &host.last, count);
+            if !self.factors.is_empty() {
+                hold_to_counted(&mut message.buckets, &self.factors, name);
+            }
             if let Some(rules) = &self.rules
                 && host.rules_version != rules.version
                 && host.sent_rules != rules.version
@@ -316,6 +448,20 @@ impl ZoneCore {
             self.forwarded += 1;
         }
         report
+    }
+}
+
+/// Raises the drop ratios of a host clamped against its peers so it admits what the controller
+/// planned for the load it was counted at ([`Factors::hold`]). Adaptive shares already follow
+/// what was counted ([`host_shares`] splits by counted load).
+fn hold_to_counted(buckets: &mut [v1::BucketInstruction], factors: &Factors, host: &str) {
+    for b in buckets.iter_mut().filter(|b| b.share.is_none()) {
+        let key = BucketKey::new(&b.service, &b.bucket);
+        let ratio = Ratio::from_raw(b.drop_ratio).as_f64();
+        let held = factors.hold(host, &key, ratio);
+        if held > ratio {
+            b.drop_ratio = Ratio::from_f64(held).raw();
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use spillway_net::AdminView;
@@ -60,6 +61,17 @@ impl AdminView for Zone {
             "spillway_aggregator_intervals_forwarded",
             "Zone sums sent to the controller",
             counter(state.core.forwarded()),
+        );
+        let clamped = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+        for (reason, n) in state.core.clamped().iter() {
+            clamped
+                .get_or_create(&vec![("reason", reason.label())])
+                .inc_by(n);
+        }
+        registry.register(
+            "spillway_control_plane_clamped",
+            "Counts in clients' reports lowered as implausible before the zone's sums, by reason",
+            clamped,
         );
         drop(state);
         let mut out = String::new();

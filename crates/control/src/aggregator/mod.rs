@@ -177,6 +177,7 @@ impl ZoneState {
     /// this one (its instructions expire if it keeps missing them); the core sends the rules
     /// again to a client that missed them, and the hosts list to a controller that missed it.
     fn send(&mut self, steps: Vec<ZoneStep>) {
+        self.warn_clamps();
         for step in steps {
             match step {
                 ZoneStep::Forward(report) => {
@@ -196,6 +197,24 @@ impl ZoneState {
                     }
                 }
             }
+        }
+    }
+
+    /// Logs the core's clamps: at most one line per host per ten seconds
+    /// (`spillway_loop::NOTICE_EVERY_MS`), each clamp counted on `/metrics` all the same.
+    fn warn_clamps(&mut self) {
+        for notice in self.core.take_notices() {
+            let c = &notice.clamp;
+            tracing::warn!(
+                host = %c.host,
+                service = %c.bucket.service,
+                bucket = %c.bucket.bucket,
+                reason = c.reason.label(),
+                reported = c.reported,
+                counted = c.counted,
+                unlogged_since_last = notice.unlogged,
+                "a client's report was implausible: its count was lowered before the zone's sums (spillway_control_plane_clamped_total)"
+            );
         }
     }
 }

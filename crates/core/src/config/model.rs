@@ -219,6 +219,9 @@ pub struct Control {
     /// `true`. With `false` a surge waits for the control plane's next instruction, and a lone
     /// host's burst that fits under the limit is never dropped meanwhile.
     pub surge_guard: bool,
+    /// How much one proxy's report may count for in its zone's sums, so that a broken or
+    /// compromised proxy that reports absurd load cannot make every proxy drop everything.
+    pub plausibility: Plausibility,
 }
 
 impl Default for Control {
@@ -227,6 +230,38 @@ impl Default for Control {
             report_interval: Duration::from_secs(1),
             instruction_ttl: Duration::from_secs(5),
             surge_guard: true,
+            plausibility: Plausibility::default(),
+        }
+    }
+}
+
+/// The bounds an aggregator puts on each proxy's report before it sums its zone (the controller
+/// sends them down with the rules). A proxy whose load is counted lower than it reported is told
+/// a higher drop ratio of its own, so it is held to what was counted and the limit still holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Plausibility {
+    /// A proxy's offered load to a bucket counts for at most this many times the median of the
+    /// other proxies of its zone that offered to the same bucket in the same interval, and never
+    /// less than the bucket's whole limit. Default `4`: in a zone of four or more proxies, one
+    /// proxy alone can at most double the load the controller sees for a fleet at its limit
+    /// (a drop ratio of 1/2, not 0.9999999). At least `2`.
+    #[schemars(range(min = 2))]
+    pub peer_multiple: u32,
+    /// The most requests per second one proxy can serve: offered load over it is counted as
+    /// this. Default `1000000` (a sidecar serves about 63,000 requests per second).
+    #[schemars(range(min = 1))]
+    pub max_host_rps: u64,
+}
+
+/// The smallest `control.plausibility.peer_multiple`.
+pub const MIN_PEER_MULTIPLE: u32 = 2;
+
+impl Default for Plausibility {
+    fn default() -> Self {
+        Plausibility {
+            peer_multiple: 4,
+            max_host_rps: 1_000_000,
         }
     }
 }

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{
-    Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MatchFile, Mode,
-    RedisFile, Scope, SentinelFile, Source, Sources, StateStore, is_header_name,
+    Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MIN_PEER_MULTIPLE,
+    MatchFile, Mode, RedisFile, Scope, SentinelFile, Source, Sources, StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
 use super::secret::{redact_url, url_has_password};
@@ -201,6 +201,7 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
             ),
         ));
     }
+    check_plausibility(&check, &file.control)?;
     let mut services = Vec::with_capacity(file.services.0.len());
     for (name, service) in file.services.0 {
         let path = child("services", &name);
@@ -263,6 +264,29 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         services,
         redis,
     })
+}
+
+/// `control.plausibility`: a multiple under 2 would count a proxy at no more than the median one
+/// of its zone, so half of an honest zone could never be counted whole; no proxy serves 0
+/// requests a second.
+fn check_plausibility(check: &Checker<'_>, control: &Control) -> Result<(), Located> {
+    let p = &control.plausibility;
+    if p.peer_multiple < MIN_PEER_MULTIPLE {
+        return Err(check.at_value(
+            "control.plausibility.peer_multiple",
+            format!(
+                "peer_multiple {} is too small: any proxy busier than the median one of its zone would be counted short once it offers more than the limit; use {MIN_PEER_MULTIPLE} or more (the default is 4)",
+                p.peer_multiple
+            ),
+        ));
+    }
+    if p.max_host_rps == 0 {
+        return Err(check.at_value(
+            "control.plausibility.max_host_rps",
+            "max_host_rps 0 would count every proxy's load as nothing; give the most requests per second one proxy can serve (the default is 1000000)",
+        ));
+    }
+    Ok(())
 }
 
 fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Located> {
