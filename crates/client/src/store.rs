@@ -18,8 +18,8 @@ use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
 use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 use spillway_redis::{
-    BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, RedisLimiter,
-    StoreOptions, Target,
+    BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, Password,
+    RedisLimiter, StoreOptions, Target,
 };
 pub(crate) use spillway_redis::{ExactError, RedisKey, UnsupportedAlgorithm};
 
@@ -71,8 +71,13 @@ impl ExactStore {
             RedisTarget::Sentinel { master, nodes } => Target::sentinel(master, nodes.clone()),
             RedisTarget::Cluster { nodes } => Target::cluster(nodes.clone()),
         };
-        let limiter = RedisLimiter::new(
+        // The process's own password (its `redis.password_file`, or SPILLWAY_REDIS_PASSWORD),
+        // read here, when the section is first used or changes.
+        let password = Password::resolve(redis.password_file.as_deref())
+            .map_err(|e| ClientError::Redis(e.into()))?;
+        let limiter = RedisLimiter::with_password(
             target,
+            password,
             StoreOptions {
                 timeout: redis.timeout,
             },

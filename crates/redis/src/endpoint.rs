@@ -16,15 +16,18 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, IntoConnectionInfo, Pipeline,
+    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+use spillway_core::config::redact_url;
 use tokio::sync::Mutex;
 
-/// Where a limiter finds Redis.
-#[derive(Debug, Clone, PartialEq, Eq)]
+use crate::password::Password;
+
+/// Where a limiter finds Redis. Its `Debug` shows a URL's password as `***`.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// One server, `redis://HOST:PORT[/DB]`.
     Single { url: String },
@@ -55,6 +58,29 @@ impl Target {
     /// The Redis Cluster that `nodes` (some or all of its nodes) belong to.
     pub fn cluster(nodes: Vec<String>) -> Self {
         Target::Cluster { nodes }
+    }
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |urls: &[String]| -> Vec<String> {
+            urls.iter().map(|u| redact_url(u).into_owned()).collect()
+        };
+        match self {
+            Target::Single { url } => f
+                .debug_struct("Single")
+                .field("url", &redact_url(url))
+                .finish(),
+            Target::Sentinel { master, sentinels } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", &redacted(sentinels))
+                .finish(),
+            Target::Cluster { nodes } => f
+                .debug_struct("Cluster")
+                .field("nodes", &redacted(nodes))
+                .finish(),
+        }
     }
 }
 
@@ -103,22 +129,42 @@ enum Connector {
 }
 
 impl Connector {
-    fn new(target: &Target, timeout: Duration) -> RedisResult<Self> {
+    /// `password`, when given, replaces any password of the URLs: the process's own, from its
+    /// `redis.password_file` or its environment. For Sentinel it is the primary's (the
+    /// sentinels are asked with their URLs as written).
+    fn new(target: &Target, timeout: Duration, password: Option<&Password>) -> RedisResult<Self> {
         Ok(match target {
-            Target::Single { url } => Connector::Single(Client::open(url.as_str())?),
+            Target::Single { url } => {
+                let mut info = url.as_str().into_connection_info()?;
+                if let Some(password) = password {
+                    let settings = info
+                        .redis_settings()
+                        .clone()
+                        .set_password(password.expose());
+                    info = info.set_redis_settings(settings);
+                }
+                Connector::Single(Client::open(info)?)
+            }
             Target::Sentinel { master, sentinels } => Connector::Sentinel(SentinelClient::build(
                 sentinels.clone(),
                 master.clone(),
-                None,
+                password.map(|password| {
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(
+                        RedisConnectionInfo::default().set_password(password.expose()),
+                    )
+                }),
                 SentinelServerType::Master,
             )?),
-            Target::Cluster { nodes } => Connector::Cluster(
-                ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            Target::Cluster { nodes } => {
+                let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(CLUSTER_RETRIES)
-                    .build()?,
-            ),
+                    .retries(CLUSTER_RETRIES);
+                if let Some(password) = password {
+                    builder = builder.password(password.expose());
+                }
+                Connector::Cluster(builder.build()?)
+            }
         })
     }
 
@@ -148,13 +194,17 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    pub(crate) fn new(target: &Target, timeout: Duration) -> RedisResult<Self> {
+    pub(crate) fn new(
+        target: &Target,
+        timeout: Duration,
+        password: Option<&Password>,
+    ) -> RedisResult<Self> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
         Ok(Self {
             current: ArcSwapOption::empty(),
-            connector: Mutex::new(Connector::new(target, timeout)?),
+            connector: Mutex::new(Connector::new(target, timeout, password)?),
             config,
         })
     }

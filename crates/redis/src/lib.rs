@@ -108,6 +108,7 @@ mod endpoint;
 mod guarded;
 mod key;
 mod limiter;
+mod password;
 mod script;
 
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
@@ -117,4 +118,5 @@ pub use endpoint::Target;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
 pub use key::RedisKey;
 pub use limiter::{Answer, ExactError, RedisLimiter, StoreOptions};
+pub use password::{PASSWORD_ENV, Password, PasswordError};
 pub use script::ScriptKind;

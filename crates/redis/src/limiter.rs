@@ -7,6 +7,7 @@ use spillway_core::decision::{NEVER, Verdict};
 use crate::algo::ExactAlgo;
 use crate::endpoint::{Endpoint, Target};
 use crate::key::RedisKey;
+use crate::password::{Password, PasswordError};
 use crate::script::ScriptKind;
 
 /// Why Redis could not decide. Every variant is a store failure: the caller applies the
@@ -21,6 +22,9 @@ pub enum ExactError {
         "the {script:?} script answered {reply:?}, not [allowed, retry_after_us, remaining, granted]"
     )]
     BadReply { script: ScriptKind, reply: Vec<i64> },
+    /// The process's Redis password could not be read (`redis.password_file`).
+    #[error("{0}")]
+    Password(#[from] PasswordError),
 }
 
 impl ExactError {
@@ -29,7 +33,7 @@ impl ExactError {
         match self {
             ExactError::Timeout(_) => true,
             ExactError::Redis(e) => e.is_timeout(),
-            ExactError::BadReply { .. } => false,
+            ExactError::BadReply { .. } | ExactError::Password(_) => false,
         }
     }
 }
@@ -75,8 +79,18 @@ impl RedisLimiter {
     /// A limiter for `target`. It connects on the first decision, so it can be built while Redis
     /// is down; it fails only on a malformed URL.
     pub fn new(target: Target, options: StoreOptions) -> Result<Self, ExactError> {
+        Self::with_password(target, None, options)
+    }
+
+    /// Like [`RedisLimiter::new`], authenticating with `password` (which replaces any password
+    /// written in the target's URLs): the process's own, from [`Password::resolve`].
+    pub fn with_password(
+        target: Target,
+        password: Option<Password>,
+        options: StoreOptions,
+    ) -> Result<Self, ExactError> {
         Ok(Self {
-            endpoint: Endpoint::new(&target, options.timeout)?,
+            endpoint: Endpoint::new(&target, options.timeout, password.as_ref())?,
             timeout: options.timeout,
         })
     }
