@@ -11,7 +11,7 @@
 //! working on every other one within that time plus one read. Expiry is also checked against the
 //! clock on every request.
 //!
-//! Timing: the secret is compared in constant time (argon2's own check, and [`same`] for the
+//! Timing: the secret is compared in constant time (argon2's own check, and `same` for the
 //! remembered ones), and a token id that names no token is checked against a dummy hash, so an
 //! unknown id takes about as long as a wrong secret.
 
