@@ -55,6 +55,88 @@ pub enum Command {
     Schema,
     /// The fleet simulator: the real decision and control code in simulated time.
     Sim(SimArgs),
+    /// A development PKI for mutual TLS on the control plane (SPEC §7).
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+}
+
+/// Mutual TLS on the control plane and server TLS on the admin port (SPEC §7).
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// This process's certificate chain (PEM, leaf first); its URI SAN is its identity,
+    /// `spiffe://TRUST/spillway/ROLE/...`. Re-read when it changes.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA that every peer's certificate must chain to (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// The trust domain of the identities.
+    #[arg(long, value_name = "DOMAIN", default_value = spillway_tls::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// Listen in plaintext on addresses that are not loopback (no TLS flags): anyone who can
+    /// reach the port can report load or read the admin API. For trusted networks only.
+    #[arg(long, conflicts_with = "tls_cert")]
+    pub insecure_plaintext: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Make a development CA: DIR/ca.pem and DIR/ca.key.
+    Init {
+        /// Where the CA goes.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The trust domain its leaves' identities live under.
+        #[arg(long, value_name = "DOMAIN", default_value = spillway_tls::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
+        /// Replace a CA already there.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a leaf from the CA: OUT/cert.pem, OUT/key.pem and OUT/ca.pem.
+    Issue {
+        /// The CA's folder (from `certs init`).
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// Whose certificate: `server` has no Spillway identity (the rules service, an admin
+        /// port).
+        #[arg(long, value_enum)]
+        role: CertRole,
+        /// The region (proxy, aggregator, controller).
+        #[arg(long)]
+        region: Option<String>,
+        /// The zone (proxy, aggregator).
+        #[arg(long)]
+        zone: Option<String>,
+        /// The host id (proxy).
+        #[arg(long)]
+        host: Option<String>,
+        /// A DNS name or IP address to add besides localhost and 127.0.0.1 (repeatable).
+        #[arg(long = "name", value_name = "NAME")]
+        names: Vec<String>,
+        /// How long the leaf is valid, in days.
+        #[arg(long, default_value_t = 90)]
+        days: i64,
+        /// Where the leaf goes.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Replace a leaf already there (a rotation: running processes pick it up).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CertRole {
+    Proxy,
+    Aggregator,
+    Controller,
+    Server,
 }
 
 #[derive(Debug, Args)]
@@ -131,13 +213,14 @@ pub struct ProxyArgs {
     /// linked, the controller follows the store.
     #[arg(long)]
     pub database: Option<String>,
-    /// This proxy's region.
-    #[arg(long, requires = "zone")]
+    /// This proxy's region (default: its certificate's).
+    #[arg(long)]
     pub region: Option<String>,
-    /// This proxy's zone.
-    #[arg(long, requires = "region")]
+    /// This proxy's zone (default: its certificate's).
+    #[arg(long)]
     pub zone: Option<String>,
-    /// This host's id in reports (default: the hostname and the listen port).
+    /// This host's id in reports (default: its certificate's, else the hostname and the listen
+    /// port).
     #[arg(long)]
     pub host_id: Option<String>,
     /// Keep the last good rules from the control plane here, so a restart enforces them
@@ -147,6 +230,11 @@ pub struct ProxyArgs {
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// The bearer token of the admin port's /v1/* (required when it is not loopback).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// How long the upstream may keep a request it has received whole unanswered before the
     /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
@@ -180,32 +268,39 @@ fn parse_timeout(text: &str) -> Result<Timeout, String> {
 
 #[derive(Debug, Args)]
 pub struct AggregatorArgs {
-    /// Address to accept client streams on.
+    /// Address to accept client streams on (loopback only without TLS or
+    /// --insecure-plaintext).
     #[arg(long)]
     pub listen: SocketAddr,
-    /// This aggregator's region.
+    /// This aggregator's region (default: its certificate's).
     #[arg(long)]
-    pub region: String,
-    /// This aggregator's zone.
+    pub region: Option<String>,
+    /// This aggregator's zone (default: its certificate's).
     #[arg(long)]
-    pub zone: String,
-    /// The region's controller.
+    pub zone: Option<String>,
+    /// The region's controller (`https://` with TLS, `http://` without).
     #[arg(long)]
     pub controller: String,
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// The bearer token of the admin port's /v1/* (required when it is not loopback).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("source").required(true).args(["config", "database"]))]
 pub struct ControllerArgs {
-    /// Address to accept aggregator and peer streams on.
+    /// Address to accept aggregator and peer streams on (loopback only without TLS or
+    /// --insecure-plaintext).
     #[arg(long)]
     pub listen: SocketAddr,
-    /// This controller's region.
+    /// This controller's region (default: its certificate's).
     #[arg(long)]
-    pub region: String,
+    pub region: Option<String>,
     /// Another region's controller (repeat for each).
     #[arg(long = "peer")]
     pub peers: Vec<String>,
@@ -215,18 +310,38 @@ pub struct ControllerArgs {
     /// The rules come from the rules service's store (`sqlite://PATH` or `postgres://...`).
     #[arg(long)]
     pub database: Option<String>,
-    /// Serve /healthz, /readyz and /metrics here.
+    /// Serve /healthz, /readyz, /metrics, /v1/* and the dashboard here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// The bearer token of the admin port's /v1/* and dashboard (required when it is not
+    /// loopback).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum RulesCommand {
-    /// Run the rules service.
+    /// Run the rules service: HTTPS with --tls-cert/--tls-key, else plaintext HTTP on a loopback
+    /// address (or anywhere with --insecure-plaintext).
     Serve {
-        /// Address to serve the REST API on.
+        /// Address to serve the REST API on. Without --tls-cert/--tls-key it must be loopback
+        /// (127.0.0.1, ::1; 0.0.0.0 is every interface), unless --insecure-plaintext.
         #[arg(long)]
         listen: SocketAddr,
+        /// Serve HTTPS with this certificate chain (PEM, leaf first; it needs a DNS or IP SAN
+        /// for every name clients dial). Re-read when it changes: the next connection uses the
+        /// new certificate, no restart.
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM), re-read with it.
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Serve plaintext HTTP on a non-loopback address: bearer tokens then cross the network
+        /// readable by anyone on the path. Not with --tls-cert/--tls-key.
+        #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+        insecure_plaintext: bool,
         /// `sqlite://PATH` (embedded) or `postgres://...`.
         #[arg(long, default_value = "sqlite://spillway-rules.db")]
         database: String,
@@ -403,12 +518,17 @@ pub enum TokenCommand {
 
 #[derive(Debug, Args)]
 pub struct RulesClientArgs {
-    /// The rules service.
+    /// The rules service: `https://HOST:PORT` (its certificate must chain to --ca, or else to
+    /// the system's root CAs, and name HOST), or `http://` for a server on loopback.
     #[arg(long, default_value = "http://127.0.0.1:7070")]
     pub server: String,
     /// Bearer token.
     #[arg(long, env = "SPILLWAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The CA (PEM) that an https:// server's certificate must chain to, in place of the
+    /// system's root CAs.
+    #[arg(long, value_name = "FILE", env = "SPILLWAY_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

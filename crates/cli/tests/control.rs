@@ -2,15 +2,14 @@
 //! aggregator and two linked proxies as processes on loopback, a real upstream, and paced load
 //! whose 429s are counted at the proxies (MISSION G5, G8, G9, G12).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+mod support;
 
-const SPILLWAY: &str = env!("CARGO_BIN_EXE_spillway");
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use support::fleet::{Load, Proc, admin_get, keep_alive_upstream, metric, wait_for};
+use support::free_port;
 const TTL: Duration = Duration::from_secs(1);
 
 /// One global drop-ratio bucket of `limit`/s, reports every 250 ms, instructions valid 1 s.
@@ -18,220 +17,6 @@ fn rules(limit: u32) -> String {
     format!(
         "version: 1\ncontrol:\n  report_interval: 250ms\n  instruction_ttl: 1s\nservices:\n  api:\n    buckets:\n      - {{ name: all, limit: {limit}/s, scope: global }}\n"
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-/// A child process, killed when dropped so a failing test leaves nothing behind.
-struct Proc(Child);
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        Proc(
-            Command::new(SPILLWAY)
-                .args(args)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spillway starts"),
-        )
-    }
-
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A real upstream answering `200 ok` to every request on keep-alive connections.
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut stream = stream;
-                loop {
-                    let mut line = String::new();
-                    // Requests carry no body: read the head up to its blank line.
-                    loop {
-                        line.clear();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) if line == "\r\n" => break,
-                            Ok(_) => {}
-                        }
-                    }
-                    let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if stream.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// One HTTP/1.1 request on a keep-alive connection; returns the status.
-fn request(reader: &mut BufReader<TcpStream>, path: &str) -> std::io::Result<u16> {
-    let head = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
-    reader.get_mut().write_all(head.as_bytes())?;
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status = line
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-    let mut length = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(&mut line)?;
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    Ok(status)
-}
-
-/// A GET on an admin listener; the body, or an empty string when it is not answering.
-fn admin_get(port: u16, path: &str) -> String {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let head = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n");
-    if stream.write_all(head.as_bytes()).is_err() {
-        return String::new();
-    }
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
-}
-
-/// The value of the first sample of `metric` whose line contains `with`.
-fn metric(body: &str, metric: &str, with: &str) -> Option<f64> {
-    body.lines()
-        .filter(|l| l.starts_with(metric) && l.contains(with))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-fn wait_for(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Paced load on one proxy: `rps` requests a second from one thread, counting answers.
-struct Load {
-    sent: Arc<AtomicU64>,
-    limited: Arc<AtomicU64>,
-    /// When the last 429 came, in ms since the load started.
-    last_limited_ms: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    started: Instant,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(port: u16, rps: f64) -> Load {
-        let sent = Arc::new(AtomicU64::new(0));
-        let limited = Arc::new(AtomicU64::new(0));
-        let last_limited_ms = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, l, last, halt) = (
-            sent.clone(),
-            limited.clone(),
-            last_limited_ms.clone(),
-            stop.clone(),
-        );
-        let started = Instant::now();
-        let thread = std::thread::spawn(move || {
-            let period = Duration::from_secs_f64(1.0 / rps);
-            let start = started;
-            let mut reader = None;
-            let mut n = 0u32;
-            // Bounded: at most 60 s of load whatever the test does.
-            while !halt.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
-                let due = start + period * n;
-                n += 1;
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                let conn = match reader.take() {
-                    Some(r) => r,
-                    None => match TcpStream::connect(("127.0.0.1", port)) {
-                        Ok(stream) => BufReader::new(stream),
-                        Err(_) => continue,
-                    },
-                };
-                let mut conn = conn;
-                match request(&mut conn, "/orders") {
-                    Ok(status) => {
-                        s.fetch_add(1, Ordering::Relaxed);
-                        if status == 429 {
-                            l.fetch_add(1, Ordering::Relaxed);
-                            last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-                        }
-                        reader = Some(conn);
-                    }
-                    Err(_) => reader = None,
-                }
-            }
-        });
-        Load {
-            sent,
-            limited,
-            last_limited_ms,
-            stop,
-            started,
-            thread: Some(thread),
-        }
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.limited.load(Ordering::Relaxed),
-        )
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A controller watching a rules file, one aggregator, two linked proxies and an upstream.
@@ -261,7 +46,7 @@ impl Fleet {
             "--controller",
             &format!("http://127.0.0.1:{controller_port}"),
         ]);
-        let upstream = upstream();
+        let upstream = keep_alive_upstream();
         let mut fleet = Fleet {
             dir,
             controller_port,

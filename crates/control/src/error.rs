@@ -19,6 +19,9 @@ pub enum ControlError {
     Bind(#[from] BindError),
     #[error(transparent)]
     Url(#[from] UrlError),
+    /// The process's certificate does not name the role it runs as (SPEC §7).
+    #[error("{0}")]
+    Identity(String),
 }
 
 impl ControlError {
@@ -30,6 +33,7 @@ impl ControlError {
             ControlError::Rules(RulesError::Config(_))
                 | ControlError::Url(_)
                 | ControlError::Read { .. }
+                | ControlError::Identity(_)
         )
     }
 }

@@ -20,8 +20,10 @@ pub mod controller;
 mod error;
 pub mod rules;
 mod serve;
+pub mod trust;
 
 pub use aggregator::{Aggregator, AggregatorOptions};
 pub use controller::{Controller, ControllerOptions};
 pub use error::ControlError;
 pub use rules::FileRules;
+pub use spillway_tls::TlsSource;

@@ -33,7 +33,8 @@ use tonic::transport::Channel;
 
 use crate::backoff::Backoff;
 use crate::clock::now_unix_ns;
-use crate::session::{self, SessionError, Stop, UrlError, reconnect};
+use crate::session::{SessionError, Stop, Target, UrlError, reconnect};
+use spillway_tls::{Expect, Role, TlsSource};
 
 /// The client as the link sees it: its clock, its control-plane buckets' counters and limiters,
 /// and its rules.
@@ -75,6 +76,10 @@ pub struct LinkOptions {
     /// The rules version the client starts with (its last good rules from disk), 0 for none.
     pub rules_version: u64,
     pub backoff: Backoff,
+    /// Mutual TLS (SPEC §7): the process's certificate files. The aggregator must then prove
+    /// it is this region's and zone's (`spiffe://T/spillway/aggregator/REGION/ZONE`), and the
+    /// URL must be `https://`.
+    pub tls: Option<Arc<TlsSource>>,
 }
 
 impl LinkOptions {
@@ -92,6 +97,7 @@ impl LinkOptions {
             zone: zone.into(),
             rules_version: 0,
             backoff: Backoff::default(),
+            tls: None,
         }
     }
 }
@@ -168,7 +174,18 @@ impl ClientLink {
     /// Starts the link on the current tokio runtime. Fails only on an unusable URL; an
     /// unreachable aggregator is retried forever.
     pub fn spawn(options: LinkOptions, host: Arc<dyn HostLimiters>) -> Result<Self, UrlError> {
-        let endpoint = session::endpoint(&options.aggregator)?;
+        let tls = options.tls.clone().map(|source| {
+            let (region, zone) = (options.region.clone(), options.zone.clone());
+            let expect = Expect::new(
+                format!("the aggregator of region {region}, zone {zone}"),
+                move |identity| match &identity.role {
+                    Role::Aggregator { region: r, zone: z } if *r == region && *z == zone => Ok(()),
+                    _ => Err("a proxy reports only to its own zone's aggregator".into()),
+                },
+            );
+            (source, expect)
+        });
+        let target = Target::new(&options.aggregator, tls)?;
         let config = host.config();
         let core = HostCore::new(
             HostId {
@@ -188,12 +205,10 @@ impl ClientLink {
         });
         let (stop, stop_rx) = watch::channel(false);
         let housekeeping = tokio::spawn(housekeeping(driver.clone(), stop_rx.clone()));
-        let aggregator = options.aggregator.clone();
         let link = tokio::spawn(async move {
             reconnect(
                 "control-plane",
-                &aggregator,
-                endpoint,
+                &target,
                 options.backoff,
                 stop_rx,
                 |channel, stop| {

@@ -14,5 +14,6 @@ pub use backoff::Backoff;
 pub use client::{ClientLink, HostLimiters, LinkOptions, LinkStatus};
 pub use clock::{now_ms, now_unix_ns};
 pub use session::{
-    CONNECT_TIMEOUT, SessionError, Stop, UrlError, endpoint, reconnect, sleep_or_stop, stopped,
+    CONNECT_TIMEOUT, SessionError, Stop, Target, UrlError, endpoint, reconnect, sleep_or_stop,
+    stopped,
 };

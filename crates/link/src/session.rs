@@ -6,6 +6,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use spillway_tls::{Connector, Expect, TlsSource};
+use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
@@ -60,6 +62,73 @@ pub fn endpoint(url: &str) -> Result<Endpoint, UrlError> {
         .keep_alive_while_idle(true))
 }
 
+/// Where a link dials and how: an endpoint, and for mutual TLS (SPEC §7) the connector that
+/// presents the process's certificate and verifies the server's identity. The URL's scheme and
+/// the transport must agree (`https://` with TLS, `http://` without), so a link never downgrades
+/// silently.
+#[derive(Debug, Clone)]
+pub struct Target {
+    url: String,
+    endpoint: Endpoint,
+    tls: Option<Connector>,
+}
+
+impl Target {
+    /// A plaintext target (`http://`).
+    pub fn plain(url: &str) -> Result<Self, UrlError> {
+        Self::new(url, None)
+    }
+
+    /// A target dialled with mutual TLS from `source` when given, accepting as the server only
+    /// an identity that `expect` admits.
+    pub fn new(url: &str, tls: Option<(Arc<TlsSource>, Expect)>) -> Result<Self, UrlError> {
+        let bad = |reason: &str| UrlError {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let https = url.starts_with("https://");
+        match (https, tls.is_some()) {
+            (true, false) => {
+                return Err(bad(
+                    "https:// needs --tls-cert, --tls-key and --tls-ca; without them write http://",
+                ));
+            }
+            (false, true) if url.starts_with("http://") => {
+                return Err(bad(
+                    "with --tls-cert the link speaks mutual TLS: write https://, never http://",
+                ));
+            }
+            _ => {}
+        }
+        Ok(Self {
+            url: url.to_owned(),
+            endpoint: endpoint(url)?,
+            tls: tls.map(|(source, expect)| Connector::new(source, expect)),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether the link speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Opens a channel: TCP, then the TLS handshake when the target has one.
+    pub async fn connect(&self) -> Result<Channel, tonic::transport::Error> {
+        match &self.tls {
+            None => self.endpoint.connect().await,
+            Some(connector) => {
+                self.endpoint
+                    .connect_with_connector(connector.clone())
+                    .await
+            }
+        }
+    }
+}
+
 /// Why a session ended other than by the stop signal.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -82,15 +151,14 @@ impl SessionError {
     }
 }
 
-/// Runs sessions with `endpoint` until `stop` fires: each connects, then runs `session` on the
+/// Runs sessions with `target` until `stop` fires: each connects, then runs `session` on the
 /// channel until it returns. `Ok` means it saw the stop signal; an error is logged with `what`
 /// and `target`, and the next attempt comes after the backoff's next delay (from its initial
 /// step again when the lost stream had been open), so a fleet that lost its aggregator at once
 /// does not come back at once.
 pub async fn reconnect<S, F>(
     what: &'static str,
-    target: &str,
-    endpoint: Endpoint,
+    target: &Target,
     mut backoff: Backoff,
     mut stop: Stop,
     mut session: S,
@@ -103,7 +171,7 @@ pub async fn reconnect<S, F>(
             return;
         }
         let result = tokio::select! {
-            connected = endpoint.connect() => match connected {
+            connected = target.connect() => match connected {
                 Ok(channel) => session(channel, stop.clone()).await,
                 Err(err) => Err(SessionError::Connect(err)),
             },
@@ -115,7 +183,7 @@ pub async fn reconnect<S, F>(
                 if err.was_open() {
                     backoff.reset();
                 }
-                tracing::warn!(target = %target, "{what} link down: {err}");
+                tracing::warn!(target = %target.url(), "{what} link down: {err}");
             }
         }
         if sleep_or_stop(backoff.next_delay(), &mut stop).await {
@@ -135,6 +203,13 @@ mod tests {
         assert!(endpoint("http://127.0.0.1:7001").is_ok());
     }
 
+    #[test]
+    fn scheme_and_transport_must_agree() {
+        let err = Target::plain("https://127.0.0.1:7001").unwrap_err();
+        assert!(err.to_string().contains("--tls-cert"), "{err}");
+        assert!(!Target::plain("http://127.0.0.1:7001").unwrap().is_tls());
+    }
+
     #[tokio::test]
     async fn reconnect_runs_no_session_without_a_connection_and_ends_when_stopped() {
         // A port nobody listens on: every attempt fails to connect.
@@ -145,17 +220,14 @@ mod tests {
         let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
         let counted = attempts.clone();
-        let task = tokio::spawn(reconnect(
-            "test",
-            "nowhere",
-            endpoint(&url).unwrap(),
-            backoff,
-            stop,
-            move |_, _| {
+        let target = Target::plain(&url).unwrap();
+        let task = tokio::spawn(async move {
+            reconnect("test", &target, backoff, stop, move |_, _| {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 async { Ok(()) }
-            },
-        ));
+            })
+            .await
+        });
         tokio::time::sleep(Duration::from_millis(100)).await;
         stop_tx.send_replace(true);
         task.await.unwrap();

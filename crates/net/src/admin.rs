@@ -2,6 +2,17 @@
 //! `/healthz`, `/readyz`, `/metrics` (Prometheus text) and, on a controller, `/v1/hosts` (which
 //! host runs which rules version), `/v1/buckets` (limit, offered load and drop ratio of each
 //! bucket) and a live dashboard on `/`. Each role says what it shows through an [`AdminView`].
+//!
+//! How the port is protected is an [`AdminAuth`] (SPEC §7, "Admin ports"):
+//! - with a certificate ([`AdminAuth::tls`]) the port speaks server TLS (no client certificate),
+//!   and each connection's handshake runs in its own task, so a stalled or failed one never
+//!   holds up the others; certificate files re-read on change apply from the next connection;
+//! - with a token ([`AdminAuth::token`], from `--admin-token-file`) `/healthz`, `/readyz` and
+//!   `/metrics` stay open while everything else needs `Authorization: Bearer TOKEN` or the
+//!   sign-in cookie a browser gets from `POST /signin` ([`auth`] says how the cookie is made);
+//! - with neither, everything is open, which [`check_exposure`] allows on loopback only.
+
+mod auth;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,15 +23,21 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper::rt::{Read, Write};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use spillway_tls::server::{Acceptor, ClientAuth};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use spillway_link::Stop;
 
 use crate::{BindError, accept_or_stop};
+
+pub use auth::{AdminAuth, AdminToken, AdminTokenError, check_exposure};
+
+use auth::Gate;
 
 /// What a component shows on its admin listener.
 pub trait AdminView: Send + Sync + 'static {
@@ -42,51 +59,99 @@ pub trait AdminView: Send + Sync + 'static {
     }
 }
 
-/// Serves the admin endpoints on `addr` when one is given, adding the task to `tasks`; returns
-/// the bound address (the real port when `addr` asked for port 0).
+/// Serves the admin endpoints on `addr` when one is given, protected by `auth`, adding the task
+/// to `tasks`; returns the bound address (the real port when `addr` asked for port 0).
 pub async fn start_if(
     addr: Option<SocketAddr>,
+    auth: AdminAuth,
     view: Arc<dyn AdminView>,
     stop: Stop,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<Option<SocketAddr>, BindError> {
     let Some(addr) = addr else { return Ok(None) };
-    let (local, task) = start(addr, view, stop).await?;
-    tasks.push(task);
+    let (listener, local) = crate::bind(addr).await?;
+    tasks.push(tokio::spawn(serve(listener, view, stop, auth)));
     Ok(Some(local))
 }
 
-/// Binds `addr` and serves until `stop` fires.
-async fn start(
-    addr: SocketAddr,
+/// Serves the admin endpoints of `view` on `listener` (HTTP/1.1, over TLS when `auth` has a
+/// certificate) until `stop` fires.
+pub async fn serve(
+    listener: TcpListener,
     view: Arc<dyn AdminView>,
-    stop: Stop,
-) -> Result<(SocketAddr, JoinHandle<()>), BindError> {
-    let (listener, local) = crate::bind(addr).await?;
-    Ok((local, tokio::spawn(serve(listener, view, stop))))
-}
-
-/// Serves the admin endpoints of `view` on `listener` (HTTP/1.1) until `stop` fires.
-pub async fn serve(listener: TcpListener, view: Arc<dyn AdminView>, mut stop: Stop) {
-    while let Some((stream, _)) = accept_or_stop(&listener, &mut stop).await {
+    mut stop: Stop,
+    auth: AdminAuth,
+) {
+    let gate = Gate::new(&auth).map(Arc::new);
+    let acceptor = auth
+        .tls
+        .map(|source| Acceptor::new(source, ClientAuth::None, &[b"http/1.1"]));
+    while let Some((stream, remote)) = accept_or_stop(&listener, &mut stop).await {
         let view = view.clone();
-        let service = service_fn(move |request| {
-            let view = view.clone();
-            async move { Ok::<_, Infallible>(route(view.as_ref(), &request)) }
+        let gate = gate.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            match acceptor {
+                None => connection(TokioIo::new(stream), view, gate).await,
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok((tls, _)) => connection(TokioIo::new(tls), view, gate).await,
+                    Err(err) => tracing::debug!(%remote, "admin port: TLS handshake failed: {err}"),
+                },
+            }
         });
-        tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
     }
 }
 
-fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let answer = |status: StatusCode, body: String, content_type: &'static str| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        response
+/// Serves the requests of one connection.
+async fn connection<I>(io: I, view: Arc<dyn AdminView>, gate: Option<Arc<Gate>>)
+where
+    I: Read + Write + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let view = view.clone();
+        let gate = gate.clone();
+        async move { Ok::<_, Infallible>(handle(view.as_ref(), gate.as_deref(), request).await) }
+    });
+    // A client that goes away mid-request is its own business, not the listener's.
+    let _ = http1::Builder::new().serve_connection(io, service).await;
+}
+
+/// Paths that stay open whatever the token: probes and scrapers carry none.
+const OPEN: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+async fn handle(
+    view: &dyn AdminView,
+    gate: Option<&Gate>,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let Some(gate) = gate else {
+        return route(view, &request);
     };
+    let path = request.uri().path();
+    let reads = request.method() == Method::GET || request.method() == Method::HEAD;
+    match (request.method(), path) {
+        (&Method::POST, "/signin") => return gate.sign_in(request.into_body()).await,
+        (&Method::POST, "/signout") => return gate.sign_out(),
+        (_, "/signin") if reads => return gate.sign_in_page(StatusCode::OK, None),
+        _ => {}
+    }
+    if reads && !OPEN.contains(&path) && !gate.admits(request.headers()) {
+        return gate.refuse(path == "/" && view.dashboard().is_some());
+    }
+    route(view, &request)
+}
+
+/// A response with `body` of `content_type`.
+fn answer(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn route(view: &dyn AdminView, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return answer(
             StatusCode::METHOD_NOT_ALLOWED,

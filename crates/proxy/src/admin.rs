@@ -112,6 +112,22 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         "1 while instructions from the control plane arrive within their TTL; 0 when they stopped (fail-open) and for a standalone proxy",
         connected,
     );
+    if let Some(link) = &shared.link {
+        let reports = Counter::<u64>::default();
+        reports.inc_by(link.reports());
+        registry.register(
+            "spillway_control_plane_reports",
+            "Reports sent to the aggregator",
+            reports,
+        );
+        let connects = Counter::<u64>::default();
+        connects.inc_by(link.connects());
+        registry.register(
+            "spillway_control_plane_connects",
+            "Streams opened to the aggregator, the first included (more: the link was lost and reopened)",
+            connects,
+        );
+    }
     let expired = Counter::<u64>::default();
     expired.inc_by(client.instructions_expired());
     registry.register(

@@ -69,6 +69,8 @@ pub struct ProxyOptions {
     pub upstream: String,
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     pub admin: Option<SocketAddr>,
+    /// How the admin listener is protected (TLS, token); the default leaves it open.
+    pub admin_auth: spillway_net::admin::AdminAuth,
     /// How often the file is checked for changes.
     pub reload_every: Duration,
     /// How long shutdown waits for requests in flight before closing their connections.
@@ -108,6 +110,7 @@ impl ProxyOptions {
             listen,
             upstream,
             admin: None,
+            admin_auth: Default::default(),
             reload_every: DEFAULT_POLL,
             drain_timeout: Duration::from_secs(30),
             control: None,
@@ -194,6 +197,7 @@ impl Proxy {
                 admin,
                 Arc::new(crate::admin::ProxyView(shared.clone())),
                 stopped,
+                options.admin_auth.clone(),
             )));
         }
         let watcher = (control.is_none() && options.watch_file)

@@ -1,12 +1,14 @@
 //! One function per subcommand. Exit status per SPEC §1: 0 success, 1 runtime failure, 2 bad
 //! usage or bad configuration.
 
+mod certs;
 mod check;
 mod control;
 mod demo;
 mod proxy;
 mod rules;
 mod sim;
+mod trust;
 mod up;
 
 use std::process::ExitCode;
@@ -66,5 +68,6 @@ pub fn run(command: Command) -> ExitCode {
         Command::Controller(args) => control::controller(args),
         Command::Rules { command } => rules::rules(command),
         Command::Sim(args) => sim::sim(args),
+        Command::Certs { command } => certs::certs(command),
     }
 }

@@ -11,6 +11,7 @@ use spillway_client::control::{ControlOptions, LinkOptions};
 use spillway_core::config::{self, Config};
 use spillway_proxy::{Proxy, ProxyOptions};
 
+use super::trust::{self, Place};
 use crate::args::ProxyArgs;
 
 /// Runs the proxy until SIGTERM or SIGINT, then drains the requests in flight and exits 0.
@@ -22,9 +23,9 @@ pub fn proxy(args: ProxyArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    if args.aggregator.is_some() && args.region.is_none() {
+    if args.aggregator.is_none() && args.tls.tls_cert.is_some() && args.admin.is_none() {
         eprintln!(
-            "spillway proxy: --aggregator needs --region and --zone, for example --region eu-west --zone eu-west-1a"
+            "spillway proxy: --tls-cert secures the link to --aggregator and the --admin port; give one of them"
         );
         return ExitCode::from(2);
     }
@@ -45,21 +46,56 @@ pub fn proxy(args: ProxyArgs) -> ExitCode {
 }
 
 async fn run(args: ProxyArgs) -> ExitCode {
+    let usage = |message: String| {
+        eprintln!("spillway proxy: {message}");
+        ExitCode::from(2)
+    };
     if args.aggregator.is_none() && (args.region.is_some() || args.host_id.is_some()) {
         tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
     }
+    let tls = match trust::load(&args.tls) {
+        Ok(tls) => tls,
+        Err(message) => return usage(message),
+    };
+    let place = match (Place {
+        region: args.region.clone(),
+        zone: args.zone.clone(),
+        host: args.host_id.clone(),
+    })
+    .merge(tls.as_ref().map(|(_, id)| id), "proxy")
+    {
+        Ok(place) => place,
+        Err(message) => return usage(message),
+    };
+    let source = tls.map(|(source, _)| source);
+    let admin_auth = match trust::admin(
+        args.admin,
+        args.admin_token_file.as_deref(),
+        source.as_ref(),
+        &args.tls,
+    ) {
+        Ok(auth) => auth,
+        Err(message) => return usage(message),
+    };
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
+    options.admin_auth = admin_auth;
     options.workers = workers();
     options.upstream_timeout = args.upstream_timeout.0;
     options.header_timeout = args.header_timeout;
     options.idle_timeout = args.idle_timeout;
-    if let (Some(aggregator), Some(region), Some(zone)) = (args.aggregator, args.region, args.zone)
-    {
-        let host_id = args
-            .host_id
+    if let Some(aggregator) = args.aggregator {
+        let (Some(region), Some(zone)) = (place.region, place.zone) else {
+            return usage(
+                "--aggregator needs --region and --zone (or a --tls-cert that names them), for example --region eu-west --zone eu-west-1a".into(),
+            );
+        };
+        let host_id = place
+            .host
             .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.port()));
-        let mut control = ControlOptions::new(LinkOptions::new(aggregator, host_id, region, zone));
+        let mut link = LinkOptions::new(aggregator, host_id, region, zone);
+        link.tls = source;
+        let mut control = ControlOptions::new(link);
         control.state_dir = args.state_dir;
         options.control = Some(control);
     }

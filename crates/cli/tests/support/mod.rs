@@ -3,6 +3,8 @@
 // Each test file uses part of this module.
 #![allow(dead_code)]
 
+pub mod fleet;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;

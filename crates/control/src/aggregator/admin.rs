@@ -73,6 +73,11 @@ impl AdminView for Zone {
             "Counts in clients' reports lowered as implausible before the zone's sums, by reason",
             clamped,
         );
+        registry.register(
+            "spillway_control_plane_rejected",
+            "Control-plane peers refused (a failed handshake, a certificate of the wrong role, region, zone or host id), by reason",
+            self.trust.metric(),
+        );
         drop(state);
         let mut out = String::new();
         let _ = encode(&mut out, &registry);

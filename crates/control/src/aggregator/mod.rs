@@ -16,14 +16,16 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use spillway_link::{Backoff, now_ms};
+use spillway_link::{Backoff, Target, now_ms};
 use spillway_loop::{ZoneCore, ZoneStep};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use spillway_tls::{Expect, Role, TlsSource};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::error::ControlError;
+use crate::trust::{self, Trust};
 
 /// Where an aggregator listens, and whom it reports to.
 #[derive(Debug, Clone)]
@@ -34,7 +36,13 @@ pub struct AggregatorOptions {
     /// The region's controller, for example `http://127.0.0.1:7001`.
     pub controller: String,
     pub admin: Option<SocketAddr>,
+    /// How the admin listener is protected (TLS, token); the default leaves it open.
+    pub admin_auth: spillway_net::admin::AdminAuth,
     pub backoff: Backoff,
+    /// Mutual TLS (SPEC §7): the listener then accepts only proxies of this region and zone,
+    /// each under its certificate's host id, and the controller (`https://`) must prove it is
+    /// this region's.
+    pub tls: Option<Arc<TlsSource>>,
 }
 
 impl AggregatorOptions {
@@ -50,7 +58,9 @@ impl AggregatorOptions {
             zone: zone.into(),
             controller: controller.into(),
             admin: None,
+            admin_auth: Default::default(),
             backoff: Backoff::default(),
+            tls: None,
         }
     }
 }
@@ -76,14 +86,48 @@ impl std::fmt::Debug for Aggregator {
 impl Aggregator {
     /// Binds the listeners and starts serving and reporting.
     pub async fn start(options: AggregatorOptions) -> Result<Self, ControlError> {
-        let endpoint = spillway_link::endpoint(&options.controller)?;
+        let tls = match &options.tls {
+            None => None,
+            Some(source) => {
+                trust::own_identity(
+                    source,
+                    |role| {
+                        matches!(role, Role::Aggregator { region, zone }
+                            if *region == options.region && *zone == options.zone)
+                    },
+                    &format!(
+                        "the aggregator of region {}, zone {}",
+                        options.region, options.zone
+                    ),
+                )
+                .map_err(ControlError::Identity)?;
+                let region = options.region.clone();
+                let expect = Expect::new(
+                    format!("the controller of region {region}"),
+                    move |identity| match &identity.role {
+                        Role::Controller { region: r } if *r == region => Ok(()),
+                        _ => {
+                            Err("an aggregator reports only to its own region's controller".into())
+                        }
+                    },
+                );
+                Some((source.clone(), expect))
+            }
+        };
+        let target = Target::new(&options.controller, tls)?;
         let (listener, addr) = spillway_net::bind(options.listen).await?;
         let (stop, stop_rx) = watch::channel(false);
         let zone = Arc::new(Zone::new(&options));
+        let trust = zone.trust.clone();
         let mut tasks = Vec::new();
-        let admin =
-            spillway_net::admin::start_if(options.admin, zone.clone(), stop_rx.clone(), &mut tasks)
-                .await?;
+        let admin = spillway_net::admin::start_if(
+            options.admin,
+            options.admin_auth.clone(),
+            zone.clone(),
+            stop_rx.clone(),
+            &mut tasks,
+        )
+        .await?;
         let server = v1::aggregator_server::AggregatorServer::new(service::Service {
             zone: zone.clone(),
             stop: stop_rx.clone(),
@@ -92,18 +136,18 @@ impl Aggregator {
         tasks.push(crate::serve::serve(
             tonic::transport::Server::builder().add_service(server),
             listener,
+            trust,
             stop_rx.clone(),
             "aggregator",
         ));
         tasks.push(tokio::spawn(upstream::run(
             zone.clone(),
-            options.controller.clone(),
-            endpoint,
+            target,
             options.backoff.clone(),
             stop_rx.clone(),
         )));
         tasks.push(tokio::spawn(service::ticker(zone.clone(), stop_rx)));
-        tracing::info!(%addr, zone = %options.zone, region = %options.region, controller = %options.controller, "aggregator started");
+        tracing::info!(%addr, zone = %options.zone, region = %options.region, controller = %options.controller, tls = options.tls.is_some(), "aggregator started");
         Ok(Self {
             zone,
             addr,
@@ -144,6 +188,11 @@ struct Zone {
     state: Mutex<ZoneState>,
     connected: AtomicBool,
     next_conn: AtomicU64,
+    /// Who may report here, and the refusals counted.
+    trust: Arc<Trust>,
+    /// Where this aggregator is: its region and zone.
+    region: String,
+    zone: String,
 }
 
 struct ZoneState {
@@ -164,6 +213,9 @@ impl Zone {
             }),
             connected: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
+            trust: Arc::new(Trust::new(options.tls.clone(), "aggregator")),
+            region: options.region.clone(),
+            zone: options.zone.clone(),
         }
     }
 

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Zone;
+use crate::trust::{self, Reason, Refusal};
 
 pub(super) struct Service {
     pub(super) zone: Arc<Zone>,
@@ -26,9 +27,19 @@ impl v1::aggregator_server::Aggregator for Service {
         &self,
         request: Request<Streaming<v1::Report>>,
     ) -> Result<Response<Self::LinkStream>, Status> {
+        let zone = self.zone.clone();
+        // With TLS: a proxy of this zone, which may report under its certificate's host id only.
+        let certified = match zone.trust.peer(&request)? {
+            None => None,
+            Some((identity, name)) => {
+                match trust::rules::proxy_of(&identity, &zone.region, &zone.zone) {
+                    Ok(host) => Some((host, name)),
+                    Err(refusal) => return Err(zone.trust.reject(&refusal, &name)),
+                }
+            }
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
-        let zone = self.zone.clone();
         let mut stop = self.stop.clone();
         let conn = zone.next_conn.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
@@ -37,6 +48,13 @@ impl v1::aggregator_server::Aggregator for Service {
                 tokio::select! {
                     message = inbound.message() => match message {
                         Ok(Some(report)) => {
+                            if let Some((host, name)) = &certified
+                                && let Err(refusal) = claims(&report, host, &zone.region, &zone.zone)
+                            {
+                                let status = zone.trust.reject(&refusal, name);
+                                let _ = tx.try_send(Err(status));
+                                break;
+                            }
                             let mut state = zone.lock();
                             if host.as_deref() != Some(report.host_id.as_str()) {
                                 if let Some(old) = host.take() {
@@ -70,6 +88,40 @@ impl v1::aggregator_server::Aggregator for Service {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Whether a certified proxy's report claims what its certificate says: its host id, region and
+/// zone.
+fn claims(report: &v1::Report, host: &str, region: &str, zone: &str) -> Result<(), Refusal> {
+    let refuse = |reason, message: String| Err(Refusal { reason, message });
+    if report.host_id != host {
+        return refuse(
+            Reason::HostId,
+            format!(
+                "the certificate names host {host}, the report host {:?}",
+                report.host_id
+            ),
+        );
+    }
+    if !report.region.is_empty() && report.region != region {
+        return refuse(
+            Reason::Region,
+            format!(
+                "a report of region {:?} at region {region}'s aggregator",
+                report.region
+            ),
+        );
+    }
+    if !report.zone.is_empty() && report.zone != zone {
+        return refuse(
+            Reason::Zone,
+            format!(
+                "a report of zone {:?} at zone {zone}'s aggregator",
+                report.zone
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Closes overdue intervals between reports, about ten times per interval.

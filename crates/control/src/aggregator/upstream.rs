@@ -4,39 +4,26 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use spillway_link::{Backoff, SessionError, Stop, now_ms, reconnect};
+use spillway_link::{Backoff, SessionError, Stop, Target, now_ms, reconnect};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::Zone;
 
-pub(super) async fn run(
-    zone: Arc<Zone>,
-    controller: String,
-    endpoint: Endpoint,
-    backoff: Backoff,
-    stop: Stop,
-) {
-    reconnect(
-        "controller",
-        &controller,
-        endpoint,
-        backoff,
-        stop,
-        |channel, stop| {
-            let zone = zone.clone();
-            async move {
-                let result = session(&zone, channel, stop).await;
-                let mut state = zone.lock();
-                state.upstream = None;
-                state.core.upstream_closed();
-                zone.connected.store(false, Ordering::Relaxed);
-                result
-            }
-        },
-    )
+pub(super) async fn run(zone: Arc<Zone>, controller: Target, backoff: Backoff, stop: Stop) {
+    reconnect("controller", &controller, backoff, stop, |channel, stop| {
+        let zone = zone.clone();
+        async move {
+            let result = session(&zone, channel, stop).await;
+            let mut state = zone.lock();
+            state.upstream = None;
+            state.core.upstream_closed();
+            zone.connected.store(false, Ordering::Relaxed);
+            result
+        }
+    })
     .await;
 }
 

@@ -76,6 +76,11 @@ impl AdminView for Region {
             "Peer regions heard from within the instruction TTL",
             peers,
         );
+        registry.register(
+            "spillway_control_plane_rejected",
+            "Control-plane peers refused (a failed handshake, a certificate of the wrong role, region or zone), by reason",
+            self.trust.metric(),
+        );
         drop(state);
         let mut out = String::new();
         let _ = encode(&mut out, &registry);

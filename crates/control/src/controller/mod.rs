@@ -15,14 +15,16 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use spillway_link::{Backoff, now_ms};
+use spillway_link::{Backoff, Target, now_ms};
 use spillway_loop::{BucketKey, BucketView, HostView, RegionCore, RegionStep, RulesSnapshot};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use spillway_tls::{Expect, Role, TlsSource};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::error::ControlError;
+use crate::trust::{self, Trust};
 
 /// Where a controller listens, its peers and its rules.
 #[derive(Debug, Clone)]
@@ -32,9 +34,15 @@ pub struct ControllerOptions {
     /// The other regions' controllers, for example `http://10.1.0.5:7001`.
     pub peers: Vec<String>,
     pub admin: Option<SocketAddr>,
+    /// How the admin listener is protected (TLS, token); the default leaves it open.
+    pub admin_auth: spillway_net::admin::AdminAuth,
     pub backoff: Backoff,
     /// The rules in force; a new value is sent down at the next interval.
     pub rules: watch::Receiver<Arc<RulesSnapshot>>,
+    /// Mutual TLS (SPEC §7): the listener then accepts only this region's aggregators and, as
+    /// peers, other regions' controllers; the peers dialled (`https://`) must prove they are
+    /// other regions' controllers.
+    pub tls: Option<Arc<TlsSource>>,
 }
 
 impl ControllerOptions {
@@ -48,8 +56,10 @@ impl ControllerOptions {
             region: region.into(),
             peers: Vec::new(),
             admin: None,
+            admin_auth: Default::default(),
             backoff: Backoff::default(),
             rules,
+            tls: None,
         }
     }
 }
@@ -75,17 +85,46 @@ impl std::fmt::Debug for Controller {
 impl Controller {
     /// Binds the listeners, dials the peers and starts computing.
     pub async fn start(options: ControllerOptions) -> Result<Self, ControlError> {
+        if let Some(source) = &options.tls {
+            trust::own_identity(
+                source,
+                |role| matches!(role, Role::Controller { region } if *region == options.region),
+                &format!("the controller of region {}", options.region),
+            )
+            .map_err(ControlError::Identity)?;
+        }
         let peers = options
             .peers
             .iter()
-            .map(|url| spillway_link::endpoint(url).map(|e| (url.clone(), e)))
+            .map(|url| {
+                let tls =
+                    options.tls.clone().map(|source| {
+                        let region = options.region.clone();
+                        let expect = Expect::new("another region's controller", move |identity| {
+                            match &identity.role {
+                                Role::Controller { region: r } if *r != region => Ok(()),
+                                Role::Controller { .. } => {
+                                    Err("a peer is of another region than this controller's".into())
+                                }
+                                _ => Err("peers are controllers".into()),
+                            }
+                        });
+                        (source, expect)
+                    });
+                Target::new(url, tls)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let (listener, addr) = spillway_net::bind(options.listen).await?;
         let (stop, stop_rx) = watch::channel(false);
-        let region = Arc::new(Region::new(&options.region, options.rules.borrow().clone()));
+        let region = Arc::new(Region::new(
+            &options.region,
+            options.rules.borrow().clone(),
+            Arc::new(Trust::new(options.tls.clone(), "controller")),
+        ));
         let mut tasks = Vec::new();
         let admin = spillway_net::admin::start_if(
             options.admin,
+            options.admin_auth.clone(),
             region.clone(),
             stop_rx.clone(),
             &mut tasks,
@@ -99,14 +138,14 @@ impl Controller {
         tasks.push(crate::serve::serve(
             tonic::transport::Server::builder().add_service(server),
             listener,
+            region.trust.clone(),
             stop_rx.clone(),
             "controller",
         ));
-        for (url, endpoint) in peers {
+        for target in peers {
             tasks.push(tokio::spawn(peers::run(
                 region.clone(),
-                url,
-                endpoint,
+                target,
                 options.backoff.clone(),
                 stop_rx.clone(),
             )));
@@ -117,7 +156,7 @@ impl Controller {
             stop_rx.clone(),
         )));
         tasks.push(tokio::spawn(service::ticker(region.clone(), stop_rx)));
-        tracing::info!(%addr, region = %options.region, peers = options.peers.len(), "controller started");
+        tracing::info!(%addr, region = %options.region, peers = options.peers.len(), tls = options.tls.is_some(), "controller started");
         Ok(Self {
             region,
             addr,
@@ -162,6 +201,8 @@ struct Region {
     region: String,
     state: Mutex<RegionState>,
     next_conn: AtomicU64,
+    /// Who may stream here, and the refusals counted.
+    trust: Arc<Trust>,
 }
 
 struct RegionState {
@@ -173,7 +214,7 @@ struct RegionState {
 }
 
 impl Region {
-    fn new(region: &str, rules: Arc<RulesSnapshot>) -> Self {
+    fn new(region: &str, rules: Arc<RulesSnapshot>, trust: Arc<Trust>) -> Self {
         Self {
             region: region.to_owned(),
             state: Mutex::new(RegionState {
@@ -182,6 +223,7 @@ impl Region {
                 peers: HashMap::new(),
             }),
             next_conn: AtomicU64::new(1),
+            trust,
         }
     }
 

@@ -5,24 +5,18 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use spillway_link::{Backoff, SessionError, Stop, reconnect};
+use spillway_link::{Backoff, SessionError, Stop, Target, reconnect};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::Region;
 
-pub(super) async fn run(
-    region: Arc<Region>,
-    url: String,
-    endpoint: Endpoint,
-    backoff: Backoff,
-    stop: Stop,
-) {
-    reconnect("peer", &url, endpoint, backoff, stop, |channel, stop| {
+pub(super) async fn run(region: Arc<Region>, target: Target, backoff: Backoff, stop: Stop) {
+    reconnect("peer", &target, backoff, stop, |channel, stop| {
         let region = region.clone();
         async move {
             let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Region;
+use crate::trust::{self, Reason, Refusal};
 
 pub(super) struct Service {
     pub(super) region: Arc<Region>,
@@ -29,14 +30,24 @@ impl v1::controller_server::Controller for Service {
         &self,
         request: Request<Streaming<v1::ZoneReport>>,
     ) -> Result<Response<Self::LinkZoneStream>, Status> {
+        let region = self.region.clone();
+        // With TLS: an aggregator of this region, which may sum its certificate's zone only.
+        let certified = match region.trust.peer(&request)? {
+            None => None,
+            Some((identity, name)) => {
+                match trust::rules::aggregator_of(&identity, &region.region) {
+                    Ok(zone) => Some((zone, name)),
+                    Err(refusal) => return Err(region.trust.reject(&refusal, &name)),
+                }
+            }
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
-        let region = self.region.clone();
         let mut stop = self.stop.clone();
         let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
         {
             let mut state = region.lock();
-            state.zones.insert(conn, tx);
+            state.zones.insert(conn, tx.clone());
             // The zone's name comes with its first report.
             state.core.join(conn, "");
         }
@@ -45,6 +56,13 @@ impl v1::controller_server::Controller for Service {
                 tokio::select! {
                     message = inbound.message() => match message {
                         Ok(Some(report)) => {
+                            if let Some((zone, name)) = &certified
+                                && let Err(refusal) = zone_claims(&report, zone, &region.region)
+                            {
+                                let status = region.trust.reject(&refusal, name);
+                                let _ = tx.try_send(Err(status));
+                                break;
+                            }
                             let mut state = region.lock();
                             let steps = state.core.on_zone_report(conn, report, now_ms());
                             state.send(steps);
@@ -66,17 +84,41 @@ impl v1::controller_server::Controller for Service {
         &self,
         request: Request<Streaming<v1::RegionSums>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let region = self.region.clone();
+        // With TLS: another region's controller, which may announce its own region's sums only.
+        let certified = match region.trust.peer(&request)? {
+            None => None,
+            Some((identity, name)) => match trust::rules::peer_of(&identity, &region.region) {
+                Ok(peer) => Some((peer, name)),
+                Err(refusal) => return Err(region.trust.reject(&refusal, &name)),
+            },
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
-        let region = self.region.clone();
         let mut stop = self.stop.clone();
         let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
-        region.lock().peers.insert(conn, tx);
+        region.lock().peers.insert(conn, tx.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     message = inbound.message() => match message {
-                        Ok(Some(sums)) => region.on_peer_sums(sums),
+                        Ok(Some(sums)) => {
+                            if let Some((peer, name)) = &certified
+                                && sums.region != *peer
+                            {
+                                let refusal = Refusal {
+                                    reason: Reason::Region,
+                                    message: format!(
+                                        "the certificate names region {peer}, the sums region {:?}",
+                                        sums.region
+                                    ),
+                                };
+                                let status = region.trust.reject(&refusal, name);
+                                let _ = tx.try_send(Err(status));
+                                break;
+                            }
+                            region.on_peer_sums(sums);
+                        }
                         _ => break,
                     },
                     _ = stop.changed() => break,
@@ -86,6 +128,29 @@ impl v1::controller_server::Controller for Service {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Whether a certified aggregator's sums claim what its certificate says: its zone and region.
+fn zone_claims(report: &v1::ZoneReport, zone: &str, region: &str) -> Result<(), Refusal> {
+    if report.zone != zone {
+        return Err(Refusal {
+            reason: Reason::Zone,
+            message: format!(
+                "the certificate names zone {zone}, the sums zone {:?}",
+                report.zone
+            ),
+        });
+    }
+    if !report.region.is_empty() && report.region != region {
+        return Err(Refusal {
+            reason: Reason::Region,
+            message: format!(
+                "sums of region {:?} at region {region}'s controller",
+                report.region
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl Region {

@@ -1,0 +1,365 @@
+//! Who may read an admin port: its TLS certificate, its token, the browser sign-in, and the rule
+//! that a port off loopback must have a token.
+//!
+//! A browser signs in once by posting the token to `/signin`. The cookie it gets is not the
+//! token: each listener draws a random 32-byte session secret when it starts, and the cookie
+//! holds that secret (hex). A cookie therefore never reveals the token, stops working when the
+//! process restarts (a new secret), and is checked like the token, in constant time. `POST
+//! /signout` clears the browser's cookie; a copy taken before stays valid until the restart, the
+//! price of keeping no session table.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{
+    AUTHORIZATION, CACHE_CONTROL, COOKIE, HeaderValue, LOCATION, SET_COOKIE, WWW_AUTHENTICATE,
+};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use spillway_tls::TlsSource;
+
+use super::answer;
+
+/// The cookie a browser gets from `POST /signin`.
+pub const SESSION_COOKIE: &str = "spillway_admin";
+
+/// The largest sign-in form accepted; a token is well under it.
+const MAX_FORM_BYTES: usize = 4096;
+
+/// The shortest token accepted: 16 bytes, 128 bits if they are random.
+const MIN_TOKEN_BYTES: usize = 16;
+
+const REALM: &str = "Bearer realm=\"spillway-admin\"";
+
+/// How an admin listener is protected. The default, no TLS and no token, leaves every path open
+/// and is fit for a loopback address only ([`check_exposure`]).
+#[derive(Debug, Clone, Default)]
+pub struct AdminAuth {
+    /// Serve TLS with these certificate files (`--tls-cert/--tls-key`); clients present none.
+    pub tls: Option<Arc<TlsSource>>,
+    /// Require this token for `/v1/*` and the dashboard (`--admin-token-file`).
+    pub token: Option<AdminToken>,
+}
+
+/// The bearer token of an admin port. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(***)")
+    }
+}
+
+/// Why a token file cannot be used; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminTokenError {
+    #[error("{}: cannot read the admin token: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: the admin token file is empty", .path.display())]
+    Empty { path: PathBuf },
+    #[error(
+        "{}: the admin token is {len} bytes; it needs at least {MIN_TOKEN_BYTES} \
+         (make one with `openssl rand -hex 32`)",
+        .path.display()
+    )]
+    TooShort { path: PathBuf, len: usize },
+}
+
+impl AdminToken {
+    /// Reads the token from `path`, without the trailing whitespace and newline an editor or
+    /// `echo` leaves; refuses an empty file or a token under 16 bytes.
+    pub fn from_file(path: &Path) -> Result<Self, AdminTokenError> {
+        let bytes = std::fs::read(path).map_err(|source| AdminTokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let token = trim_end(&bytes);
+        match token.len() {
+            0 => Err(AdminTokenError::Empty {
+                path: path.to_owned(),
+            }),
+            len if len < MIN_TOKEN_BYTES => Err(AdminTokenError::TooShort {
+                path: path.to_owned(),
+                len,
+            }),
+            _ => Ok(Self(token.into())),
+        }
+    }
+
+    /// Whether `candidate` is the token, in time that depends on the token's length only.
+    fn matches(&self, candidate: &[u8]) -> bool {
+        constant_time_eq(&self.0, candidate)
+    }
+}
+
+/// Refuses an admin address that is not loopback when no token protects it (SPEC §7: such a port
+/// exits 2). `0.0.0.0` and `::` are every interface, not loopback.
+pub fn check_exposure(addr: SocketAddr, auth: &AdminAuth) -> Result<(), String> {
+    if addr.ip().to_canonical().is_loopback() || auth.token.is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "the admin port {addr} is not a loopback address, so its /v1/* and dashboard would be \
+         open to the network: give --admin-token-file FILE (a token of at least \
+         {MIN_TOKEN_BYTES} bytes), or listen on 127.0.0.1"
+    ))
+}
+
+/// The token checks of one listener, with the session secret its cookies carry.
+pub(super) struct Gate {
+    token: AdminToken,
+    /// `None` when the system's random source failed: the bearer still works, sign-in does not.
+    session: Option<String>,
+    /// Whether the listener speaks TLS, so cookies are marked `Secure`.
+    secure: bool,
+}
+
+impl Gate {
+    /// `None` when `auth` has no token: then everything is open.
+    pub(super) fn new(auth: &AdminAuth) -> Option<Self> {
+        let token = auth.token.clone()?;
+        let mut secret = [0u8; 32];
+        let session = match getrandom::fill(&mut secret) {
+            Ok(()) => Some(hex(&secret)),
+            Err(err) => {
+                tracing::error!("admin port: no session secret, browser sign-in disabled: {err}");
+                None
+            }
+        };
+        Some(Self {
+            token,
+            session,
+            secure: auth.tls.is_some(),
+        })
+    }
+
+    /// Whether the request carries the token as a bearer, or the session cookie.
+    pub(super) fn admits(&self, headers: &HeaderMap) -> bool {
+        let bearer = headers
+            .get_all(AUTHORIZATION)
+            .iter()
+            .filter_map(|value| bearer(value.as_bytes()))
+            .any(|token| self.token.matches(token));
+        bearer
+            || self.session.as_deref().is_some_and(|session| {
+                headers
+                    .get_all(COOKIE)
+                    .iter()
+                    .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+                    .filter_map(|pair| {
+                        trim(pair)
+                            .strip_prefix(SESSION_COOKIE.as_bytes())?
+                            .strip_prefix(b"=")
+                    })
+                    .any(|value| constant_time_eq(session.as_bytes(), value))
+            })
+    }
+
+    /// The answer to a request without credentials: the sign-in page on the dashboard, a 401
+    /// that says how to authenticate elsewhere.
+    pub(super) fn refuse(&self, dashboard: bool) -> Response<Full<Bytes>> {
+        let mut response = if dashboard {
+            self.sign_in_page(StatusCode::UNAUTHORIZED, None)
+        } else {
+            answer(
+                StatusCode::UNAUTHORIZED,
+                "{\"error\":\"unauthorized\",\"detail\":\"send Authorization: Bearer TOKEN with \
+                 the token in --admin-token-file, or sign in with POST /signin\"}\n"
+                    .into(),
+                "application/json",
+            )
+        };
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static(REALM));
+        response
+    }
+
+    /// A small page with a password field that posts to `/signin`.
+    pub(super) fn sign_in_page(
+        &self,
+        status: StatusCode,
+        error: Option<&str>,
+    ) -> Response<Full<Bytes>> {
+        let error = error
+            .map(|e| format!("<p class=\"error\">{e}</p>"))
+            .unwrap_or_default();
+        let page = format!(
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Spillway admin: sign in</title>\
+             <style>body{{font-family:sans-serif;max-width:24em;margin:4em auto}}\
+             .error{{color:#b00}}input{{width:100%;margin:.5em 0}}</style></head>\n\
+             <body><h1>Spillway admin</h1>{error}\
+             <form method=\"post\" action=\"/signin\">\
+             <label for=\"token\">Admin token (the contents of --admin-token-file)</label>\
+             <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\" required autofocus>\
+             <input type=\"submit\" value=\"Sign in\"></form></body></html>\n"
+        );
+        let mut response = answer(status, page, "text/html; charset=utf-8");
+        response
+            .headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+
+    /// `POST /signin` with the form field `token`: the session cookie and a redirect to the
+    /// dashboard, or 401 and the page again.
+    pub(super) async fn sign_in(&self, body: Incoming) -> Response<Full<Bytes>> {
+        let form = match Limited::new(body, MAX_FORM_BYTES).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+                return answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the sign-in form is limited to {MAX_FORM_BYTES} bytes\n"),
+                    "text/plain",
+                );
+            }
+            Err(err) => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the sign-in form: {err}\n"),
+                    "text/plain",
+                );
+            }
+        };
+        let Some(session) = &self.session else {
+            return answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "browser sign-in is unavailable (no session secret); use Authorization: Bearer\n"
+                    .into(),
+                "text/plain",
+            );
+        };
+        let token = form_value(&form, b"token").unwrap_or_default();
+        if !self.token.matches(trim_end(&token)) {
+            return self.sign_in_page(StatusCode::UNAUTHORIZED, Some("That is not the token."));
+        }
+        self.redirect_with_cookie(format!(
+            "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
+        ))
+    }
+
+    /// `POST /signout`: the cookie cleared, back to the sign-in page.
+    pub(super) fn sign_out(&self) -> Response<Full<Bytes>> {
+        self.redirect_with_cookie(format!(
+            "{SESSION_COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path=/"
+        ))
+    }
+
+    fn redirect_with_cookie(&self, mut cookie: String) -> Response<Full<Bytes>> {
+        if self.secure {
+            cookie.push_str("; Secure");
+        }
+        let mut response = answer(StatusCode::SEE_OTHER, String::new(), "text/plain");
+        let headers = response.headers_mut();
+        headers.insert(LOCATION, HeaderValue::from_static("/"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Ok(cookie) = HeaderValue::try_from(cookie) {
+            headers.insert(SET_COOKIE, cookie);
+        }
+        response
+    }
+}
+
+/// The credentials of an `Authorization: Bearer ...` value (the scheme in any case).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    scheme.eq_ignore_ascii_case(b"bearer").then(|| trim(rest))
+}
+
+/// Whether `candidate` equals `secret`, in time that depends on `secret`'s length only: every
+/// byte of `secret` is compared, and a length difference counts as a mismatch.
+fn constant_time_eq(secret: &[u8], candidate: &[u8]) -> bool {
+    let lengths = (secret.len() ^ candidate.len()) != 0;
+    let bytes = secret.iter().enumerate().fold(0u8, |acc, (i, &s)| {
+        acc | (s ^ candidate.get(i).copied().unwrap_or(0))
+    });
+    !lengths & (bytes == 0)
+}
+
+/// The percent-decoded value of `name` in an `application/x-www-form-urlencoded` body.
+fn form_value(form: &[u8], name: &[u8]) -> Option<Vec<u8>> {
+    form.split(|&b| b == b'&').find_map(|pair| {
+        let (key, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &[][..]),
+        };
+        (percent_decode(key) == name).then(|| percent_decode(value))
+    })
+}
+
+/// `+` is a space and `%XX` a byte; a `%` not followed by two hex digits stays as it is.
+fn percent_decode(input: &[u8]) -> Vec<u8> {
+    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        match input[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = |at: usize| input.get(at).and_then(|&b| digit(b));
+                if let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) {
+                    out.push(hi << 4 | lo);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii()
+}
+
+fn trim_end(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii_end()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_only_when_every_byte_and_the_length_agree() {
+        assert!(constant_time_eq(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcdeF"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcde"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b"0123456789abcdef0"));
+        assert!(!constant_time_eq(b"0123456789abcdef", b""));
+    }
+
+    #[test]
+    fn form_values_are_percent_decoded() {
+        let form = b"other=1&token=a%2Bb+c%3d%zz%4&last";
+        assert_eq!(form_value(form, b"token").unwrap(), b"a+b c=%zz%4");
+        assert_eq!(form_value(form, b"last").unwrap(), b"");
+        assert_eq!(form_value(form, b"missing"), None);
+        assert_eq!(percent_decode(b"%41%42%"), b"AB%");
+    }
+
+    #[test]
+    fn bearer_scheme_in_any_case() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearer"), None);
+    }
+}
