@@ -1,10 +1,10 @@
 //! `spillway rules ...` end to end through the real binary: bootstrap users in an SQLite store,
 //! serve the REST API on a loopback port, and drive it with the admin client commands, users and
-//! tokens included.
+//! tokens included; over TLS with a development CA, and plaintext only where SPEC §7 allows it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,35 @@ fn run(args: &[&str]) -> Output {
     Command::new(SPILLWAY)
         .args(args)
         .env_remove("SPILLWAY_TOKEN")
+        .env_remove("SPILLWAY_CA")
         .output()
         .expect("spillway runs")
+}
+
+/// [`run`] for a command that must exit by itself (a refusal at start): killed, and the test
+/// failed, if it still runs after 20 s, rather than hanging the suite on a server that started.
+fn run_to_exit(args: &[&str]) -> Output {
+    let mut child = Command::new(SPILLWAY)
+        .args(args)
+        .env_remove("SPILLWAY_TOKEN")
+        .env_remove("SPILLWAY_CA")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spillway runs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "spillway {args:?} did not exit: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
 }
 
 fn stdout(output: &Output) -> String {
@@ -89,13 +116,45 @@ impl Server {
         server
     }
 
+    /// `rules serve` over TLS on 127.0.0.1 with `DIR/cert.pem` and `DIR/key.pem`, once its port
+    /// accepts connections.
+    fn start_tls(database: &str, tls: &Path) -> Server {
+        let port = support::free_port();
+        let child = Command::new(SPILLWAY)
+            .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database", database])
+            .arg("--tls-cert")
+            .arg(tls.join("cert.pem"))
+            .arg("--tls-key")
+            .arg(tls.join("key.pem"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rules serve starts");
+        let mut server = Server {
+            child,
+            url: format!("https://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                server.child.try_wait().unwrap().is_none(),
+                "rules serve exited early"
+            );
+            assert!(Instant::now() < deadline, "rules serve never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
     fn client(&self, token: Option<&str>, args: &[&str]) -> Output {
         let mut command = Command::new(SPILLWAY);
         command
             .arg("rules")
             .args(args)
             .args(["--server", &self.url]);
-        command.env_remove("SPILLWAY_TOKEN");
+        command
+            .env_remove("SPILLWAY_TOKEN")
+            .env_remove("SPILLWAY_CA");
         if let Some(token) = token {
             command.env("SPILLWAY_TOKEN", token);
         }
@@ -501,5 +560,252 @@ fn rules_serve_refuses_a_maximum_override_ttl_that_is_no_duration() {
         stderr(&output).contains("--max-override-ttl"),
         "{}",
         stderr(&output)
+    );
+}
+
+/// A development CA in `dir/ca` and a server leaf from it in `dir/server` (it names localhost
+/// and 127.0.0.1), made with `spillway certs`.
+fn dev_pki(dir: &Path) -> (PathBuf, PathBuf) {
+    let ca = dir.join("ca");
+    let leaf = dir.join("server");
+    let init = run(&["certs", "init", "--out", &ca.display().to_string()]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    let issue = run(&[
+        "certs",
+        "issue",
+        "--ca",
+        &ca.display().to_string(),
+        "--role",
+        "server",
+        "--out",
+        &leaf.display().to_string(),
+    ]);
+    assert!(issue.status.success(), "{}", stderr(&issue));
+    (ca.join("ca.pem"), leaf)
+}
+
+#[test]
+fn rules_serve_off_loopback_without_tls_exits_2_naming_both_ways_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("rules.db").display());
+    for listen in ["0.0.0.0:0", "[::]:0", "192.0.2.1:7070"] {
+        let output = run_to_exit(&[
+            "rules",
+            "serve",
+            "--listen",
+            listen,
+            "--database",
+            &database,
+        ]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{listen}: {}",
+            stderr(&output)
+        );
+        let message = stderr(&output);
+        for named in [
+            "not a loopback address",
+            "--tls-cert",
+            "--tls-key",
+            "--insecure-plaintext",
+        ] {
+            assert!(message.contains(named), "{listen}: {named} in {message}");
+        }
+    }
+    assert!(
+        !dir.path().join("rules.db").exists(),
+        "refused before the store is opened"
+    );
+}
+
+#[test]
+fn rules_serve_tls_flags_come_in_pairs_and_never_with_insecure_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, leaf) = dev_pki(dir.path());
+    let cert = leaf.join("cert.pem").display().to_string();
+    let key = leaf.join("key.pem").display().to_string();
+    let serve = ["rules", "serve", "--listen", "127.0.0.1:0"];
+    for (extra, named) in [
+        (vec!["--tls-cert", &cert], "--tls-key"),
+        (vec!["--tls-key", &key], "--tls-cert"),
+        (
+            vec![
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--insecure-plaintext",
+            ],
+            "--insecure-plaintext",
+        ),
+    ] {
+        let args: Vec<&str> = serve.iter().copied().chain(extra.iter().copied()).collect();
+        let output = run_to_exit(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(named),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+    }
+
+    // A key of another certificate is bad configuration, named at start.
+    let other = tempfile::tempdir().unwrap();
+    let (_, other_leaf) = dev_pki(other.path());
+    let wrong_key = other_leaf.join("key.pem").display().to_string();
+    let output = run_to_exit(&[
+        "rules",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &wrong_key,
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("does not belong to the certificate"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn rules_serve_with_insecure_plaintext_starts_off_loopback_and_both_sides_warn() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("rules.db").display());
+    let admin = create_user(&database, "alice", "admin");
+    let port = support::free_port();
+    let mut child = Command::new(SPILLWAY)
+        .args(["rules", "serve", "--listen", &format!("0.0.0.0:{port}")])
+        .args(["--database", &database, "--insecure-plaintext"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rules serve starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !healthy(port) {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "rules serve --insecure-plaintext never became healthy: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The client goes on over plaintext off loopback, but says what it exposes.
+    let listed = Command::new(SPILLWAY)
+        .args([
+            "rules",
+            "list",
+            "--server",
+            &format!("http://0.0.0.0:{port}"),
+        ])
+        .env("SPILLWAY_TOKEN", &admin)
+        .env_remove("SPILLWAY_CA")
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(
+        stderr(&listed).contains("the bearer token crosses the network"),
+        "{}",
+        stderr(&listed)
+    );
+    // On loopback there is nothing to say.
+    let local = Command::new(SPILLWAY)
+        .args([
+            "rules",
+            "list",
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .env("SPILLWAY_TOKEN", &admin)
+        .env_remove("SPILLWAY_CA")
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", stderr(&local));
+    assert_eq!(stderr(&local), "");
+
+    terminate(&child);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let log = stderr(&output);
+    assert!(
+        log.contains("--insecure-plaintext") && log.contains("bearer tokens cross the network"),
+        "{log}"
+    );
+}
+
+#[test]
+fn the_cli_speaks_https_to_rules_serve_with_tls_verified_by_the_given_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("rules.db").display());
+    let admin = create_user(&database, "alice", "admin");
+    let (ca, leaf) = dev_pki(dir.path());
+    let ca = ca.display().to_string();
+    let server = Server::start_tls(&database, &leaf);
+    let minimal = workspace_file("examples/minimal.yaml");
+
+    let applied = server.client(Some(&admin), &["apply", "-f", &minimal, "--ca", &ca]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let listed = server.client(Some(&admin), &["list", "--ca", &ca]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(
+        stdout(&listed).contains("orders/all-callers"),
+        "{}",
+        stdout(&listed)
+    );
+    // The CA may come from the environment too.
+    let mut from_env = Command::new(SPILLWAY);
+    from_env
+        .args(["rules", "user", "list", "--server", &server.url])
+        .env("SPILLWAY_TOKEN", &admin)
+        .env("SPILLWAY_CA", &ca);
+    let users = from_env.output().unwrap();
+    assert!(users.status.success(), "{}", stderr(&users));
+    assert!(stdout(&users).contains("alice"), "{}", stdout(&users));
+
+    // Without --ca the system's roots do not know the development CA: refused, saying why.
+    let refused = server.client(Some(&admin), &["list"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(
+        message.contains("certificate") && message.contains("--ca"),
+        "{message}"
+    );
+    assert!(!message.contains(&admin), "no token in the error");
+
+    // A CA for a plaintext URL would protect nothing: bad usage, not a silent downgrade.
+    let downgraded = Command::new(SPILLWAY)
+        .args([
+            "rules",
+            "list",
+            "--server",
+            "http://127.0.0.1:7070",
+            "--ca",
+            &ca,
+        ])
+        .env("SPILLWAY_TOKEN", &admin)
+        .output()
+        .unwrap();
+    assert_eq!(downgraded.status.code(), Some(2), "{}", stderr(&downgraded));
+    assert!(
+        stderr(&downgraded).contains("https://"),
+        "{}",
+        stderr(&downgraded)
+    );
+
+    assert!(
+        server.stop().success(),
+        "SIGTERM stops the TLS service cleanly"
     );
 }

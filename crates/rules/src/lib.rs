@@ -3,10 +3,11 @@
 //!
 //! - [`store`] holds users, rules, the audit log and the rules version;
 //! - [`api`] serves SPEC §4 over it (and, in `access`, the users and tokens of SPEC §7),
-//!   [`auth`] checks bearer tokens, [`problem`] maps its errors to RFC 9457 answers;
+//!   [`auth`] checks bearer tokens, [`problem`] maps its errors to RFC 9457 answers, and
+//!   [`server`] serves it in plaintext or over TLS;
 //! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]), and
 //!   [`follow`](mod@follow) turns what it announces into the rules they run;
-//! - [`client`] is the blocking HTTP client the `spillway rules` commands use.
+//! - [`client`] is the blocking HTTP and HTTPS client the `spillway rules` commands use.
 #![forbid(unsafe_code)]
 
 mod access;
@@ -16,12 +17,14 @@ pub mod client;
 pub mod follow;
 pub mod problem;
 pub mod rule;
+pub mod server;
 pub mod store;
 pub mod time;
 pub mod watch;
 
-pub use api::{ApiDoc, bind_and_serve, serve, serve_with};
+pub use api::ApiDoc;
 pub use follow::{apply_each, follow};
 pub use rule::{Bounds, MAX_REASON_BYTES, Rule, RuleError};
+pub use server::{ServerTls, bind_and_serve, serve, serve_tls, serve_with};
 pub use store::{AccessError, Budgets, Role, Store, StoreError, TokenInfo, User, UserInfo};
 pub use watch::{RuleSet, RulesWatcher};

@@ -2,14 +2,14 @@
 //! work is in `spillway-rules`.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use spillway_core::limit::format_duration;
-use spillway_rules::client::{CallError, RulesClient, RulesResponse};
-use spillway_rules::{AccessError, Bounds, Budgets, Role, Store, StoreError};
+use spillway_rules::client::{CallError, RulesClient, RulesResponse, plaintext_off_loopback};
+use spillway_rules::{AccessError, Bounds, Budgets, Role, ServerTls, Store, StoreError};
 
 use crate::args::{AdminCommand, RulesClientArgs, RulesCommand, TokenCommand, UserCommand};
 
@@ -18,12 +18,17 @@ pub fn rules(command: RulesCommand) -> ExitCode {
         RulesCommand::Serve {
             listen,
             database,
+            tls_cert,
+            tls_key,
+            insecure_plaintext,
             admin_budget,
             service_budget,
             max_override_ttl,
         } => serve(
             listen,
             &database,
+            tls_cert.zip(tls_key),
+            insecure_plaintext,
             Budgets {
                 admin: admin_budget,
                 service: service_budget,
@@ -34,15 +39,17 @@ pub fn rules(command: RulesCommand) -> ExitCode {
             client,
             file,
             dry_run,
-        } => apply(&client, &file, dry_run),
-        RulesCommand::List { client, service } => list(&client, service.as_deref()),
-        RulesCommand::Get { client, id } => get(&client, &id),
-        RulesCommand::Delete { client, id } => delete(&client, &id),
+        } => with_client(&client, |c| apply(c, &file, dry_run)),
+        RulesCommand::List { client, service } => {
+            with_client(&client, |c| list(c, service.as_deref()))
+        }
+        RulesCommand::Get { client, id } => with_client(&client, |c| get(c, &id)),
+        RulesCommand::Delete { client, id } => with_client(&client, |c| delete(c, &id)),
         RulesCommand::History {
             client,
             limit,
             before,
-        } => history(&client, limit, before),
+        } => with_client(&client, |c| history(c, limit, before)),
         RulesCommand::Admin {
             command:
                 AdminCommand::Create {
@@ -77,7 +84,43 @@ fn store_failure(err: &StoreError) -> ExitCode {
     })
 }
 
-fn serve(listen: SocketAddr, database: &str, budgets: Budgets, bounds: Bounds) -> ExitCode {
+/// SPEC §7: bearer tokens never cross a network in plaintext unless asked to. Without TLS the
+/// address must be loopback, or `--insecure-plaintext` given (then a warning at every start).
+fn serve(
+    listen: SocketAddr,
+    database: &str,
+    tls: Option<(PathBuf, PathBuf)>,
+    insecure_plaintext: bool,
+    budgets: Budgets,
+    bounds: Bounds,
+) -> ExitCode {
+    let tls = match tls {
+        Some((cert, key)) => match ServerTls::load(cert, key) {
+            Ok(tls) => Some(tls),
+            Err(err) => {
+                eprintln!("spillway rules serve: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let loopback = listen.ip().to_canonical().is_loopback();
+    if tls.is_none() && !loopback {
+        if !insecure_plaintext {
+            eprintln!(
+                "spillway rules serve: --listen {listen} is not a loopback address, and without \
+                 TLS bearer tokens would cross the network in plaintext: give --tls-cert FILE \
+                 --tls-key FILE, or listen on 127.0.0.1, or pass --insecure-plaintext to accept \
+                 the risk"
+            );
+            return ExitCode::from(2);
+        }
+        tracing::warn!(
+            %listen,
+            "--insecure-plaintext: serving plaintext http off loopback; bearer tokens cross the \
+             network in plaintext, readable by anyone on the path"
+        );
+    }
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -91,7 +134,7 @@ fn serve(listen: SocketAddr, database: &str, budgets: Budgets, bounds: Bounds) -
             super::stop_signal().await;
             tracing::info!("stopping: finishing the requests in flight");
         };
-        match spillway_rules::bind_and_serve(listen, store.clone(), bounds, shutdown).await {
+        match spillway_rules::bind_and_serve(listen, store.clone(), bounds, tls, shutdown).await {
             Ok(()) => {
                 store.close().await;
                 ExitCode::SUCCESS
@@ -140,8 +183,27 @@ fn admin_create(name: &str, role: Role, database: &str, expires: Option<Duration
     })
 }
 
-fn client(args: &RulesClientArgs) -> RulesClient {
-    RulesClient::new(&args.server, args.token.clone())
+/// Runs `command` with a client of `args`' server: a CA file that cannot be used, or one given
+/// for an `http://` server (never a silent downgrade), is bad usage (2).
+fn with_client(args: &RulesClientArgs, command: impl FnOnce(&RulesClient) -> ExitCode) -> ExitCode {
+    let client = match &args.ca {
+        Some(ca) => match RulesClient::with_ca(&args.server, args.token.clone(), ca) {
+            Ok(client) => client,
+            Err(err) => {
+                eprintln!("spillway rules: --ca: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        None => RulesClient::new(&args.server, args.token.clone()),
+    };
+    if plaintext_off_loopback(&args.server) && args.token.is_some() {
+        eprintln!(
+            "spillway rules: warning: {} is plaintext http off loopback: the bearer token \
+             crosses the network readable by anyone on the path; use https://",
+            args.server
+        );
+    }
+    command(&client)
 }
 
 /// Prints a failed call: an invalid rule or file is bad configuration (2), the rest runtime (1).
@@ -242,7 +304,7 @@ fn print_diff(diff: &Value) {
     );
 }
 
-fn apply(args: &RulesClientArgs, file: &Path, dry_run: bool) -> ExitCode {
+fn apply(client: &RulesClient, file: &Path, dry_run: bool) -> ExitCode {
     let body = match std::fs::read_to_string(file) {
         Ok(body) => body,
         Err(err) => {
@@ -250,7 +312,6 @@ fn apply(args: &RulesClientArgs, file: &Path, dry_run: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let client = client(args);
     let plan = match call("apply", client.post("/v1/rules:apply?dry_run=true", &body)) {
         Ok(plan) => plan,
         Err(code) => return code,
@@ -279,12 +340,12 @@ fn apply(args: &RulesClientArgs, file: &Path, dry_run: bool) -> ExitCode {
     }
 }
 
-fn list(args: &RulesClientArgs, service: Option<&str>) -> ExitCode {
+fn list(client: &RulesClient, service: Option<&str>) -> ExitCode {
     let path = match service {
         Some(service) => format!("/v1/rules?service={}", encode(service)),
         None => "/v1/rules".to_owned(),
     };
-    match call("list", client(args).get(&path)) {
+    match call("list", client.get(&path)) {
         Ok(rules) => {
             for rule in rules.as_array().into_iter().flatten() {
                 let expires = rule["expires_at"]
@@ -303,11 +364,8 @@ fn list(args: &RulesClientArgs, service: Option<&str>) -> ExitCode {
     }
 }
 
-fn get(args: &RulesClientArgs, id: &str) -> ExitCode {
-    match call(
-        "get",
-        client(args).get(&format!("/v1/rules/{}", encode(id))),
-    ) {
+fn get(client: &RulesClient, id: &str) -> ExitCode {
+    match call("get", client.get(&format!("/v1/rules/{}", encode(id)))) {
         Ok(rule) => {
             println!(
                 "{}",
@@ -319,8 +377,8 @@ fn get(args: &RulesClientArgs, id: &str) -> ExitCode {
     }
 }
 
-fn delete(args: &RulesClientArgs, id: &str) -> ExitCode {
-    let answer = client(args).send("DELETE", &format!("/v1/rules/{}", encode(id)), None, None);
+fn delete(client: &RulesClient, id: &str) -> ExitCode {
+    let answer = client.send("DELETE", &format!("/v1/rules/{}", encode(id)), None, None);
     match call("delete", answer) {
         Ok(_) => {
             println!("deleted {id}");
@@ -334,12 +392,12 @@ fn format_at(millis: i64) -> String {
     spillway_rules::time::format_millis(millis)
 }
 
-fn history(args: &RulesClientArgs, limit: u32, before: Option<i64>) -> ExitCode {
+fn history(client: &RulesClient, limit: u32, before: Option<i64>) -> ExitCode {
     let mut path = format!("/v1/audit?limit={limit}");
     if let Some(before) = before {
         path.push_str(&format!("&before={before}"));
     }
-    let answer = client(args).get(&path);
+    let answer = client.get(&path);
     let more = answer.as_ref().is_ok_and(|a| a.link.is_some());
     match call("history", answer) {
         Ok(entries) => {
@@ -381,8 +439,8 @@ fn history(args: &RulesClientArgs, limit: u32, before: Option<i64>) -> ExitCode 
 
 fn user(command: UserCommand) -> ExitCode {
     match command {
-        UserCommand::List { client: args } => {
-            match call("user list", client(&args).get("/v1/users")) {
+        UserCommand::List { client: args } => with_client(&args, |client| {
+            match call("user list", client.get("/v1/users")) {
                 Ok(users) => {
                     for user in users.as_array().into_iter().flatten() {
                         println!(
@@ -398,7 +456,7 @@ fn user(command: UserCommand) -> ExitCode {
                 }
                 Err(code) => code,
             }
-        }
+        }),
         UserCommand::Create {
             client: args,
             name,
@@ -409,22 +467,21 @@ fn user(command: UserCommand) -> ExitCode {
             if let Some(expires) = expires {
                 body["expires"] = json!(format_duration(expires));
             }
-            match call(
-                "user create",
-                client(&args).post("/v1/users", &body.to_string()),
-            ) {
-                Ok(made) => {
-                    eprintln!(
-                        "created {} {}; {}",
-                        text(&made["user"]["role"]),
-                        text(&made["user"]["name"]),
-                        token_shown(&made["token"])
-                    );
-                    println!("{}", text(&made["token"]["token"]));
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call("user create", client.post("/v1/users", &body.to_string())) {
+                    Ok(made) => {
+                        eprintln!(
+                            "created {} {}; {}",
+                            text(&made["user"]["role"]),
+                            text(&made["user"]["name"]),
+                            token_shown(&made["token"])
+                        );
+                        println!("{}", text(&made["token"]["token"]));
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
         UserCommand::Update {
             client: args,
@@ -433,29 +490,30 @@ fn user(command: UserCommand) -> ExitCode {
         } => {
             let body = json!({"role": role.name()}).to_string();
             let path = format!("/v1/users/{}", encode(&name));
-            match call(
-                "user update",
-                client(&args).send("PATCH", &path, Some(&body), None),
-            ) {
-                Ok(user) => {
-                    println!("{} is now {}", text(&user["name"]), text(&user["role"]));
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call(
+                    "user update",
+                    client.send("PATCH", &path, Some(&body), None),
+                ) {
+                    Ok(user) => {
+                        println!("{} is now {}", text(&user["name"]), text(&user["role"]));
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
         UserCommand::Delete { client: args, name } => {
             let path = format!("/v1/users/{}", encode(&name));
-            match call(
-                "user delete",
-                client(&args).send("DELETE", &path, None, None),
-            ) {
-                Ok(_) => {
-                    println!("deleted {name} and its tokens");
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call("user delete", client.send("DELETE", &path, None, None)) {
+                    Ok(_) => {
+                        println!("deleted {name} and its tokens");
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
     }
 }
@@ -486,55 +544,58 @@ fn token(command: TokenCommand) -> ExitCode {
             if let Some(expires) = expires {
                 body["expires"] = json!(format_duration(expires));
             }
-            match call(
-                "token create",
-                client(&args).post("/v1/tokens", &body.to_string()),
-            ) {
-                Ok(made) => {
-                    eprintln!("{} for {}", token_shown(&made), text(&made["user"]));
-                    println!("{}", text(&made["token"]));
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call("token create", client.post("/v1/tokens", &body.to_string())) {
+                    Ok(made) => {
+                        eprintln!("{} for {}", token_shown(&made), text(&made["user"]));
+                        println!("{}", text(&made["token"]));
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
         TokenCommand::List { client: args, user } => {
             let path = match user {
                 Some(user) => format!("/v1/tokens?user={}", encode(&user)),
                 None => "/v1/tokens".to_owned(),
             };
-            match call("token list", client(&args).get(&path)) {
-                Ok(tokens) => {
-                    for token in tokens.as_array().into_iter().flatten() {
-                        let at = |key: &str| match &token[key] {
-                            Value::String(at) => at.clone(),
-                            _ => "never".to_owned(),
-                        };
-                        println!(
-                            "{}  {}  {}  {}  created {}  expires {}  last used {}",
-                            text(&token["id"]),
-                            text(&token["user"]),
-                            text(&token["role"]),
-                            text(&token["state"]),
-                            text(&token["created_at"]),
-                            at("expires_at"),
-                            at("last_used_at"),
-                        );
+            with_client(&args, |client| {
+                match call("token list", client.get(&path)) {
+                    Ok(tokens) => {
+                        for token in tokens.as_array().into_iter().flatten() {
+                            let at = |key: &str| match &token[key] {
+                                Value::String(at) => at.clone(),
+                                _ => "never".to_owned(),
+                            };
+                            println!(
+                                "{}  {}  {}  {}  created {}  expires {}  last used {}",
+                                text(&token["id"]),
+                                text(&token["user"]),
+                                text(&token["role"]),
+                                text(&token["state"]),
+                                text(&token["created_at"]),
+                                at("expires_at"),
+                                at("last_used_at"),
+                            );
+                        }
+                        ExitCode::SUCCESS
                     }
-                    ExitCode::SUCCESS
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
         TokenCommand::Revoke { client: args, id } => {
             let path = format!("/v1/tokens/{}/revoke", encode(&id));
-            match call("token revoke", client(&args).post(&path, "")) {
-                Ok(token) => {
-                    println!("revoked {} of {}", text(&token["id"]), text(&token["user"]));
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call("token revoke", client.post(&path, "")) {
+                    Ok(token) => {
+                        println!("revoked {} of {}", text(&token["id"]), text(&token["user"]));
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
         TokenCommand::Rotate {
             client: args,
@@ -546,17 +607,19 @@ fn token(command: TokenCommand) -> ExitCode {
                 body["expires"] = json!(format_duration(expires));
             }
             let path = format!("/v1/tokens/{}/rotate", encode(&id));
-            match call("token rotate", client(&args).post(&path, &body.to_string())) {
-                Ok(made) => {
-                    eprintln!(
-                        "rotated: the old secret no longer works; the new {}",
-                        token_shown(&made)
-                    );
-                    println!("{}", text(&made["token"]));
-                    ExitCode::SUCCESS
+            with_client(&args, |client| {
+                match call("token rotate", client.post(&path, &body.to_string())) {
+                    Ok(made) => {
+                        eprintln!(
+                            "rotated: the old secret no longer works; the new {}",
+                            token_shown(&made)
+                        );
+                        println!("{}", text(&made["token"]));
+                        ExitCode::SUCCESS
+                    }
+                    Err(code) => code,
                 }
-                Err(code) => code,
-            }
+            })
         }
     }
 }
