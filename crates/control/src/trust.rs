@@ -173,7 +173,14 @@ pub struct Trust {
     rejected: [AtomicU64; Reason::ALL.len()],
     /// What this server is, for its log lines.
     who: &'static str,
+    /// When a failed handshake was last logged (Unix ms), and how many went unlogged since.
+    handshake_logged_ms: AtomicU64,
+    handshakes_unlogged: AtomicU64,
 }
+
+/// Failed handshakes are logged at most once a second (a port scanner would otherwise fill the
+/// log); the counter counts every one.
+const HANDSHAKE_LOG_EVERY_MS: u64 = 1_000;
 
 impl Trust {
     pub fn new(tls: Option<Arc<TlsSource>>, who: &'static str) -> Self {
@@ -181,6 +188,8 @@ impl Trust {
             tls,
             rejected: Default::default(),
             who,
+            handshake_logged_ms: AtomicU64::new(0),
+            handshakes_unlogged: AtomicU64::new(0),
         }
     }
 
@@ -244,15 +253,29 @@ impl Trust {
             .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
     }
 
-    /// The listener's hook for failed handshakes: counted, and logged at debug level (a port
-    /// scanner would otherwise fill the log; the counter shows them).
+    /// The listener's hook for failed handshakes: each counted, and logged with the peer's
+    /// address and why at most once a second, with how many went unlogged in between.
     pub fn on_handshake_failure(self: &Arc<Self>) -> OnReject {
         let trust = self.clone();
         Arc::new(move |rejected| {
             trust.count(Reason::Handshake);
-            tracing::debug!(
+            let now = spillway_link::now_ms();
+            let last = trust.handshake_logged_ms.load(Ordering::Relaxed);
+            let due = now.saturating_sub(last) >= HANDSHAKE_LOG_EVERY_MS
+                && trust
+                    .handshake_logged_ms
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok();
+            if !due {
+                trust.handshakes_unlogged.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let unlogged = trust.handshakes_unlogged.swap(0, Ordering::Relaxed);
+            tracing::warn!(
                 peer = %rejected.remote,
-                "{}: a TLS handshake failed: {}",
+                reason = "handshake",
+                unlogged_since_last = unlogged,
+                "{} refused a control-plane peer: the TLS handshake failed: {}",
                 trust.who,
                 rejected.error
             );
