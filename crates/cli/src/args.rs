@@ -192,6 +192,10 @@ pub struct UpArgs {
     /// The aggregator's /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:9903")]
     pub aggregator_admin: SocketAddr,
+    /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
+    /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -235,6 +239,10 @@ pub struct ProxyArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
+    /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
     /// How long the upstream may keep a request it has received whole unanswered before the
     /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
@@ -289,6 +297,10 @@ pub struct AggregatorArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
+    /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -319,6 +331,10 @@ pub struct ControllerArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
+    /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Subcommand)]

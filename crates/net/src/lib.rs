@@ -42,13 +42,27 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Fires `stop` and waits for each of `tasks`, aborting one that is still running
 /// [`SHUTDOWN_GRACE`] later: how an aggregator and a controller shut down.
 pub async fn stop_and_join(stop: &watch::Sender<bool>, tasks: Vec<JoinHandle<()>>) {
+    stop_and_join_within(stop, tasks, SHUTDOWN_GRACE).await;
+}
+
+/// Fires `stop` and waits for `tasks` at most `grace` in all (`--drain-timeout`), aborting what is
+/// still running then; returns how many tasks were aborted.
+pub async fn stop_and_join_within(
+    stop: &watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    grace: Duration,
+) -> usize {
     stop.send_replace(true);
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut aborted = 0;
     for task in tasks {
         let abort = task.abort_handle();
-        if tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err() {
+        if tokio::time::timeout_at(deadline, task).await.is_err() {
             abort.abort();
+            aborted += 1;
         }
     }
+    aborted
 }
 
 /// The next connection on `listener`, or `None` once `stop` fires. A failed accept (out of file

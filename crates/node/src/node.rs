@@ -34,6 +34,8 @@ pub struct NodeOptions {
     pub controller_admin: SocketAddr,
     pub aggregator_listen: SocketAddr,
     pub aggregator_admin: SocketAddr,
+    /// How long shutdown waits for the sidecar's requests in flight (`--drain-timeout`).
+    pub drain_timeout: std::time::Duration,
 }
 
 /// A running node.
@@ -95,6 +97,7 @@ impl Node {
         aggregator.admin = Some(options.aggregator_admin);
         let aggregator = Aggregator::start(aggregator).await?;
         let mut proxy = ProxyOptions::new(options.config.clone(), options.listen, options.upstream);
+        proxy.drain_timeout = options.drain_timeout;
         proxy.admin = Some(options.admin);
         let mut control = ControlOptions::new(LinkOptions::new(
             format!("http://{}", aggregator.local_addr()),

@@ -128,6 +128,13 @@ pub(crate) fn metrics(shared: &Shared) -> String {
             connects,
         );
     }
+    let cut = Counter::<u64>::default();
+    cut.inc_by(shared.drain_cut.load(Ordering::Relaxed));
+    registry.register(
+        "spillway_drain_cut",
+        "Requests answered 503 because the drain timeout passed while they waited on the upstream",
+        cut,
+    );
     let expired = Counter::<u64>::default();
     expired.inc_by(client.instructions_expired());
     registry.register(

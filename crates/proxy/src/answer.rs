@@ -131,6 +131,25 @@ pub fn upstream_timed_out(error: &dyn std::error::Error, grpc: bool) -> Response
     )
 }
 
+/// The answer to a request still waiting on the upstream when the drain deadline passes: `503`
+/// with `connection: close` and a problem document, or gRPC `UNAVAILABLE`, so the client retries
+/// elsewhere.
+pub fn draining(grpc: bool) -> Response<Full<Bytes>> {
+    let mut response = upstream_problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "draining",
+        "the proxy is shutting down and its drain timeout passed before the upstream answered",
+        grpc,
+    );
+    if !grpc {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
 /// An upstream fault as `status` with a problem document of type `kind`, or for gRPC as a
 /// trailers-only `UNAVAILABLE` carrying the same HTTP status.
 fn upstream_problem(

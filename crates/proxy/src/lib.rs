@@ -17,4 +17,4 @@ mod pause;
 mod server;
 
 pub use error::ProxyError;
-pub use server::{Proxy, ProxyOptions};
+pub use server::{DRAIN_GRACE, Proxy, ProxyOptions};

@@ -73,7 +73,11 @@ pub struct ProxyOptions {
     pub admin_auth: spillway_net::admin::AdminAuth,
     /// How often the file is checked for changes.
     pub reload_every: Duration,
-    /// How long shutdown waits for requests in flight before closing their connections.
+    /// How long shutdown waits for requests in flight (`--drain-timeout`, default 30 s). At the
+    /// deadline a request still waiting on the upstream is answered `503` with
+    /// `connection: close` (gRPC: `UNAVAILABLE`), logged and counted
+    /// (`spillway_drain_cut_total`); a response still streaming, or a long-lived stream, gets
+    /// [`DRAIN_GRACE`] more to finish before its connection is closed.
     pub drain_timeout: Duration,
     /// The control plane to report to and take instructions and rules from; with it the file is
     /// only the rules to start with when the state directory has none.
@@ -123,10 +127,17 @@ impl ProxyOptions {
     }
 }
 
+/// How long connections may still take, after the drain deadline, to deliver the answers given
+/// at the deadline before they are closed.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
 /// What every connection of every worker shares.
 pub(crate) struct Shared {
     pub(crate) client: Arc<Client>,
     pub(crate) upstream_errors: AtomicU64,
+    /// Requests answered 503 because the drain deadline passed while they waited on the
+    /// upstream (`spillway_drain_cut_total`).
+    pub(crate) drain_cut: AtomicU64,
     /// The control-plane link's state, when linked.
     pub(crate) link: Option<Arc<LinkStatus>>,
 }
@@ -170,6 +181,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             client: client.clone(),
             upstream_errors: AtomicU64::new(0),
+            drain_cut: AtomicU64::new(0),
             link: control.as_ref().map(ControlPlane::status),
         });
         let (stop, stopped) = watch::channel(false);
@@ -286,6 +298,8 @@ struct Worker {
     upstream: Upstream,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// Turns true at the drain deadline: requests still waiting on the upstream are answered.
+    cut: watch::Sender<bool>,
 }
 
 impl Worker {
@@ -295,6 +309,7 @@ impl Worker {
             upstream: Upstream::new(&options.upstream, options.upstream_timeout)?,
             header_timeout: options.header_timeout,
             idle_timeout: options.idle_timeout,
+            cut: watch::Sender::new(false),
         }))
     }
 
@@ -346,12 +361,33 @@ impl Worker {
                 }
             });
         }
+        let drained = graceful.shutdown();
+        tokio::pin!(drained);
         tokio::select! {
-            _ = graceful.shutdown() => tracing::info!("all requests in flight finished"),
-            _ = tokio::time::sleep(drain_timeout) => {
-                tracing::warn!("drain timeout passed; closing the connections still open");
+            _ = &mut drained => {
+                tracing::info!("all requests in flight finished");
+                return;
             }
+            _ = tokio::time::sleep(drain_timeout) => {}
         }
+        // The deadline: answer what still waits on the upstream, give the answers a moment to
+        // leave, then close what is left.
+        let before = self.shared.drain_cut.load(Ordering::Relaxed);
+        self.cut.send_replace(true);
+        let finished = tokio::time::timeout(DRAIN_GRACE, &mut drained)
+            .await
+            .is_ok();
+        let cut = self.shared.drain_cut.load(Ordering::Relaxed) - before;
+        tracing::warn!(
+            answered_503 = cut,
+            drain_timeout = ?drain_timeout,
+            "drain timeout passed: requests still waiting on the upstream were answered 503{}",
+            if finished {
+                ""
+            } else {
+                "; closing the connections still open (responses still streaming, long-lived streams)"
+            }
+        );
     }
 }
 
@@ -527,7 +563,17 @@ async fn handle(
         );
     }
     drop(rules);
-    let response = match worker.upstream.forward(request, link).await {
+    let mut cut = worker.cut.subscribe();
+    let forwarded = tokio::select! {
+        biased;
+        forwarded = worker.upstream.forward(request, link) => forwarded,
+        _ = cut.wait_for(|cut| *cut) => {
+            shared.drain_cut.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("a request still waiting on the upstream at the drain deadline was answered 503");
+            return Ok(answer::draining(grpc).map(|body| counted(Either::Right(body))));
+        }
+    };
+    let response = match forwarded {
         Ok(response) => response.map(Either::Left),
         Err(err) => {
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);

@@ -40,6 +40,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
             &args.tls,
         )
         .map_err(Failure::Usage)?;
+        let drain = args.drain_timeout;
         let mut options = AggregatorOptions::new(args.listen, region, zone, args.controller);
         options.admin = args.admin;
         options.admin_auth = admin_auth;
@@ -47,7 +48,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
-        aggregator.shutdown().await;
+        aggregator.shutdown_within(drain).await;
         Ok(())
     })
 }
@@ -103,6 +104,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             }
             (None, None) => unreachable!("clap requires -c or --database"),
         };
+        let drain = args.drain_timeout;
         let mut options = ControllerOptions::new(args.listen, region, rules);
         options.peers = args.peers;
         options.admin = args.admin;
@@ -111,7 +113,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         let controller = Controller::start(options).await.map_err(failure)?;
         super::stop_signal().await;
         tracing::info!("stopping: closing aggregator and peer streams");
-        controller.shutdown().await;
+        controller.shutdown_within(drain).await;
         Ok(())
     })
 }

@@ -80,6 +80,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
     options.admin_auth = admin_auth;
+    options.drain_timeout = args.drain_timeout;
     options.workers = workers();
     options.upstream_timeout = args.upstream_timeout.0;
     options.header_timeout = args.header_timeout;

@@ -32,6 +32,7 @@ pub fn up(args: UpArgs) -> ExitCode {
             controller_admin: args.controller_admin,
             aggregator_listen: args.aggregator_listen,
             aggregator_admin: args.aggregator_admin,
+            drain_timeout: args.drain_timeout,
         };
         let node = match Node::start(options).await {
             Ok(node) => node,

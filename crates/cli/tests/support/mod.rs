@@ -80,6 +80,20 @@ impl Proxy {
 
     /// Starts the proxy with `extra` arguments, and waits until `/readyz` answers.
     pub fn start_with(config: &Path, upstream: SocketAddr, extra: &[&str]) -> Proxy {
+        Self::start_logged(config, upstream, extra, None)
+    }
+
+    /// Like [`Proxy::start_with`], its stderr (logs at `info`) written to `log` when given.
+    pub fn start_logged(
+        config: &Path,
+        upstream: SocketAddr,
+        extra: &[&str],
+        log: Option<&Path>,
+    ) -> Proxy {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+            None => Stdio::null(),
+        };
         let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let child = Command::new(SPILLWAY)
@@ -90,7 +104,8 @@ impl Proxy {
             .args(["--upstream", &format!("http://{upstream}")])
             .args(["--admin", &admin.to_string()])
             .args(extra)
-            .stderr(Stdio::null())
+            .env("RUST_LOG", "info")
+            .stderr(stderr)
             .spawn()
             .expect("spillway proxy starts");
         let mut proxy = Proxy {
