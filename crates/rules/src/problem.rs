@@ -1,6 +1,11 @@
 //! The one place that turns errors into answers: RFC 9457 problem documents with the status
 //! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
 //! for rules and for the users and tokens of SPEC §7 alike.
+//!
+//! A 503 says `retry-after: 1` and is not logged here: the store's liveness logs each outage
+//! once, and the failures of a store that answers its probe in one line per interval
+//! ([`store::liveness`](crate::store::liveness)), from the [`StoreFailure`] each such answer
+//! carries.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -8,7 +13,12 @@ use serde_json::json;
 
 use crate::auth::AuthError;
 use crate::rule::RuleError;
+use crate::store::liveness::RETRY_AFTER_SECS;
 use crate::store::{AccessError, ChangeError, StoreError};
+
+/// Set on an answer that failed on the store: what failed, for the liveness' summary.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreFailure(pub(crate) String);
 
 /// Everything a request can end in besides success.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +59,26 @@ struct Problem {
 }
 
 impl ApiError {
+    /// Whether the store failed, as opposed to refusing the request.
+    fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Auth(AuthError::Store(_))
+                | ApiError::Store(_)
+                | ApiError::Access(AccessError::Store(_))
+                | ApiError::Change(ChangeError::Store(_))
+        )
+    }
+
+    /// When to ask again: after the day's budget renews, or in a moment for a store that failed.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::Change(ChangeError::Budget { retry_after, .. }) => Some(*retry_after),
+            _ if self.is_store_failure() => Some(RETRY_AFTER_SECS),
+            _ => None,
+        }
+    }
+
     fn problem(&self) -> Problem {
         let p = |status, slug, title| Problem {
             status,
@@ -58,7 +88,8 @@ impl ApiError {
         match self {
             ApiError::Auth(AuthError::Store(_))
             | ApiError::Store(_)
-            | ApiError::Access(AccessError::Store(_)) => p(
+            | ApiError::Access(AccessError::Store(_))
+            | ApiError::Change(ChangeError::Store(_)) => p(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
                 "The rules store is unavailable",
@@ -105,11 +136,6 @@ impl ApiError {
                 "precondition-required",
                 "If-Match is required",
             ),
-            ApiError::Change(ChangeError::Store(_)) => p(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "The rules store is unavailable",
-            ),
             ApiError::Change(ChangeError::Conflict(_)) => p(
                 StatusCode::CONFLICT,
                 "conflict",
@@ -132,9 +158,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.problem();
-        if problem.status.is_server_error() {
-            tracing::error!(error = %self, "rules service error");
-        }
         let mut body = json!({
             "type": format!("urn:spillway:problem:{}", problem.slug),
             "title": problem.title,
@@ -159,15 +182,20 @@ impl IntoResponse for ApiError {
             ) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::Change(ChangeError::Budget { retry_after, .. }) => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
-            }
             ApiError::Change(ChangeError::VersionMoved { current, .. }) => {
                 if let Ok(etag) = HeaderValue::from_str(&format!("\"{current}\"")) {
                     headers.insert(header::ETAG, etag);
                 }
             }
             _ => {}
+        }
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.is_store_failure() {
+            response
+                .extensions_mut()
+                .insert(StoreFailure(self.to_string()));
         }
         response
     }

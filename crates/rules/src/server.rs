@@ -5,6 +5,9 @@
 //! The TLS listener does each handshake in the connection's own task (ten seconds at most), so
 //! a client that stalls or fails its handshake never holds up the others; a failure is logged
 //! at debug level and the connection dropped.
+//!
+//! While it serves, the store's liveness is probed in the background (every 250 ms), which is
+//! what `/readyz`, `/metrics` and the API's fast 503 go by.
 
 use std::fmt;
 use std::future::Future;
@@ -68,8 +71,8 @@ impl fmt::Debug for ServerTls {
     }
 }
 
-/// Serves the API in plaintext on `listener` until `shutdown` resolves, deleting expired
-/// incident overrides every second meanwhile.
+/// Serves the API in plaintext on `listener` until `shutdown` resolves, probing the store's
+/// liveness and deleting expired incident overrides every second meanwhile.
 pub async fn serve(
     listener: TcpListener,
     store: Store,
@@ -85,7 +88,7 @@ pub async fn serve_with(
     bounds: Bounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let _sweeper = sweep_overrides(store.clone());
+    let _background = background(&store);
     axum::serve(listener, router(AppState::with_bounds(store, bounds)))
         .with_graceful_shutdown(shutdown)
         .await
@@ -100,7 +103,7 @@ pub async fn serve_tls(
     tls: ServerTls,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let _sweeper = sweep_overrides(store.clone());
+    let _background = background(&store);
     let app = router(AppState::with_bounds(store, bounds));
     accept_tls(listener, app, tls.acceptor, shutdown).await;
     Ok(())
@@ -129,14 +132,33 @@ pub async fn bind_and_serve(
     }
 }
 
-/// Ends incident overrides whose ttl ran out, every second, until the handle is dropped.
+/// What runs beside the server, until the handles are dropped: the liveness probe and the
+/// sweep of expired overrides.
+fn background(store: &Store) -> [AbortOnDrop; 2] {
+    let probed = store.clone();
+    [
+        AbortOnDrop(tokio::spawn(async move { probed.probe_liveness().await })),
+        sweep_overrides(store.clone()),
+    ]
+}
+
+/// Ends incident overrides whose ttl ran out, every second. Skipped while the store is down, and
+/// given up when it is found down half-way: the next sweep after it is back ends them.
 fn sweep_overrides(store: Store) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let liveness = store.liveness();
         loop {
             tick.tick().await;
-            if let Err(err) = store.expire_overrides().await {
-                tracing::warn!(%err, "ending expired incident overrides");
+            if !liveness.is_up() {
+                continue;
+            }
+            let failed = tokio::select! {
+                swept = store.expire_overrides() => swept.err(),
+                _ = liveness.gone_down() => None,
+            };
+            if let Some(err) = failed {
+                liveness.note_failure(&format!("ending expired incident overrides: {err}"));
             }
         }
     }))

@@ -9,18 +9,21 @@
 //! By concern: `migrations` (the schema), `users` (users and roles), `tokens` (their bearer
 //! tokens), `budget` (the daily
 //! modification budget), `rules` (reading and changing one rule), `planner` (the pure diff of
-//! an apply) and `apply` (carrying it out), `audit` (the audit log).
+//! an apply) and `apply` (carrying it out), `audit` (the audit log); `liveness` (whether the
+//! database answers, as a probe in the background last found).
 
 mod apply;
 mod audit;
 mod budget;
+pub mod liveness;
 mod migrations;
 mod planner;
 mod rules;
 mod tokens;
 mod users;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Executor, Transaction};
@@ -31,6 +34,7 @@ use crate::watch;
 
 pub use audit::{AuditAction, AuditEntry};
 pub use budget::Budgets;
+pub use liveness::Liveness;
 pub use planner::{ApplyDiff, UpdatedRule};
 pub use tokens::TokenInfo;
 pub(crate) use tokens::TokenRecord;
@@ -40,6 +44,13 @@ use audit::Audit;
 
 /// The PostgreSQL channel every commit is announced on, with the new version as payload (S4).
 pub const CHANNEL: &str = "spillway_rules";
+
+/// How long a PostgreSQL call waits for a pooled connection before it fails: a database that is
+/// unreachable answers the request with 503 in a second, not after sqlx's default of 30 s.
+pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The same for SQLite, where a wait is for the file's write lock, which writers queue on (as
+/// its busy timeout makes them), never for a server that is gone.
+const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the store failed, as opposed to refusing a change.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +65,12 @@ pub enum StoreError {
     Corrupt(String),
     #[error("hashing a token: {0}")]
     Hash(String),
+    /// The liveness probe finds the database down: refused without waiting on it.
+    #[error(
+        "the rules store's database has not answered for {:.1}s ({error}); retry in a moment",
+        down_for.as_secs_f64()
+    )]
+    Unavailable { down_for: Duration, error: String },
 }
 
 /// Why a modification was refused; nothing of it was stored.
@@ -113,7 +130,10 @@ pub struct Store {
     pool: AnyPool,
     backend: Backend,
     key: String,
+    /// What the liveness probe connects to.
+    url: Arc<str>,
     budgets: Budgets,
+    liveness: Arc<Liveness>,
 }
 
 impl Store {
@@ -126,14 +146,21 @@ impl Store {
     pub async fn connect_with(url: &str, budgets: Budgets) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (backend, url) = normalize(url)?;
-        let options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30));
+        let options = AnyPoolOptions::new();
         let pool = match backend {
-            Backend::Postgres => options.max_connections(8).connect(&url).await?,
+            Backend::Postgres => {
+                options
+                    .max_connections(8)
+                    .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
+                    .connect(&url)
+                    .await?
+            }
             // Writers queue on SQLite's write lock; a long busy timeout makes them wait for it
             // instead of failing, as PostgreSQL's row lock does.
             Backend::Sqlite => {
                 options
                     .max_connections(4)
+                    .acquire_timeout(SQLITE_ACQUIRE_TIMEOUT)
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             conn.execute("PRAGMA busy_timeout = 30000").await?;
@@ -150,11 +177,16 @@ impl Store {
                 .await?;
         }
         migrations::run(&pool).await?;
+        let version = sqlx::query_scalar("SELECT version FROM rules_version WHERE id = 1")
+            .fetch_one(&pool)
+            .await?;
         Ok(Store {
             pool,
             backend,
             key: watch::local_key(&url),
+            url: url.into(),
             budgets,
+            liveness: Arc::new(Liveness::new(version, Instant::now())),
         })
     }
 
@@ -170,7 +202,20 @@ impl Store {
         self.budgets
     }
 
-    /// Whether the database answers.
+    /// Whether the database answered its last liveness probe, and the version it read: what
+    /// `/readyz`, `/metrics` and the API consult instead of waiting on the database.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+
+    /// Probes the database every [`liveness::PROBE_EVERY`] until dropped, keeping
+    /// [`Store::liveness`] and logging its changes. Without a probe running the store counts as
+    /// up; `serve` runs one for as long as it serves.
+    pub async fn probe_liveness(&self) {
+        liveness::probe(&self.liveness, &self.url).await;
+    }
+
+    /// Whether the database answers, asked now (through the pool).
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
@@ -264,6 +309,7 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        self.liveness.committed(version);
         if self.backend == Backend::Sqlite {
             watch::notify_local(&self.key, version);
         }
