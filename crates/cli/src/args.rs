@@ -376,6 +376,10 @@ pub enum RulesCommand {
             value_parser = duration
         )]
         max_override_ttl: Duration,
+        /// On SIGTERM, how long requests in flight get to finish before their connections are
+        /// closed (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        drain_timeout: Duration,
     },
     /// Apply a whole configuration declaratively (one modification).
     Apply {

@@ -24,6 +24,7 @@ pub fn rules(command: RulesCommand) -> ExitCode {
             admin_budget,
             service_budget,
             max_override_ttl,
+            drain_timeout,
         } => serve(
             listen,
             &database,
@@ -34,6 +35,7 @@ pub fn rules(command: RulesCommand) -> ExitCode {
                 service: service_budget,
             },
             Bounds { max_override_ttl },
+            drain_timeout,
         ),
         RulesCommand::Apply {
             client,
@@ -93,6 +95,7 @@ fn serve(
     insecure_plaintext: bool,
     budgets: Budgets,
     bounds: Bounds,
+    drain_timeout: Duration,
 ) -> ExitCode {
     let tls = match tls {
         Some((cert, key)) => match ServerTls::load(cert, key) {
@@ -130,11 +133,29 @@ fn serve(
             Ok(store) => store,
             Err(err) => return store_failure(&err),
         };
-        let shutdown = async {
+        let (stopping, stopped) = tokio::sync::oneshot::channel();
+        let shutdown = async move {
             super::stop_signal().await;
             tracing::info!("stopping: finishing the requests in flight");
+            let _ = stopping.send(());
         };
-        match spillway_rules::bind_and_serve(listen, store.clone(), bounds, tls, shutdown).await {
+        let serving = spillway_rules::bind_and_serve(listen, store.clone(), bounds, tls, shutdown);
+        // The drain: requests in flight get --drain-timeout, then their connections close.
+        let deadline = async move {
+            if stopped.await.is_ok() {
+                tokio::time::sleep(drain_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let served = tokio::select! {
+            served = serving => served,
+            () = deadline => {
+                tracing::warn!(?drain_timeout, "drain timeout passed; closing the connections still open");
+                Ok(())
+            }
+        };
+        match served {
             Ok(()) => {
                 store.close().await;
                 ExitCode::SUCCESS
