@@ -59,6 +59,23 @@ impl Target {
     pub fn cluster(nodes: Vec<String>) -> Self {
         Target::Cluster { nodes }
     }
+
+    /// The target in a few words for log lines, passwords hidden.
+    pub(crate) fn describe(&self) -> String {
+        let redacted = |urls: &[String]| -> String {
+            urls.iter()
+                .map(|u| redact_url(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Target::Single { url } => redact_url(url).into_owned(),
+            Target::Sentinel { master, sentinels } => {
+                format!("sentinel master {master} via {}", redacted(sentinels))
+            }
+            Target::Cluster { nodes } => format!("cluster via {}", redacted(nodes)),
+        }
+    }
 }
 
 impl std::fmt::Debug for Target {

@@ -1,13 +1,16 @@
-//! Exact decisions behind the endpoint's circuit breaker, with each bucket's failure policy (S8).
+//! Exact decisions behind the endpoint's circuit breaker, with each bucket's failure policy
+//! (S8), and the breaker's prober.
 
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use spillway_core::config::FailurePolicy;
 use spillway_core::decision::Verdict;
 
 use crate::algo::ExactAlgo;
-use crate::breaker::{BreakerConfig, CallOutcome, CircuitBreaker};
+use crate::breaker::{BreakerConfig, CallOutcome, CircuitBreaker, Step};
 use crate::key::RedisKey;
+use crate::limiter::ExactError;
 use crate::limiter::{Answer, RedisLimiter};
 
 /// Why a decision did not come from Redis.
@@ -33,28 +36,41 @@ pub struct Guarded {
 ///
 /// No decision waits longer than the limiter's timeout: an open circuit answers at once, and
 /// a call that reaches Redis is cut at the deadline.
+///
+/// From the moment the circuit leaves closed until it closes again, a prober task pings Redis
+/// on the breaker's timer (every 250 ms while open, every 50 ms during the ramp, with the
+/// defaults) and judges the ramp's stages as their time runs out, so the circuit recovers
+/// within a bounded time whatever the traffic, none included. The task runs on the Tokio
+/// runtime of the call that opened the circuit, beside the connection's own driver task; it
+/// holds the limiter only while a ping is in flight and ends on its own once the limiter is
+/// dropped.
 pub struct GuardedLimiter {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     limiter: RedisLimiter,
     breaker: CircuitBreaker,
 }
 
 impl GuardedLimiter {
-    /// Guards `limiter` with a breaker configured by `config`.
+    /// Guards `limiter` with a breaker configured by `config`, which names the limiter's
+    /// target in its log lines.
     pub fn new(limiter: RedisLimiter, config: BreakerConfig) -> Self {
+        let breaker = CircuitBreaker::named(config, limiter.name());
         Self {
-            limiter,
-            breaker: CircuitBreaker::new(config),
+            shared: Arc::new(Shared { limiter, breaker }),
         }
     }
 
     /// The breaker, for its state and counters.
     pub fn breaker(&self) -> &CircuitBreaker {
-        &self.breaker
+        &self.shared.breaker
     }
 
     /// The unguarded limiter.
     pub fn limiter(&self) -> &RedisLimiter {
-        &self.limiter
+        &self.shared.limiter
     }
 
     /// Decides a request of `cost`; when Redis cannot, `on_failure` does: `Closed` denies with a
@@ -91,7 +107,7 @@ impl GuardedLimiter {
     }
 
     fn retry_hint(&self) -> Duration {
-        self.breaker.retry_hint(Instant::now())
+        self.breaker().retry_hint(Instant::now())
     }
 
     /// [`RedisLimiter::take`] through the breaker; `Err` says why Redis did not decide.
@@ -102,16 +118,97 @@ impl GuardedLimiter {
         cost: u64,
         want: u64,
     ) -> Result<Answer, Fallback> {
-        let Some(permit) = self.breaker.permit(Instant::now()) else {
+        let breaker = self.breaker();
+        let Some(permit) = breaker.permit() else {
+            // The prober normally runs already (one atomic load); this starts another if its
+            // runtime went away.
+            self.ensure_prober();
             return Err(Fallback::CircuitOpen);
         };
-        let result = self.limiter.take(key, algo, cost, want).await;
-        let outcome = match &result {
-            Ok(_) => CallOutcome::Success,
-            Err(e) if e.is_timeout() => CallOutcome::Timeout,
-            Err(_) => CallOutcome::Error,
-        };
-        self.breaker.record(permit, outcome, Instant::now());
-        result.map_err(|_| Fallback::StoreFailed)
+        match self.limiter().take(key, algo, cost, want).await {
+            Ok(answer) => {
+                breaker.record(permit, CallOutcome::Success, Instant::now());
+                Ok(answer)
+            }
+            Err(e) => {
+                breaker.record_failure(permit, outcome(&e), &e, Instant::now());
+                self.ensure_prober();
+                Err(Fallback::StoreFailed)
+            }
+        }
+    }
+
+    /// Starts the prober when the circuit is not closed and none runs.
+    fn ensure_prober(&self) {
+        if !self.shared.breaker.claim_prober() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(probe(Arc::downgrade(&self.shared)));
+            }
+            // Not reachable from `try_take`, which runs on a runtime; should it happen, the
+            // next request that finds the circuit open tries again.
+            Err(_) => self.shared.breaker.prober_gone(),
+        }
+    }
+}
+
+fn outcome(e: &ExactError) -> CallOutcome {
+    if e.is_timeout() {
+        CallOutcome::Timeout
+    } else {
+        CallOutcome::Error
+    }
+}
+
+/// The prober: does what the breaker's [`CircuitBreaker::poll`] says until the circuit closes
+/// or the limiter is dropped.
+async fn probe(shared: Weak<Shared>) {
+    let mut slot = Slot {
+        shared: shared.clone(),
+        held: true,
+    };
+    while let Some(guarded) = shared.upgrade() {
+        let breaker = &guarded.breaker;
+        match breaker.poll(Instant::now()) {
+            Step::Done => {
+                if !breaker.release_prober() {
+                    slot.held = false;
+                    return;
+                }
+            }
+            Step::Probe(probe) => {
+                let result = guarded.limiter.ping().await;
+                let now = Instant::now();
+                match &result {
+                    Ok(()) => breaker.record_probe(probe, CallOutcome::Success, None, now),
+                    Err(e) => breaker.record_probe(probe, outcome(e), Some(e), now),
+                }
+            }
+            Step::Wait(until) => {
+                drop(guarded);
+                tokio::time::sleep_until(until.into()).await;
+            }
+        }
+    }
+    // The limiter is gone, and its breaker with it.
+    slot.held = false;
+}
+
+/// Gives the prober's slot back if its task is dropped midway (its runtime shut down), so
+/// that a later request starts another.
+struct Slot {
+    shared: Weak<Shared>,
+    held: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.held
+            && let Some(shared) = self.shared.upgrade()
+        {
+            shared.breaker.prober_gone();
+        }
     }
 }

@@ -7,8 +7,21 @@
 //! `store: redis`) against a single node, a Sentinel-managed primary or a Redis Cluster
 //! ([`Target`]), with time from Redis `TIME` (W2), weighted costs (W3) and our own
 //! `EVALSHA`-then-`EVAL` path (W5). A bucket's keys share one hash tag ([`RedisKey`]), so on a
-//! cluster each decision is one call to the node that owns the bucket's slot. [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
+//! cluster each decision is one call to the node that owns the bucket's slot.
+//! [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
 //! `on_store_failure` when Redis cannot answer in time (S8).
+//!
+//! # When Redis fails (S8)
+//!
+//! Five consecutive failed calls open the endpoint's breaker: requests are then decided by their
+//! bucket's `on_store_failure` at once, without waiting on Redis. Recovery is driven by time,
+//! not by traffic: a prober task that the [`GuardedLimiter`] runs pings Redis every 250 ms while
+//! the circuit is open, and after the first `PONG` ramps requests back through 10%, 25%, 50% and
+//! 75% over one second, each stage going on only while at least 80% of its calls succeed. A
+//! healthy Redis is trusted again within about 1.25 s of answering at any request rate, idle
+//! included. Every transition is one log line, failed calls are summarised every 10 s, and the
+//! state and counters are [`BreakerStats`]; [`CircuitBreaker`] has the details, the log lines
+//! and the metrics.
 //!
 //! # The sliding-window log in Redis (W1-W6)
 //!
@@ -113,7 +126,9 @@ mod script;
 
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
 pub use batch::{BatchConfig, Batcher, BatchingLimiter};
-pub use breaker::{BreakerConfig, BreakerStats, CallOutcome, CircuitBreaker, CircuitState, Permit};
+pub use breaker::{
+    BreakerConfig, BreakerStats, CallOutcome, CircuitBreaker, CircuitState, Permit, Probe, Step,
+};
 pub use endpoint::Target;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
 pub use key::RedisKey;

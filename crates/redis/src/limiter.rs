@@ -73,6 +73,8 @@ pub struct Answer {
 pub struct RedisLimiter {
     endpoint: Endpoint,
     timeout: Duration,
+    /// The target, passwords hidden, for log lines.
+    name: String,
 }
 
 impl RedisLimiter {
@@ -92,12 +94,31 @@ impl RedisLimiter {
         Ok(Self {
             endpoint: Endpoint::new(&target, options.timeout, password.as_ref())?,
             timeout: options.timeout,
+            name: target.describe(),
         })
     }
 
     /// The deadline of one decision.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The target as log lines name it, passwords hidden: `redis://127.0.0.1:6379`,
+    /// `sentinel master mymaster via redis://...`, `cluster via redis://..., redis://...`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sends Redis a `PING` (on a cluster, every primary), within the timeout: the breaker's
+    /// probe, the cheapest call that proves the endpoint answers. Like a decision, it connects
+    /// first when there is no connection, and drops a connection that fails.
+    pub async fn ping(&self) -> Result<(), ExactError> {
+        self.bounded(async {
+            let mut con = self.endpoint.connection().await?;
+            redis::cmd("PING").query_async::<()>(&mut con).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Decides a request of `cost` units against the bucket at `key`, charging it when allowed.
@@ -130,7 +151,15 @@ impl RedisLimiter {
         cost: u64,
         want: u64,
     ) -> Result<Answer, ExactError> {
-        match tokio::time::timeout(self.timeout, self.call(key, algo, cost, want)).await {
+        self.bounded(self.call(key, algo, cost, want)).await
+    }
+
+    /// Runs `call` within the timeout, dropping the connection when the failure says so.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, ExactError>>,
+    ) -> Result<T, ExactError> {
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => {
                 if let ExactError::Redis(e) = &e {

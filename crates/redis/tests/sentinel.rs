@@ -34,10 +34,7 @@ async fn decisions_continue_after_the_primary_is_killed() {
         limiter,
         BreakerConfig {
             failure_threshold: 3,
-            open_for: Duration::from_millis(200),
-            ramp: vec![2],
-            probes_per_stage: 3,
-            success_percent: 80,
+            ..BreakerConfig::default()
         },
     ));
     let counts = Arc::new(Counts::default());
@@ -89,6 +86,14 @@ async fn decisions_continue_after_the_primary_is_killed() {
         redis_decides(50).await,
         "decisions did not resume after the failover to {new}"
     );
+    // Decisions resume in the ramp; the breaker closes about a second after its first
+    // successful probe.
+    for _ in 0..500 {
+        if limiter.breaker().state() == CircuitState::Closed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
 

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: limiters and raw connections to private servers.
 #![allow(dead_code)]
 
+pub mod outage;
+
 use std::time::Duration;
 
 use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
@@ -84,4 +86,42 @@ pub async fn admitted_concurrently(
         total += task.await.unwrap();
     }
     total
+}
+
+/// Log lines captured from the thread that installs [`Logs::install`]: a current-thread
+/// runtime's tasks, the breaker's prober included.
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Captures info and above on this thread until the guard is dropped.
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
 }
