@@ -192,6 +192,10 @@ pub struct UpArgs {
     /// The aggregator's /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:9903")]
     pub aggregator_admin: SocketAddr,
+    /// Serve the rules API and the control plane in plaintext on addresses that are not
+    /// loopback (admin ports stay loopback only). For trusted networks only.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]

@@ -141,3 +141,31 @@ fn up_runs_a_linked_node_that_forwards_and_stops_on_sigterm() {
     );
     assert_eq!(status.map(|s| s.success()), Some(true), "exit 0 on SIGTERM");
 }
+
+#[test]
+fn up_serves_loopback_only_unless_asked_and_its_admin_ports_always() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("spillway.yaml");
+    std::fs::write(
+        &config,
+        "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(SPILLWAY)
+            .args(["up", "-c", config.to_str().unwrap(), "--state-dir"])
+            .arg(dir.path().join("state"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Refused before anything binds: these tests listen on loopback only.
+    let out = run(&["--rules-listen", "0.0.0.0:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--insecure-plaintext"), "{stderr}");
+    let out = run(&["--controller-admin", "0.0.0.0:0", "--insecure-plaintext"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--admin-token-file"), "{stderr}");
+}

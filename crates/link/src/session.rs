@@ -132,7 +132,7 @@ impl Target {
 /// Why a session ended other than by the stop signal.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect: {}", chain(.0))]
     Connect(#[source] tonic::transport::Error),
     #[error("the stream was refused: {}", .0.message())]
     Refused(tonic::Status),
@@ -142,6 +142,22 @@ pub enum SessionError {
     Stream(tonic::Status),
     #[error("the stream closed")]
     Closed,
+}
+
+/// An error with its causes, `: `-separated: a transport error says only "transport error", and
+/// why (a refused connection, a server certificate of the wrong identity) is in its sources.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl SessionError {

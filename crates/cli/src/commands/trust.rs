@@ -46,8 +46,10 @@ impl Place {
         };
         if identity.role.kind() != kind {
             return Err(format!(
-                "--tls-cert names {identity}, a {}'s identity; this is a {kind} (issue it one with `spillway certs issue --role {kind}`)",
-                identity.role.kind()
+                "--tls-cert names {identity}, {} {}'s identity; this is {} {kind} (issue it one with `spillway certs issue --role {kind}`)",
+                article(identity.role.kind()),
+                identity.role.kind(),
+                article(kind)
             ));
         }
         let agree = |flag: &str, given: Option<String>, named: Option<&str>| match (given, named) {
@@ -66,6 +68,15 @@ impl Place {
             zone: agree("--zone", self.zone, zone)?,
             host: agree("--host-id", self.host, host)?,
         })
+    }
+}
+
+/// `a` or `an` before a role's name.
+fn article(kind: &str) -> &'static str {
+    if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
     }
 }
 

@@ -19,6 +19,35 @@ pub fn up(args: UpArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // One process with no TLS and no admin tokens: every listener on loopback, or a clear
+    // refusal (SPEC §7); the roles run apart take TLS and tokens.
+    let listeners = [
+        ("--listen", args.listen),
+        ("--admin", args.admin),
+        ("--rules-listen", args.rules_listen),
+        ("--controller-listen", args.controller_listen),
+        ("--controller-admin", args.controller_admin),
+        ("--aggregator-listen", args.aggregator_listen),
+        ("--aggregator-admin", args.aggregator_admin),
+    ];
+    for (flag, addr) in listeners {
+        let admin = flag.ends_with("admin");
+        if addr.ip().is_loopback() || (!admin && flag == "--listen") {
+            continue;
+        }
+        if admin || !args.insecure_plaintext {
+            eprintln!(
+                "spillway up: {flag} {addr} is not a loopback address; spillway up serves its control plane, rules API and admin ports on loopback only ({}). Run the roles apart (spillway controller, aggregator, proxy, rules serve) with --tls-cert and --admin-token-file to serve a network",
+                if admin {
+                    "admin ports need --admin-token-file, which spillway up does not take"
+                } else {
+                    "or give --insecure-plaintext on a trusted network"
+                }
+            );
+            return ExitCode::from(2);
+        }
+        tracing::warn!(%addr, "{flag} {addr} is not loopback and has no TLS (--insecure-plaintext): anyone who can reach it can use it");
+    }
     runtime.block_on(async move {
         let options = NodeOptions {
             config: args.config,
