@@ -189,6 +189,32 @@ pub(crate) fn metrics(shared: &Shared) -> String {
             "Requests of store: redis buckets decided by on_store_failure without asking Redis, the circuit being open",
             short,
         );
+        let opened = Counter::<u64>::default();
+        opened.inc_by(store.opened);
+        registry.register(
+            "spillway_circuit_opened",
+            "Times the Redis breaker opened, reopenings from a ramp stage included",
+            opened,
+        );
+        let recovered = Counter::<u64>::default();
+        recovered.inc_by(store.recovered);
+        registry.register(
+            "spillway_circuit_recovered",
+            "Times the Redis breaker's ramp completed and it closed again",
+            recovered,
+        );
+        let probes = Family::<Labels, Counter>::default();
+        probes
+            .get_or_create(&vec![("result", "ok".to_owned())])
+            .inc_by(store.probes.saturating_sub(store.probe_failures));
+        probes
+            .get_or_create(&vec![("result", "failed".to_owned())])
+            .inc_by(store.probe_failures);
+        registry.register(
+            "spillway_store_probes",
+            "Pings of the Redis breaker's prober while open or half-open, by result",
+            probes,
+        );
     }
     let mut out = String::new();
     // Writing into a String cannot fail.

@@ -138,6 +138,25 @@ async fn a_dead_redis_opens_the_breaker_and_each_bucket_applies_its_failure_poli
     assert!(closed, "the breaker closed again within 4,000 requests");
     assert!(admitted > 0);
     assert_eq!(statuses(addr, "/strict", 20).await, (20, 0));
+    let metrics = admin(&running, "/metrics").await.body;
+    for line in [
+        "spillway_circuit_opened_total 1",
+        "spillway_circuit_recovered_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    let probes = |result: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "spillway_store_probes_total{{result=\"{result}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(probes("ok") >= 1, "the prober's pings: {metrics}");
     running.proxy.shutdown().await;
 }
 
