@@ -4,37 +4,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::Proxy;
-
-/// An upstream that holds every request for `delay` before answering `200 ok`.
-fn slow_upstream(delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                    if line == "\r\n" {
-                        break;
-                    }
-                    line.clear();
-                }
-                std::thread::sleep(delay);
-                let _ = stream.write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-                );
-            });
-        }
-    });
-    addr
-}
+use support::{Proxy, upstream_after};
 
 /// Sends one GET on its own thread; the answer's head and body, and when it came.
 fn get_in_background(addr: SocketAddr) -> std::thread::JoinHandle<(String, Instant)> {
@@ -70,7 +44,7 @@ fn a_request_still_waiting_at_the_drain_deadline_gets_503_and_the_proxy_exits_0(
     // The upstream would answer after 20 s; the drain allows 1 s.
     let proxy = Proxy::start_logged(
         &config(dir.path()),
-        slow_upstream(Duration::from_secs(20)),
+        upstream_after(Duration::from_secs(20)),
         &["--drain-timeout", "1s"],
         Some(&log),
     );
@@ -104,7 +78,7 @@ fn a_request_that_finishes_within_the_drain_timeout_gets_the_upstreams_answer() 
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(
         &config(dir.path()),
-        slow_upstream(Duration::from_millis(700)),
+        upstream_after(Duration::from_millis(700)),
         &["--drain-timeout", "10s"],
     );
     let answer = get_in_background(proxy.listen);

@@ -45,8 +45,8 @@ pub async fn stop_and_join(stop: &watch::Sender<bool>, tasks: Vec<JoinHandle<()>
     stop_and_join_within(stop, tasks, SHUTDOWN_GRACE).await;
 }
 
-/// Fires `stop` and waits for `tasks` at most `grace` in all (`--drain-timeout`), aborting what is
-/// still running then; returns how many tasks were aborted.
+/// Fires `stop` and waits for `tasks` at most `grace` in all (`--drain-timeout`), aborting (and
+/// logging) what is still running then; returns how many tasks were aborted.
 pub async fn stop_and_join_within(
     stop: &watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -61,6 +61,13 @@ pub async fn stop_and_join_within(
             abort.abort();
             aborted += 1;
         }
+    }
+    if aborted > 0 {
+        tracing::warn!(
+            aborted,
+            ?grace,
+            "drain timeout passed; tasks still running were stopped"
+        );
     }
     aborted
 }

@@ -17,34 +17,30 @@ use crate::args::{AggregatorArgs, ControllerArgs};
 /// Runs a zone's aggregator until SIGTERM or SIGINT.
 pub fn aggregator(args: AggregatorArgs) -> ExitCode {
     on_runtime("aggregator", async move {
-        let tls = trust::load(&args.tls).map_err(Failure::Usage)?;
         let place = Place {
             region: args.region,
             zone: args.zone,
             host: None,
-        }
-        .merge(tls.as_ref().map(|(_, id)| id), "aggregator")
+        };
+        let transport = trust::role(
+            "aggregator",
+            place,
+            Some(args.listen),
+            args.admin,
+            args.admin_token_file.as_deref(),
+            &args.tls,
+        )
         .map_err(Failure::Usage)?;
-        let (Some(region), Some(zone)) = (place.region, place.zone) else {
+        let (Some(region), Some(zone)) = (transport.place.region, transport.place.zone) else {
             return Err(Failure::Usage(
                 "give --region and --zone, or a --tls-cert that names them".into(),
             ));
         };
-        let source = tls.map(|(source, _)| source);
-        trust::control_listener(args.listen, source.is_some(), &args.tls)
-            .map_err(Failure::Usage)?;
-        let admin_auth = trust::admin(
-            args.admin,
-            args.admin_token_file.as_deref(),
-            source.as_ref(),
-            &args.tls,
-        )
-        .map_err(Failure::Usage)?;
         let drain = args.drain_timeout;
         let mut options = AggregatorOptions::new(args.listen, region, zone, args.controller);
         options.admin = args.admin;
-        options.admin_auth = admin_auth;
-        options.tls = source;
+        options.admin_auth = transport.admin;
+        options.tls = transport.tls;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
@@ -56,28 +52,24 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
 /// Runs a region's controller until SIGTERM or SIGINT.
 pub fn controller(args: ControllerArgs) -> ExitCode {
     on_runtime("controller", async move {
-        let tls = trust::load(&args.tls).map_err(Failure::Usage)?;
         let place = Place {
             region: args.region.clone(),
             ..Place::default()
-        }
-        .merge(tls.as_ref().map(|(_, id)| id), "controller")
+        };
+        let transport = trust::role(
+            "controller",
+            place,
+            Some(args.listen),
+            args.admin,
+            args.admin_token_file.as_deref(),
+            &args.tls,
+        )
         .map_err(Failure::Usage)?;
-        let Some(region) = place.region else {
+        let Some(region) = transport.place.region else {
             return Err(Failure::Usage(
                 "give --region, or a --tls-cert that names it".into(),
             ));
         };
-        let source = tls.map(|(source, _)| source);
-        trust::control_listener(args.listen, source.is_some(), &args.tls)
-            .map_err(Failure::Usage)?;
-        let admin_auth = trust::admin(
-            args.admin,
-            args.admin_token_file.as_deref(),
-            source.as_ref(),
-            &args.tls,
-        )
-        .map_err(Failure::Usage)?;
         // Held for as long as the controller runs: dropping it stops following the store.
         let mut _watcher = None;
         let rules = match (&args.config, &args.database) {
@@ -108,8 +100,8 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         let mut options = ControllerOptions::new(args.listen, region, rules);
         options.peers = args.peers;
         options.admin = args.admin;
-        options.admin_auth = admin_auth;
-        options.tls = source;
+        options.admin_auth = transport.admin;
+        options.tls = transport.tls;
         let controller = Controller::start(options).await.map_err(failure)?;
         super::stop_signal().await;
         tracing::info!("stopping: closing aggregator and peer streams");

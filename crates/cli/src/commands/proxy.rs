@@ -53,30 +53,24 @@ async fn run(args: ProxyArgs) -> ExitCode {
     if args.aggregator.is_none() && (args.region.is_some() || args.host_id.is_some()) {
         tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
     }
-    let tls = match trust::load(&args.tls) {
-        Ok(tls) => tls,
-        Err(message) => return usage(message),
-    };
-    let place = match (Place {
+    let place = Place {
         region: args.region.clone(),
         zone: args.zone.clone(),
         host: args.host_id.clone(),
-    })
-    .merge(tls.as_ref().map(|(_, id)| id), "proxy")
-    {
-        Ok(place) => place,
-        Err(message) => return usage(message),
     };
-    let source = tls.map(|(source, _)| source);
-    let admin_auth = match trust::admin(
+    // The sidecar's own --listen is the data plane's, any address: no loopback rule for it.
+    let trust::Transport { tls, place, admin } = match trust::role(
+        "proxy",
+        place,
+        None,
         args.admin,
         args.admin_token_file.as_deref(),
-        source.as_ref(),
         &args.tls,
     ) {
-        Ok(auth) => auth,
+        Ok(transport) => transport,
         Err(message) => return usage(message),
     };
+    let (source, admin_auth) = (tls, admin);
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
     options.admin_auth = admin_auth;

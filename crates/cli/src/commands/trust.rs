@@ -80,6 +80,35 @@ fn article(kind: &str) -> &'static str {
     }
 }
 
+/// What a role starts with once its transport flags are checked: its certificate files, where it
+/// runs (the flags' place merged with the certificate's), and its admin port's protection.
+pub struct Transport {
+    pub tls: Option<Arc<TlsSource>>,
+    pub place: Place,
+    pub admin: AdminAuth,
+}
+
+/// Checks a role's transport flags: the certificate loads and names a `kind` that agrees with
+/// `place`; the control-plane `listen` address (if the role has one) is loopback unless TLS or
+/// `--insecure-plaintext`; the admin port is protected as [`admin`] says.
+pub fn role(
+    kind: &str,
+    place: Place,
+    listen: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
+    token_file: Option<&Path>,
+    args: &TlsArgs,
+) -> Result<Transport, String> {
+    let loaded = load(args)?;
+    let place = place.merge(loaded.as_ref().map(|(_, id)| id), kind)?;
+    let tls = loaded.map(|(source, _)| source);
+    if let Some(listen) = listen {
+        control_listener(listen, tls.is_some(), args)?;
+    }
+    let admin = admin(admin_addr, token_file, tls.as_ref(), args)?;
+    Ok(Transport { tls, place, admin })
+}
+
 /// A control-plane listener without TLS binds loopback only, unless `--insecure-plaintext`
 /// (then a warning at every start).
 pub fn control_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {

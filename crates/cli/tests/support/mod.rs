@@ -16,22 +16,32 @@ pub const SPILLWAY: &str = env!("CARGO_BIN_EXE_spillway");
 /// A small HTTP/1.1 upstream on its own thread: answers `200 ok` to everything, one request per
 /// connection.
 pub fn upstream() -> SocketAddr {
+    upstream_after(Duration::ZERO)
+}
+
+/// [`upstream`], holding every request for `delay` before it answers (each connection on a thread
+/// of its own).
+pub fn upstream_after(delay: Duration) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            // The request line and headers, up to the blank line; GETs have no body.
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                if line == "\r\n" {
-                    break;
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                // The request line and headers, up to the blank line; GETs have no body.
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if line == "\r\n" {
+                        break;
+                    }
+                    line.clear();
                 }
-                line.clear();
-            }
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+                std::thread::sleep(delay);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                );
+            });
         }
     });
     addr

@@ -185,14 +185,7 @@ impl Aggregator {
     /// Stops accepting, ends every stream (HTTP/2 GOAWAY, then the streams' end) and waits at
     /// most `grace` (`--drain-timeout`) for the tasks, aborting what still runs then.
     pub async fn shutdown_within(self, grace: std::time::Duration) {
-        let aborted = spillway_net::stop_and_join_within(&self.stop, self.tasks, grace).await;
-        if aborted > 0 {
-            tracing::warn!(
-                aborted,
-                ?grace,
-                "drain timeout passed; tasks still running were stopped"
-            );
-        }
+        spillway_net::stop_and_join_within(&self.stop, self.tasks, grace).await;
     }
 }
 
