@@ -255,10 +255,22 @@ pub struct ProxyArgs {
     /// head may take once begun, before the connection is closed (`10s`, `30s`, `2m`).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub header_timeout: std::time::Duration,
-    /// How long a kept-alive connection may stay idle after an answer before it is closed
-    /// (`75s`, `5m`). HTTP/2 connections have neither timeout.
+    /// How long a kept-alive connection may stay idle after an answer before it is closed, and an
+    /// HTTP/2 connection may have no open stream (`75s`, `5m`; raise it for gRPC channels that
+    /// sit idle longer and should not reconnect). HTTP/2 connections have no header timeout.
     #[arg(long, default_value = "75s", value_parser = parse_duration)]
     pub idle_timeout: std::time::Duration,
+    /// How long a request body may make no progress (no byte arriving) before the request is
+    /// answered 408 and its upstream exchange abandoned (`30s`, `60s`; `off` waits as long as the
+    /// client does), like nginx's client_body_timeout.
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    pub body_timeout: Timeout,
+    /// How many client connections may be open at once; beyond it a new one is accepted and
+    /// closed at once, logged and counted. Default: (S - min(256, S/2)) / 2 for a soft file
+    /// descriptor limit S (raised to the hard limit at start), since each client connection may
+    /// hold an upstream one: 384 for S = 1024, 524160 for S = 1048576.
+    #[arg(long)]
+    pub max_connections: Option<std::num::NonZeroUsize>,
 }
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {

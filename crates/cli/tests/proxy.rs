@@ -71,6 +71,8 @@ fn bad_timeouts_exit_2_saying_what_a_timeout_looks_like() {
         ("--header-timeout", "off", "a whole number and a unit"),
         ("--idle-timeout", "75", "has no unit"),
         ("--idle-timeout", "off", "a whole number and a unit"),
+        ("--body-timeout", "60", "has no unit"),
+        ("--body-timeout", "soon", "or off"),
     ] {
         let output = Command::new(SPILLWAY)
             .arg("proxy")

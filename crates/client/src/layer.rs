@@ -4,7 +4,11 @@
 //! A dropped request never reaches the inner service: the layer answers `Err(Limited)` (boxed), so
 //! the application maps it to its own 429 or `RESOURCE_EXHAUSTED` (with axum, in a
 //! `HandleErrorLayer`). The peer address is not known at this layer, so `identity` sources of
-//! `peer` find nothing; read the client address from a header (`ip: header:x-forwarded-for`).
+//! `peer` find nothing; read the client address from a header (`ip: header:x-forwarded-for`,
+//! counted from the right past `xff_trusted_hops` as if the unknown peer had been appended). A
+//! request whose identity cannot be read (an identity header sent twice or not in ASCII, SPEC §3a)
+//! never reaches the inner service either: the layer answers `Err(BadIdentity)` (boxed), which
+//! the application maps to its 400 or `INVALID_ARGUMENT`.
 //!
 //! A request that matches only in-memory buckets is decided in `call` and costs no allocation;
 //! one that matches a `store: redis` bucket waits for Redis in the response future, then calls
@@ -23,6 +27,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::client::Client;
+use crate::identity::{BadIdentity, PathBuffer};
 use crate::rules::{Rules, Step};
 
 /// The error type of [`RateLimit`]: the inner service's errors and [`Limited`], boxed.
@@ -82,9 +87,17 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let rules = self.client.rules();
-        let attrs = rules
-            .identity()
-            .attrs(request.uri().path(), request.headers(), None);
+        let mut buffer = PathBuffer::new();
+        let attrs =
+            match rules
+                .identity()
+                .attrs(request.uri().path(), request.headers(), None, &mut buffer)
+            {
+                Ok(attrs) => attrs,
+                Err(bad) => {
+                    return ResponseFuture::BadIdentity { bad: Some(bad) };
+                }
+            };
         match rules.begin(self.client.now(), &attrs, request.headers()) {
             Step::Done(decision) => match limited(&rules, decision) {
                 Some(limited) => ResponseFuture::Limited {
@@ -135,8 +148,8 @@ fn limited(rules: &Rules, decision: Decision) -> Option<Limited> {
 type Check = Pin<Box<dyn Future<Output = Option<Limited>> + Send>>;
 
 pin_project! {
-    /// The future of [`RateLimit`]: the inner service's, an immediate [`Limited`], or a Redis
-    /// check that ends in one of the two.
+    /// The future of [`RateLimit`]: the inner service's, an immediate [`Limited`] or
+    /// [`BadIdentity`], or a Redis check that ends in the inner service's or a [`Limited`].
     #[project = Projection]
     pub enum ResponseFuture<S, R>
     where
@@ -144,6 +157,7 @@ pin_project! {
     {
         Inner { #[pin] future: S::Future },
         Limited { limited: Option<Limited> },
+        BadIdentity { bad: Option<BadIdentity> },
         Checking { check: Check, call: Option<(S, R)> },
     }
 }
@@ -162,6 +176,11 @@ where
                 Projection::Limited { limited } => {
                     return Poll::Ready(Err(Box::new(
                         limited.take().expect("polled after completion"),
+                    )));
+                }
+                Projection::BadIdentity { bad } => {
+                    return Poll::Ready(Err(Box::new(
+                        bad.take().expect("polled after completion"),
                     )));
                 }
                 Projection::Checking { check, call } => {

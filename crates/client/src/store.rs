@@ -215,12 +215,14 @@ impl ExactBucket {
     }
 
     /// The key of subject value `value` of a per-subject bucket:
-    /// `rl:{search:user:alice:/search}:sliding-window-log`.
+    /// `rl:{search:user:alice:/search}:sliding-window-log`, with a value longer than 256 bytes
+    /// replaced by its SHA-256 ([`crate::subjects::subject_key`]), as every proxy does.
     pub(crate) fn subject_key(&self, value: &str) -> RedisKey {
+        let mut hex = [0; 64];
         RedisKey::qualified(
             &self.service,
             self.scope,
-            value,
+            crate::subjects::subject_key(value, &mut hex),
             &self.api,
             self.algo.kind().name(),
         )
@@ -253,6 +255,11 @@ mod tests {
         assert_eq!(
             per_user.subject_key("alice").as_str(),
             "rl:{api:user:alice:/search}:token-bucket"
+        );
+        // A value of more than 256 bytes keys by its SHA-256, the same on every proxy.
+        assert_eq!(
+            per_user.subject_key(&"a".repeat(257)).as_str(),
+            "rl:{api:user:e8d95cc2b4bc198c54b40bd214df958afb65f5e73d2c2eafe0593cf5c635c1f0:/search}:token-bucket"
         );
         let one_org = bucket(
             "{ name: q, match: { org: acme }, limit: 5/s, algorithm: fixed-window, store: redis }",

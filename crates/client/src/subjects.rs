@@ -7,21 +7,28 @@
 //! have from its old one.
 //!
 //! # Memory bound
-//! A subject costs its key, one table slot and one limiter: for every algorithm but
-//! sliding-window-log at most [`SUBJECT_BYTES_BOUND`] bytes of heap, allocator overhead and
-//! hash-table slack included (`tests/subjects_memory.rs` measures about 150 for 1,000,000
-//! subjects with 12-byte ids). A sliding-window-log subject adds 16 bytes per request in its
-//! window (W6). A bucket holds at most [`DEFAULT_MAX_SUBJECTS`] subjects, so one bucket with a
-//! million active users stays under 1,000,000 x 256 B = 256 MB; a subject arriving when the map is
-//! full and nothing idle can be evicted is admitted without a limiter (fail-open) and counted,
-//! since refusing it would punish a legitimate newcomer for the crowd, while an attacker rotating
-//! ids already gets a fresh bucket per id.
+//! A subject costs its key, one table slot and one limiter. Its key is its value when that is at
+//! most [`SUBJECT_VALUE_MAX`] (256) bytes long, else the value's SHA-256 in hex (64 bytes,
+//! [`subject_key`]), so no header length makes a subject dearer than a 256-byte one. For every
+//! algorithm but sliding-window-log a subject holds at most [`SUBJECT_BYTES_BOUND`] (256) bytes of
+//! heap with a key of up to 64 bytes, hashed ones included, and at most [`SUBJECT_BYTES_MAX`]
+//! (512) whatever its value, allocator overhead and hash-table slack included: about 170 bytes
+//! plus the key rounded up to a 16-byte allocator chunk. `tests/subjects_memory.rs` measures
+//! about 150 bytes for 1,000,000 subjects with 12-byte ids, `tests/subjects_long.rs` about 425
+//! for 1,000,000 of 256 bytes and about 235 for 1,000,000 of 1 KiB. A sliding-window-log subject
+//! adds 16 bytes per request in its window (W6). A bucket holds at most
+//! [`DEFAULT_MAX_SUBJECTS`] (1,048,576) subjects, so one bucket with a million active users stays
+//! under 1,048,576 x 512 B = 512 MiB however long their ids, and under 256 MiB with ids of up to
+//! 64 bytes; a subject arriving when the map is full and nothing idle can be evicted is admitted
+//! without a limiter (fail-open) and counted, since refusing it would punish a legitimate
+//! newcomer for the crowd, while an attacker rotating ids already gets a fresh bucket per id.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use sha2::{Digest, Sha256};
 use spillway_core::algo::{
     FixedWindow, Gcra, LeakyBucket, ParamError, Rate, SlidingWindowCounter, SlidingWindowLog,
     TokenBucket,
@@ -33,8 +40,17 @@ use spillway_core::decision::Verdict;
 /// The most subjects one bucket holds by default.
 pub const DEFAULT_MAX_SUBJECTS: usize = 1 << 20;
 
-/// Heap bytes per subject, all overheads included, for every algorithm but sliding-window-log.
+/// Heap bytes per subject, all overheads included, for every algorithm but sliding-window-log,
+/// when its key is at most 64 bytes long (which every hashed value's is).
 pub const SUBJECT_BYTES_BOUND: usize = 256;
+
+/// The longest subject value that keys its bucket as it is; a longer one keys it by its SHA-256
+/// ([`subject_key`]).
+pub const SUBJECT_VALUE_MAX: usize = 256;
+
+/// Heap bytes per subject, all overheads included, for every algorithm but sliding-window-log,
+/// whatever the length of its value: a value of [`SUBJECT_VALUE_MAX`] bytes is the longest key.
+pub const SUBJECT_BYTES_MAX: usize = 512;
 
 /// Enough shards that 2 to 64 cores rarely meet on one lock; each shard is a plain hash map.
 const SHARDS: usize = 64;
@@ -148,6 +164,8 @@ impl SubjectMap {
 
     /// Decides a request of `subject`; allocates only for a subject not seen while it was active.
     pub(crate) fn decide(&self, subject: &str, now: Nanos, cost: u64) -> Verdict {
+        let mut hex = [0; 64];
+        let subject = subject_key(subject, &mut hex);
         let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
         let mut shard = shard
             .lock()
@@ -234,6 +252,33 @@ impl SubjectMap {
     }
 }
 
+/// What subject value `value` keys its bucket by, in memory and in Redis: the value itself when
+/// it is at most [`SUBJECT_VALUE_MAX`] bytes long, else its SHA-256 in lowercase hex (64 bytes),
+/// written into `hex`. The same on every proxy, so their Redis keys agree, and a subject's memory
+/// is bounded whatever its header's length. Nothing is allocated. A client that sends the hex
+/// digest of another subject's long value as its own value shares that subject's bucket, which
+/// can only limit it.
+///
+/// ```
+/// let mut hex = [0; 64];
+/// assert_eq!(spillway_client::subject_key("alice", &mut hex), "alice");
+/// let long = "a".repeat(300);
+/// assert_eq!(spillway_client::subject_key(&long, &mut hex).len(), 64);
+/// ```
+pub fn subject_key<'a>(value: &'a str, hex: &'a mut [u8; 64]) -> &'a str {
+    if value.len() <= SUBJECT_VALUE_MAX {
+        return value;
+    }
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(value.as_bytes());
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
+    // Hex digits are ASCII, so this never fails.
+    std::str::from_utf8(hex).unwrap_or_default()
+}
+
 fn evict_idle(shard: &mut Shard, now: Nanos, idle_ns: Nanos) -> usize {
     let before = shard.len();
     shard.retain(|_, slot| now.saturating_sub(slot.last_seen) < idle_ns);
@@ -287,6 +332,27 @@ mod tests {
             "cost 5 > burst would be denied"
         );
         assert_eq!((m.len(), m.overflow()), (1, 1));
+    }
+
+    #[test]
+    fn values_longer_than_256_bytes_key_by_their_sha256() {
+        let mut hex = [0; 64];
+        let longest = "u".repeat(SUBJECT_VALUE_MAX);
+        assert_eq!(subject_key(&longest, &mut hex), longest);
+        // `printf 'a%.0s' $(seq 257) | sha256sum`
+        let long = "a".repeat(SUBJECT_VALUE_MAX + 1);
+        assert_eq!(
+            subject_key(&long, &mut hex),
+            "e8d95cc2b4bc198c54b40bd214df958afb65f5e73d2c2eafe0593cf5c635c1f0"
+        );
+        // Two long values that differ only in their last byte are two subjects; the same long
+        // value is one.
+        let m = map(10);
+        let (a, b) = ("x".repeat(1000) + "a", "x".repeat(1000) + "b");
+        assert!(m.decide(&a, 0, 2).is_allow());
+        assert!(!m.decide(&a, 0, 1).is_allow());
+        assert!(m.decide(&b, 0, 1).is_allow());
+        assert_eq!(m.len(), 2);
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! The tower layer: admitted requests reach the inner service, dropped ones come back as
-//! `Limited` without reaching it.
+//! `Limited` and ones whose identity cannot be read as `BadIdentity`, without reaching it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spillway_client::{Client, Limited, RateLimitLayer};
+use spillway_client::{BadIdentity, Client, Fault, Limited, RateLimitLayer};
 use spillway_core::config::load_str;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -33,6 +33,36 @@ async fn the_layer_passes_admitted_requests_and_refuses_dropped_ones() {
     assert_eq!(limited.bucket, "per-user");
     assert_eq!(service.call(request("bob")).await.unwrap(), "handled");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn the_layer_refuses_an_identity_header_sent_twice_and_matches_the_normalised_path() {
+    let config = load_str(
+        "version: 1\nservices:\n  api:\n    buckets:\n      - { name: per-user, match: { user: \"*\" }, limit: 2/h, algorithm: token-bucket }\n      - { name: ip, match: { procedure: \"/ip*\" }, limit: 1/h, algorithm: token-bucket }\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut service =
+        RateLimitLayer::new(Arc::new(Client::new(config).unwrap())).layer(Counting(calls.clone()));
+    let twice = http::Request::get("/search")
+        .header("x-user-id", "zz1")
+        .header("x-user-id", "alice")
+        .body(())
+        .unwrap();
+    let err = service.call(twice).await.unwrap_err();
+    let bad = err
+        .downcast_ref::<BadIdentity>()
+        .expect("a BadIdentity error");
+    assert_eq!(
+        (bad.header.as_str(), bad.fault),
+        ("x-user-id", Fault::Repeated)
+    );
+    let get = |path: &str| http::Request::get(path).body(()).unwrap();
+    assert_eq!(service.call(get("/ip/search")).await.unwrap(), "handled");
+    let err = service.call(get("/%69p/search")).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<Limited>().unwrap().bucket, "ip");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 #[cfg(feature = "redis")]

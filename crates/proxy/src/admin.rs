@@ -135,6 +135,20 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         "Requests answered 503 because the drain timeout passed while they waited on the upstream",
         cut,
     );
+    let open = Gauge::<i64>::default();
+    open.set(i64::try_from(shared.connections.open()).unwrap_or(i64::MAX));
+    registry.register(
+        "spillway_connections",
+        "Downstream connections open now (at most --max-connections)",
+        open,
+    );
+    let refused = Counter::<u64>::default();
+    refused.inc_by(shared.connections.refused());
+    registry.register(
+        "spillway_connections_refused",
+        "Downstream connections accepted and closed at once because --max-connections were open",
+        refused,
+    );
     let expired = Counter::<u64>::default();
     expired.inc_by(client.instructions_expired());
     registry.register(

@@ -1,6 +1,7 @@
 //! Every answer the proxy gives on its own account (SPEC §3), in one place: a drop becomes a 429
 //! problem document with the RateLimit headers, or a trailers-only gRPC `RESOURCE_EXHAUSTED`; an
-//! unreachable upstream becomes a 502. The proxy never turns its own fault into a drop.
+//! unreachable upstream becomes a 502; an identity that cannot be read a 400. The proxy never turns
+//! its own fault into a drop.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use spillway_client::CompiledBucket;
+use spillway_client::{BadIdentity, CompiledBucket};
 
 /// `content-type` of RFC 9457 problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -16,6 +17,10 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
 /// gRPC's status code for a backend that cannot be reached.
 pub const GRPC_UNAVAILABLE: u32 = 14;
+/// gRPC's status code for a call that could not complete in time.
+pub const GRPC_DEADLINE_EXCEEDED: u32 = 4;
+/// gRPC's status code for a request the client got wrong.
+pub const GRPC_INVALID_ARGUMENT: u32 = 3;
 
 /// Whether a request speaks gRPC (`application/grpc`, `application/grpc+proto`, ...), which
 /// needs its errors as gRPC statuses rather than HTTP ones.
@@ -108,6 +113,26 @@ pub fn dropped(
     response
 }
 
+/// The answer to a request whose identity cannot be read (SPEC §3a): an identity header sent
+/// twice or with bytes that are not visible ASCII. `400` with a problem document naming the
+/// header (never its value, which may be a secret such as an API key), or a trailers-only gRPC
+/// `INVALID_ARGUMENT`.
+pub fn bad_identity(bad: &BadIdentity, grpc: bool) -> Response<Full<Bytes>> {
+    let detail = bad.to_string();
+    if grpc {
+        return grpc_status(GRPC_INVALID_ARGUMENT, &detail);
+    }
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:bad-identity",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": detail,
+        "header": bad.header.as_str(),
+        "attribute": bad.attribute,
+    });
+    problem(StatusCode::BAD_REQUEST, &body)
+}
+
 /// The answer when the upstream cannot be reached or fails mid-request: 502, or gRPC
 /// `UNAVAILABLE` (which gRPC clients also derive from a 502) for gRPC requests.
 pub fn upstream_failed(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {
@@ -148,6 +173,54 @@ pub fn draining(grpc: bool) -> Response<Full<Bytes>> {
         );
     }
     response
+}
+
+/// The answer to a request whose body made no progress for the body timeout before any answer
+/// began (SPEC §3a): `408` with a problem document, and `connection: close` when `close` (an
+/// HTTP/1.1 body left unread ends its connection), or a trailers-only gRPC `DEADLINE_EXCEEDED`.
+pub fn body_timed_out(after: Duration, grpc: bool, close: bool) -> Response<Full<Bytes>> {
+    let detail = format!(
+        "the request body made no progress for {after:?} (the proxy's body timeout); the request was not completed"
+    );
+    let mut response = if grpc {
+        grpc_status(GRPC_DEADLINE_EXCEEDED, &detail)
+    } else {
+        let body = serde_json::json!({
+            "type": "urn:spillway:problem:body-timeout",
+            "title": "Request Timeout",
+            "status": 408,
+            "detail": detail,
+        });
+        problem(StatusCode::REQUEST_TIMEOUT, &body)
+    };
+    if close {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// The whole HTTP/1.1 answer to a request head longer than `max_head` bytes: `431` with a problem
+/// document, closing the connection. It is sent in place of the HTTP library's own bodiless
+/// `431`, which is written before any request exists, so it is bytes rather than a response.
+pub fn head_too_large(max_head: usize) -> Vec<u8> {
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:head-too-large",
+        "title": "Request Header Fields Too Large",
+        "status": 431,
+        "detail": format!(
+            "the request line and header fields exceed the proxy's limit of {max_head} bytes (or 100 fields)"
+        ),
+        "limit": max_head,
+    })
+    .to_string();
+    format!(
+        "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: {PROBLEM_JSON}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// An upstream fault as `status` with a problem document of type `kind`, or for gRPC as a
@@ -256,6 +329,17 @@ mod tests {
         assert_eq!(grpc.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(grpc.headers()["grpc-status"], "14");
         assert_eq!(grpc.headers()["grpc-message"], "no answer within 60s");
+    }
+
+    #[test]
+    fn a_head_too_large_is_a_whole_431_answer_with_its_length() {
+        let answer = String::from_utf8(head_too_large(65536)).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 431 "), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["status"], 431);
+        assert_eq!(body["limit"], 65536);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Forwarding to the upstream: HTTP/1.1 requests over the upstream connection of their own
 //! downstream connection, spoken by [`crate::h1`], HTTP/2 requests (gRPC) over a pooled HTTP/2 prior-knowledge client so they keep
 //! their streams and trailers, the removal of hop-by-hop headers, which belong to one connection
-//! and must not travel further, and the upstream timeout: how long the upstream may take to
-//! answer a request it has received whole.
+//! and must not travel further, the upstream timeout: how long the upstream may take to
+//! answer a request it has received whole, and the body timeout: how long a request body may
+//! make no progress before the request is cut ([`Progress`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,14 +15,16 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, Uri, Version};
-use http_body_util::BodyExt;
+use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
 
+use crate::answer;
 use crate::error::ProxyError;
 use crate::h1::{self, Conn, H1Error, Head, Outgoing, Reading, UpstreamSlot};
 
@@ -38,50 +41,170 @@ pub(crate) struct Upstream {
     /// How long the upstream may take to send a response's head once it has the whole request;
     /// `None` waits as long as the downstream client does.
     timeout: Option<Duration>,
+    /// How long a request body may make no progress ([`Progress`]); `None`: as long as the
+    /// client likes.
+    body_timeout: Option<Duration>,
+}
+
+/// The body timeout of one request body: how long the proxy has been ready for its next frame
+/// without one coming. The clock runs only while the body is polled and has nothing (not while
+/// the upstream is slow to take what came), and restarts at every frame, as nginx's
+/// `client_body_timeout` runs between two reads.
+pub(crate) struct Progress {
+    timeout: Duration,
+    /// When the current wait for a frame began; `None` between waits.
+    since: Option<Instant>,
+    /// Made at the body's first wait, and moved on only when it fires early: one timer a body.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Progress {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            since: None,
+            timer: None,
+        }
+    }
+
+    /// The body gave a frame (or ended): the next wait starts afresh.
+    fn advanced(&mut self) {
+        self.since = None;
+    }
+
+    /// The body has nothing yet: whether it has now had nothing for the whole timeout. Registers
+    /// the task to be woken when it will have.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = *self.since.get_or_insert_with(Instant::now) + self.timeout;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if Instant::now() >= deadline {
+                return true;
+            }
+            // Set for an earlier wait that got its frame in time.
+            timer.as_mut().reset(deadline);
+        }
+    }
+
+    /// The next frame of `body`, or the timeout once the body has made no progress for it.
+    fn poll_frame<B: Body + Unpin>(
+        progress: &mut Option<Self>,
+        body: &mut B,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<FrameOf<B>>, Duration>> {
+        match Pin::new(body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some(progress) = progress {
+                    progress.advanced();
+                }
+                Poll::Ready(Ok(frame))
+            }
+            Poll::Pending => match progress {
+                Some(progress) => {
+                    if progress.stalled(cx) {
+                        Poll::Ready(Err(progress.timeout))
+                    } else {
+                        Poll::Pending
+                    }
+                }
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// One frame of a body `B`, or its error.
+type FrameOf<B> = Result<Frame<<B as Body>::Data>, <B as Body>::Error>;
+
+/// How a request body forwarded over HTTP/2 ended, told to the request waiting for its answer.
+#[derive(Debug, Clone, Copy)]
+enum BodyEnd {
+    /// Sent whole: the upstream timeout runs from here.
+    Whole,
+    /// Cut after making no progress for this long, before any answer: answered 408.
+    Stalled(Duration),
+}
+
+/// Why a request body forwarded over HTTP/2 stopped short.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    #[error(transparent)]
+    Read(hyper::Error),
+    #[error("the request body made no progress for {0:?}")]
+    Stalled(Duration),
 }
 
 /// A request body that says when it has been sent whole, so the upstream timeout runs from
 /// then: an upload that takes longer than the timeout is not cut off, only an upstream that
-/// keeps a whole request unanswered.
+/// keeps a whole request unanswered. Until the upstream's answer begins it also keeps the body
+/// timeout, and when that passes it ends the body with an error (so the upstream stream is
+/// reset) and says so; once an answer has begun the exchange is a stream of the upstream's
+/// choosing (a gRPC bidirectional call) and the body may pause as long as it likes.
 pub(crate) struct Sent<B> {
     body: B,
-    done: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Sender<BodyEnd>>,
+    progress: Option<Progress>,
 }
 
 impl<B: Body> Sent<B> {
     /// Wraps `body`, and returns the signal of its end, or `None` when it has ended already
     /// (no body): then nothing is allocated.
-    fn new(body: B) -> (Self, Option<oneshot::Receiver<()>>) {
+    fn new(body: B, body_timeout: Option<Duration>) -> (Self, Option<oneshot::Receiver<BodyEnd>>) {
         if body.is_end_stream() {
-            return (Self { body, done: None }, None);
+            return (
+                Self {
+                    body,
+                    done: None,
+                    progress: None,
+                },
+                None,
+            );
         }
         let (done, sent) = oneshot::channel();
         (
             Self {
                 body,
                 done: Some(done),
+                progress: body_timeout.map(Progress::new),
             },
             Some(sent),
         )
     }
 }
 
-impl<B: Body + Unpin> Body for Sent<B> {
+impl<B: Body<Error = hyper::Error> + Unpin> Body for Sent<B> {
     type Data = B::Data;
-    type Error = B::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        // The answer has begun (the request dropped its end of the signal): no body timeout.
+        if this.done.as_ref().is_none_or(oneshot::Sender::is_closed) {
+            this.progress = None;
+        }
+        let frame = match ready!(Progress::poll_frame(&mut this.progress, &mut this.body, cx)) {
+            Ok(frame) => frame,
+            Err(after) => {
+                if let Some(done) = this.done.take() {
+                    let _ = done.send(BodyEnd::Stalled(after));
+                }
+                return Poll::Ready(Some(Err(BodyError::Stalled(after))));
+            }
+        };
         if (frame.is_none() || this.body.is_end_stream())
             && let Some(done) = this.done.take()
         {
-            let _ = done.send(());
+            let _ = done.send(BodyEnd::Whole);
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|frame| frame.map_err(BodyError::Read)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -94,11 +217,13 @@ impl<B: Body + Unpin> Body for Sent<B> {
 }
 
 /// The body of an upstream answer: an HTTP/1.1 one read off its connection ([`Reading`]), an
-/// HTTP/2 one from the pool's stream, or none.
+/// HTTP/2 one from the pool's stream, or none; or of the proxy's own answer to a request whose
+/// body stalled ([`answer::body_timed_out`]).
 pub(crate) enum Relay {
     H1(Reading),
     H2(Incoming),
     Empty,
+    Own(Full<Bytes>),
 }
 
 /// Why an answer's body could not be relayed whole.
@@ -122,6 +247,9 @@ impl Body for Relay {
             Relay::H1(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             Relay::H2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             Relay::Empty => Poll::Ready(None),
+            Relay::Own(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
         }
     }
 
@@ -130,6 +258,7 @@ impl Body for Relay {
             Relay::H1(body) => body.is_end_stream(),
             Relay::H2(body) => body.is_end_stream(),
             Relay::Empty => true,
+            Relay::Own(body) => body.is_end_stream(),
         }
     }
 
@@ -138,6 +267,7 @@ impl Body for Relay {
             Relay::H1(body) => body.size_hint(),
             Relay::H2(body) => body.size_hint(),
             Relay::Empty => SizeHint::with_exact(0),
+            Relay::Own(body) => body.size_hint(),
         }
     }
 }
@@ -155,6 +285,8 @@ pub(crate) enum ForwardError {
     Http1(#[from] H1Error),
     #[error("the request body could not be read: {0}")]
     RequestBody(#[source] hyper::Error),
+    #[error("the request body made no progress for {0:?}")]
+    BodyTimeout(Duration),
     #[error("CONNECT is not forwarded")]
     Tunnel,
     #[error(transparent)]
@@ -216,7 +348,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 impl Upstream {
     /// Parses `http://HOST:PORT` and builds the HTTP/2 pool.
-    pub(crate) fn new(url: &str, timeout: Option<Duration>) -> Result<Self, ProxyError> {
+    pub(crate) fn new(
+        url: &str,
+        timeout: Option<Duration>,
+        body_timeout: Option<Duration>,
+    ) -> Result<Self, ProxyError> {
         let fail = |problem: &str| ProxyError::Upstream {
             url: url.to_owned(),
             problem: problem.to_owned(),
@@ -244,27 +380,31 @@ impl Upstream {
             host,
             h2,
             timeout,
+            body_timeout,
         })
     }
 
     /// Awaits `response` (the upstream's answer to a request being sent), failing with
     /// [`ForwardError::Timeout`] when the upstream holds a whole request longer than the timeout.
-    /// The clock starts when `sent` fires (the body has gone out), or at once without it.
+    /// The clock starts when `sent` fires (the body has gone out), or at once without it. A body
+    /// that stalls before the answer begins fails it with [`ForwardError::BodyTimeout`].
     async fn within<F: Future>(
         &self,
         response: F,
-        sent: Option<oneshot::Receiver<()>>,
+        sent: Option<oneshot::Receiver<BodyEnd>>,
     ) -> Result<F::Output, ForwardError> {
         let mut response = std::pin::pin!(response);
-        if let Some(signal) = sent
-            && self.timeout.is_some()
-        {
+        if let Some(signal) = sent {
             tokio::select! {
+                // The body's end first: a stalled body also fails the answer (its stream reset).
                 biased;
+                end = signal => match end {
+                    Ok(BodyEnd::Stalled(after)) => return Err(ForwardError::BodyTimeout(after)),
+                    // Sent whole, or the body was dropped unsent (a failed request): either way
+                    // the upstream's answer is what is left to wait for.
+                    Ok(BodyEnd::Whole) | Err(_) => {}
+                },
                 output = &mut response => return Ok(output),
-                // Sent whole, or the body was dropped unsent (a failed request): either way
-                // the upstream's answer is what is left to wait for.
-                _ = signal => {}
             }
         }
         self.timed(response).await
@@ -273,16 +413,35 @@ impl Upstream {
     /// Sends `request` to the upstream, keeping its method, path, query, headers (but the
     /// hop-by-hop ones) and body, and returns the upstream's response likewise cleaned. An
     /// HTTP/1.1 request goes over `link`, the upstream connection of its downstream connection.
+    ///
+    /// A request whose body made no progress for the body timeout before any answer began is no
+    /// fault of the upstream's: it is answered here, `408` ([`answer::body_timed_out`]), its
+    /// upstream exchange abandoned (the HTTP/1.1 connection closed, the HTTP/2 stream reset).
     pub(crate) async fn forward(
         &self,
         mut request: Request<Incoming>,
         link: Arc<UpstreamSlot>,
     ) -> Result<Response<Relay>, ForwardError> {
         strip_hop_by_hop(request.headers_mut());
-        let mut response = if request.version() == Version::HTTP_2 {
-            self.forward_h2(request).await?.map(Relay::H2)
+        let h2 = request.version() == Version::HTTP_2;
+        // gRPC needs HTTP/2; looked up only where a 408 may have to be a gRPC status.
+        let grpc = h2 && self.body_timeout.is_some() && answer::is_grpc(request.headers());
+        let forwarded = if h2 {
+            self.forward_h2(request).await.map(|r| r.map(Relay::H2))
         } else {
-            self.forward_h1(request, link).await?
+            self.forward_h1(request, link).await
+        };
+        let mut response = match forwarded {
+            Ok(response) => response,
+            Err(ForwardError::BodyTimeout(after)) => {
+                tracing::debug!(
+                    "a request body made no progress for {after:?}: answered 408, its upstream exchange abandoned"
+                );
+                // The rest of an HTTP/1.1 body will not be read: the connection closes.
+                let answer = answer::body_timed_out(after, grpc, !h2);
+                return Ok(answer.map(Relay::Own));
+            }
+            Err(err) => return Err(err),
         };
         strip_hop_by_hop(response.headers_mut());
         Ok(response)
@@ -293,7 +452,7 @@ impl Upstream {
         request: Request<Incoming>,
     ) -> Result<Response<Incoming>, ForwardError> {
         let (parts, body) = request.into_parts();
-        let (body, sent) = Sent::new(body);
+        let (body, sent) = Sent::new(body, self.body_timeout);
         let mut request = Request::from_parts(parts, body);
         // The pool is keyed by the absolute URI.
         let path = request
@@ -413,13 +572,16 @@ impl Upstream {
         if !matches!(outgoing, Outgoing::Empty { .. }) {
             // The head buffer frames the body's chunks from here on: only a bodiless request,
             // whose head is still in it, is ever sent again after this point.
-            let sending = std::pin::pin!(send_body(io, scratch, body, outgoing));
+            let sending = std::pin::pin!(send_body(io, scratch, body, outgoing, self.body_timeout));
             let early = tokio::select! {
                 biased;
                 head = &mut reading => Some(head),
                 sent = sending => match sent {
                     Ok(()) => None,
-                    Err(err @ ForwardError::RequestBody(_)) => return Err(Failed::Other(err)),
+                    // The client's fault, not the upstream's: no answer is waited for.
+                    Err(err @ (ForwardError::RequestBody(_) | ForwardError::BodyTimeout(_))) => {
+                        return Err(Failed::Other(err));
+                    }
                     // The upstream stopped reading: it may have answered already, and if it
                     // did, that answer is what the client gets.
                     Err(err) => {
@@ -484,17 +646,24 @@ enum Failed {
 }
 
 /// Sends a request's body after its head: as it is, when its length was given, or in chunks,
-/// with its trailers. `scratch` holds the chunks' framing.
+/// with its trailers. `scratch` holds the chunks' framing. A body that makes no progress for
+/// `body_timeout` fails with [`ForwardError::BodyTimeout`].
 async fn send_body(
     io: &TcpStream,
     scratch: &mut Vec<u8>,
     body: &mut Incoming,
     outgoing: Outgoing,
+    body_timeout: Option<Duration>,
 ) -> Result<(), ForwardError> {
     let chunked = outgoing == Outgoing::Chunked;
     let mut trailers = None;
     let written = |err: std::io::Error| ForwardError::Http1(err.into());
-    while let Some(frame) = body.frame().await {
+    let mut progress = body_timeout.map(Progress::new);
+    loop {
+        let next = std::future::poll_fn(|cx| Progress::poll_frame(&mut progress, body, cx));
+        let Some(frame) = next.await.map_err(ForwardError::BodyTimeout)? else {
+            break;
+        };
         let frame = frame.map_err(ForwardError::RequestBody)?;
         match frame.into_data() {
             Ok(data) if data.is_empty() => {}
@@ -538,9 +707,9 @@ mod tests {
 
     #[test]
     fn upstream_urls_are_checked() {
-        assert!(Upstream::new("http://127.0.0.1:8080", None).is_ok());
-        assert!(Upstream::new("https://127.0.0.1:8080", None).is_err());
-        assert!(Upstream::new("http://127.0.0.1:8080/api", None).is_err());
-        assert!(Upstream::new("127.0.0.1:8080", None).is_err());
+        assert!(Upstream::new("http://127.0.0.1:8080", None, None).is_ok());
+        assert!(Upstream::new("https://127.0.0.1:8080", None, None).is_err());
+        assert!(Upstream::new("http://127.0.0.1:8080/api", None, None).is_err());
+        assert!(Upstream::new("127.0.0.1:8080", None, None).is_err());
     }
 }

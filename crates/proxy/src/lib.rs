@@ -5,6 +5,13 @@
 //! and watches it; [`Proxy::shutdown`] stops accepting and drains the requests in flight. What the
 //! proxy answers on its own account (429, gRPC `RESOURCE_EXHAUSTED`, 502) is decided in one
 //! place, [`answer`].
+//!
+//! What one client can hold is bounded (SPEC §3a): connections ([`ProxyOptions::max_connections`],
+//! derived by [`default_max_connections`] from the descriptor limit that [`raise_fd_limit`]
+//! raises), the time a connection waits for a request or an HTTP/2 connection has no stream
+//! ([`ProxyOptions::header_timeout`], [`ProxyOptions::idle_timeout`]), the time a request body
+//! may make no progress ([`ProxyOptions::body_timeout`]) and a request head's size
+//! ([`ProxyOptions::max_head`]).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -13,8 +20,10 @@ mod control;
 mod error;
 mod forward;
 mod h1;
+mod limits;
 mod pause;
 mod server;
 
 pub use error::ProxyError;
-pub use server::{DRAIN_GRACE, Proxy, ProxyOptions};
+pub use limits::{FD_RESERVE, FdLimit, default_max_connections, fd_soft_limit, raise_fd_limit};
+pub use server::{DEFAULT_MAX_HEAD, DRAIN_GRACE, Proxy, ProxyOptions};

@@ -2,8 +2,13 @@
 //! timeout to send its first request's head; after an answer a kept-alive connection has the
 //! idle timeout to begin its next request, and the header timeout again to finish that head once
 //! it has begun. While a request is being answered neither runs (a slow upload or a slow upstream
-//! is not the client idling), and on an HTTP/2 connection neither ever runs: its streams come and
-//! go on a connection that is meant to stay open.
+//! is not the client idling; the body timeout of [`crate::forward`] watches uploads).
+//!
+//! An HTTP/2 connection has the idle timeout whenever no stream is open: from its preface (a
+//! connection that sent only its preface is closed after the idle timeout, since gRPC clients
+//! open their connections ahead of their first call), and from the end of its last stream. Frames
+//! that open no stream (pings, settings) do not count as activity. Its streams end on tasks of
+//! their own, so the last one to end wakes the connection ([`Answers`]) to start the clock.
 //!
 //! hyper's server has a header timer of its own, but it is one setting for both waits and boxes a
 //! timer anew for every request. This is one timer per connection, made at its first wait and
@@ -12,19 +17,25 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::Context;
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use tokio::time::{Instant, Sleep};
 
 /// How many requests of one connection the server has begun and finished answering: equal when
-/// the connection is between requests. Shared by the connection's socket ([`Pause`]) and the
-/// service that answers its requests ([`Answering`]).
+/// the connection is between requests (on HTTP/2: no stream is open). Shared by the connection's
+/// socket ([`Pause`]) and the service that answers its requests ([`Answering`]).
 #[derive(Default)]
 pub(crate) struct Answers {
     begun: AtomicU32,
     finished: AtomicU32,
+    /// An HTTP/2 connection, whose answers finish on tasks other than the connection's.
+    h2: AtomicBool,
+    /// The connection's task, woken when an HTTP/2 connection's last open stream ends, so its
+    /// idle clock starts then rather than at its next frame.
+    idle: AtomicWaker,
 }
 
 impl Answers {
@@ -37,7 +48,7 @@ impl Answers {
 
     /// `None` while a request is being answered, else how many have been finished.
     fn finished_if_idle(&self) -> Option<u32> {
-        let finished = self.finished.load(Ordering::Relaxed);
+        let finished = self.finished.load(Ordering::Acquire);
         (self.begun.load(Ordering::Relaxed) == finished).then_some(finished)
     }
 
@@ -51,7 +62,12 @@ pub(crate) struct Answering(Arc<Answers>);
 
 impl Drop for Answering {
     fn drop(&mut self) {
-        self.0.finished.fetch_add(1, Ordering::Relaxed);
+        let answers = &self.0;
+        let finished = answers.finished.fetch_add(1, Ordering::AcqRel) + 1;
+        // HTTP/1.1 answers finish on the connection's own task, which looks at the counts next.
+        if answers.h2.load(Ordering::Relaxed) && answers.begun.load(Ordering::Acquire) == finished {
+            answers.idle.wake();
+        }
     }
 }
 
@@ -67,7 +83,7 @@ pub(crate) struct Pause {
     seen: u32,
     /// Whether the awaited request's head has begun to arrive (the header timeout runs).
     heading: bool,
-    /// An HTTP/2 connection: no timeout.
+    /// An HTTP/2 connection: only the idle timeout, while no stream is open.
     h2: bool,
     /// Made at the first wait, and set no later than `deadline` whenever one is pending, so it
     /// wakes the connection in time; when it fires early it is moved on, not made anew.
@@ -89,20 +105,39 @@ impl Pause {
         }
     }
 
-    /// The server wrote to the connection. Before any request has begun, only an HTTP/2 server
-    /// does (its preface; an HTTP/1.1 server speaks first only to refuse a malformed head, and
-    /// then closes the connection), so from then on the connection has no timeout.
-    pub(crate) fn wrote(&mut self, answers: &Answers) {
-        if !self.h2 && answers.none_begun() {
-            self.h2 = true;
-            self.deadline = None;
+    /// The server writes `first` (the start of what it writes) to the connection. Returns
+    /// whether that is the HTTP/1.1 server's own `431` to a head it refused for its size.
+    ///
+    /// While a head is awaited and has begun to arrive, with no answer finished since the
+    /// connection last looked (so this is not the tail of an answer just sent), an HTTP/1.1
+    /// server speaks only to refuse that head, and then closes the connection. Before any request
+    /// has begun, anything else it writes is an HTTP/2 server's preface, so from then on the
+    /// connection is an HTTP/2 one, waiting for its first stream within the idle timeout.
+    pub(crate) fn wrote(&mut self, answers: &Answers, first: &[u8]) -> bool {
+        if self.h2
+            || first.is_empty()
+            || !self.heading
+            || answers.finished_if_idle() != Some(self.seen)
+        {
+            return false;
         }
+        if first.starts_with(b"HTTP/1.") {
+            return first.get(8..13) == Some(&b" 431 "[..]);
+        }
+        if answers.none_begun() {
+            self.h2 = true;
+            self.heading = false;
+            self.deadline = Some(Instant::now() + self.idle_timeout);
+            answers.h2.store(true, Ordering::Relaxed);
+        }
+        false
     }
 
     /// A read from the connection gave bytes (or the end): the awaited request's head has begun,
-    /// so it is due within the header timeout, unless the idle deadline comes sooner.
+    /// so it is due within the header timeout, unless the idle deadline comes sooner. On HTTP/2,
+    /// bytes are frames, and only a stream opening ends the idle wait.
     pub(crate) fn arrived(&mut self, answers: &Answers) {
-        if self.look(answers).is_some() && !self.heading {
+        if self.look(answers).is_some() && !self.heading && !self.h2 {
             self.heading = true;
             let due = Instant::now() + self.header_timeout;
             self.deadline = self.deadline.map(|deadline| deadline.min(due));
@@ -112,6 +147,10 @@ impl Pause {
     /// A read from the connection has to wait: watches the clock, unless a request is being
     /// answered. An error closes the connection: its wait has outlasted its timeout.
     pub(crate) fn waiting(&mut self, answers: &Answers, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.h2 {
+            // Before looking, so a stream that ends after the look wakes this task.
+            answers.idle.register(cx.waker());
+        }
         self.look(answers)?;
         self.watch(cx)
     }
@@ -129,12 +168,9 @@ impl Pause {
         true
     }
 
-    /// Brings the deadline up to date: `None` while a request is being answered (or on an HTTP/2
-    /// connection), else whether the connection has only now been seen to wait for a request.
+    /// Brings the deadline up to date: `None` while a request is being answered (a stream is
+    /// open), else whether the connection has only now been seen to wait for a request.
     fn look(&mut self, answers: &Answers) -> Option<bool> {
-        if self.h2 {
-            return None;
-        }
         let Some(finished) = answers.finished_if_idle() else {
             self.deadline = None;
             return None;

@@ -29,6 +29,7 @@ use crate::answer;
 use crate::error::ProxyError;
 use crate::forward::{ForwardError, Relay, Upstream};
 use crate::h1::UpstreamSlot;
+use crate::limits::{Connections, Open, RefusalLog};
 use crate::pause::{Answering, Answers, Pause};
 
 /// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
@@ -102,9 +103,22 @@ pub struct ProxyOptions {
     /// opens connections and trickles bytes into them cannot hold them forever. Default 30 s.
     pub header_timeout: Duration,
     /// How long a kept-alive HTTP/1.1 connection may stay idle after an answer before it is
-    /// closed. Default 75 s, nginx's `keepalive_timeout`. HTTP/2 connections have neither
-    /// timeout.
+    /// closed, and an HTTP/2 connection may go with no open stream (from its preface, or its
+    /// last stream's end). Default 75 s, nginx's `keepalive_timeout`.
     pub idle_timeout: Duration,
+    /// How long a request body may make no progress (no byte arrives) before the request is cut:
+    /// answered `408` when no answer has begun, its upstream exchange abandoned. `None` waits as
+    /// long as the client does. Default 60 s, nginx's `client_body_timeout`.
+    pub body_timeout: Option<Duration>,
+    /// How many downstream connections may be open at once; beyond it a new connection is
+    /// accepted and closed at once, logged (at most once per 10 s) and counted
+    /// (`spillway_connections_refused_total`). `None` (the default) derives it from the file
+    /// descriptor limit in force at start ([`crate::default_max_connections`]).
+    pub max_connections: Option<usize>,
+    /// The largest request head: the request line and header fields of HTTP/1.1, the header
+    /// list of HTTP/2 (RFC 9113's size: names, values and 32 bytes per field). Beyond it the
+    /// request is answered `431`. Default 64 KiB; at least 8 KiB.
+    pub max_head: usize,
 }
 
 impl ProxyOptions {
@@ -123,9 +137,18 @@ impl ProxyOptions {
             upstream_timeout: Some(Duration::from_secs(60)),
             header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
+            body_timeout: Some(Duration::from_secs(60)),
+            max_connections: None,
+            max_head: DEFAULT_MAX_HEAD,
         }
     }
 }
+
+/// The default [`ProxyOptions::max_head`]: 64 KiB.
+pub const DEFAULT_MAX_HEAD: usize = 64 * 1024;
+
+/// The smallest request head cap: hyper's smallest read buffer.
+const MIN_MAX_HEAD: usize = 8 * 1024;
 
 /// How long connections may still take, after the drain deadline, to deliver the answers given
 /// at the deadline before they are closed.
@@ -140,6 +163,9 @@ pub(crate) struct Shared {
     pub(crate) drain_cut: AtomicU64,
     /// The control-plane link's state, when linked.
     pub(crate) link: Option<Arc<LinkStatus>>,
+    /// The open downstream connections and their cap (`spillway_connections`,
+    /// `spillway_connections_refused_total`).
+    pub(crate) connections: Arc<Connections>,
 }
 
 /// A running proxy.
@@ -161,7 +187,7 @@ impl Proxy {
     /// on [`ProxyOptions::workers`] threads of their own.
     pub async fn start(options: ProxyOptions) -> Result<Self, ProxyError> {
         // Checked once here, so a worker's own `Upstream::new` cannot fail.
-        Upstream::new(&options.upstream, options.upstream_timeout)?;
+        Upstream::new(&options.upstream, options.upstream_timeout, None)?;
         let (client, control) = crate::control::start(&options)?;
         let bind = |addr| async move {
             TcpListener::bind(addr)
@@ -181,6 +207,9 @@ impl Proxy {
         let shared = Arc::new(Shared {
             client: client.clone(),
             upstream_errors: AtomicU64::new(0),
+            connections: Connections::new(options.max_connections.unwrap_or_else(|| {
+                crate::limits::default_max_connections(crate::limits::fd_soft_limit())
+            })),
             drain_cut: AtomicU64::new(0),
             link: control.as_ref().map(ControlPlane::status),
         });
@@ -203,7 +232,12 @@ impl Proxy {
                 workers.spawn(index, worker, connections, options.drain_timeout)?;
             }
         }
-        tasks.push(tokio::spawn(accept(listener, inboxes, stopped.clone())));
+        tasks.push(tokio::spawn(accept(
+            listener,
+            inboxes,
+            shared.connections.clone(),
+            stopped.clone(),
+        )));
         if let Some(admin) = admin {
             tasks.push(tokio::spawn(spillway_net::admin::serve(
                 admin,
@@ -214,7 +248,7 @@ impl Proxy {
         }
         let watcher = (control.is_none() && options.watch_file)
             .then(|| watch_file(client, options.config.clone(), options.reload_every));
-        tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, workers = options.workers, "proxy listening");
+        tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, workers = options.workers, max_connections = shared.connections.max(), "proxy listening");
         Ok(Self {
             addr,
             admin_addr,
@@ -265,29 +299,41 @@ impl Proxy {
 
 /// Accepts connections until told to stop, dealing them to the workers in turn. Stopping drops
 /// the listener, so new connections are refused, and the workers' inboxes, so each worker drains.
+///
+/// A connection beyond the cap is accepted and closed at once rather than left in the listen
+/// backlog: its client learns at once (a load balancer retries elsewhere) instead of waiting for
+/// a connection that may never be served, and the backlog stays free for when connections close.
 async fn accept(
     listener: TcpListener,
     inboxes: Vec<mpsc::UnboundedSender<Accepted>>,
+    connections: Arc<Connections>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut next = 0;
+    let mut refusals = RefusalLog::default();
     while let Some((stream, peer)) = spillway_net::accept_or_stop(&listener, &mut stopped).await {
+        let Some(open) = connections.admit() else {
+            drop(stream);
+            refusals.refused(&connections);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         // Off this runtime's reactor, onto the worker's.
         let Ok(stream) = stream.into_std() else {
             continue;
         };
-        if inboxes[next].send(Accepted { stream, peer }).is_err() {
+        if inboxes[next].send(Accepted { stream, peer, open }).is_err() {
             tracing::warn!("a worker has stopped; connection refused");
         }
         next = (next + 1) % inboxes.len();
     }
 }
 
-/// A connection accepted, on its way to a worker.
+/// A connection accepted, on its way to a worker, counted open until it ends.
 struct Accepted {
     stream: std::net::TcpStream,
     peer: SocketAddr,
+    open: Open,
 }
 
 /// What one worker's connections share: the engine and counters of the whole proxy, and the
@@ -298,6 +344,10 @@ struct Worker {
     upstream: Upstream,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// [`ProxyOptions::max_head`], at least hyper's minimum buffer.
+    max_head: usize,
+    /// The whole answer to a head over `max_head` ([`answer::head_too_large`]), made once.
+    too_large: Arc<[u8]>,
     /// Turns true at the drain deadline: requests still waiting on the upstream are answered.
     cut: watch::Sender<bool>,
 }
@@ -306,9 +356,15 @@ impl Worker {
     fn new(shared: Arc<Shared>, options: &ProxyOptions) -> Result<Arc<Self>, ProxyError> {
         Ok(Arc::new(Self {
             shared,
-            upstream: Upstream::new(&options.upstream, options.upstream_timeout)?,
+            upstream: Upstream::new(
+                &options.upstream,
+                options.upstream_timeout,
+                options.body_timeout,
+            )?,
             header_timeout: options.header_timeout,
             idle_timeout: options.idle_timeout,
+            max_head: options.max_head.max(MIN_MAX_HEAD),
+            too_large: answer::head_too_large(options.max_head.max(MIN_MAX_HEAD)).into(),
             cut: watch::Sender::new(false),
         }))
     }
@@ -324,7 +380,16 @@ impl Worker {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The connection's socket keeps the header and idle timeouts ([`Pause`]).
         builder.http1().header_read_timeout(None);
-        while let Some(Accepted { stream, peer }) = connections.recv().await {
+        // The request head cap: hyper answers a longer HTTP/1.1 head (its read buffer full before
+        // the head ends, or more than 100 fields) with a bodiless 431 that the socket replaces
+        // with a problem document ([`Downstream`]); h2 answers a longer header list with a 431
+        // of its own (HEADERS only: an HTTP/2 library answer cannot carry a body). hyper's
+        // defaults were about 400 KiB and 16 KiB.
+        builder.http1().max_buf_size(self.max_head);
+        builder
+            .http2()
+            .max_header_list_size(u32::try_from(self.max_head).unwrap_or(u32::MAX));
+        while let Some(Accepted { stream, peer, open }) = connections.recv().await {
             let stream = match TcpStream::from_std(stream) {
                 Ok(stream) => stream,
                 Err(err) => {
@@ -342,6 +407,8 @@ impl Worker {
                 link: link.clone(),
                 answers: answers.clone(),
                 pause: Pause::new(self.header_timeout, self.idle_timeout),
+                too_large: self.too_large.clone(),
+                refusing: None,
             };
             let service = service_fn(move |request| {
                 let answering = answers.begin();
@@ -359,6 +426,7 @@ impl Worker {
                 if let Err(err) = connection.await {
                     tracing::debug!("connection ended with an error: {err}");
                 }
+                drop(open);
             });
         }
         let drained = graceful.shutdown();
@@ -394,12 +462,50 @@ impl Worker {
 /// A downstream connection's socket, which also tends the connection's idle upstream connection
 /// ([`UpstreamSlot::tend`]) whenever the server has to wait to read from it: between requests the server
 /// waits on this read, and the upstream connection's close wakes the same task. It keeps the
-/// connection's header and idle timeouts the same way ([`Pause`]).
+/// connection's header and idle timeouts the same way ([`Pause`]), and writes the proxy's `431`
+/// problem document in place of hyper's own bodiless one.
 struct Downstream {
     io: TokioIo<TcpStream>,
     link: Arc<UpstreamSlot>,
     answers: Arc<Answers>,
     pause: Pause,
+    /// The answer to a head over the cap ([`answer::head_too_large`]).
+    too_large: Arc<[u8]>,
+    /// How much of `too_large` has been written, once hyper began its own 431.
+    refusing: Option<usize>,
+}
+
+impl Downstream {
+    /// Writes the proxy's `431` in place of hyper's: when hyper begins its own answer to a head
+    /// it refused for its size (`first` is the start of what it writes), or has begun it, the
+    /// problem document is written instead and hyper's `total` bytes taken as written. `None`:
+    /// an ordinary write.
+    fn refuse(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: &[u8],
+        total: usize,
+    ) -> Option<Poll<std::io::Result<usize>>> {
+        if self.refusing.is_none() {
+            if !self.pause.wrote(&self.answers, first) {
+                return None;
+            }
+            self.refusing = Some(0);
+        }
+        let sent = self.refusing.as_mut()?;
+        while *sent < self.too_large.len() {
+            match hyper::rt::Write::poll_write(Pin::new(&mut self.io), cx, &self.too_large[*sent..])
+            {
+                Poll::Ready(Ok(0)) => {
+                    return Some(Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())));
+                }
+                Poll::Ready(Ok(n)) => *sent += n,
+                Poll::Ready(Err(err)) => return Some(Poll::Ready(Err(err))),
+                Poll::Pending => return Some(Poll::Pending),
+            }
+        }
+        Some(Poll::Ready(Ok(total)))
+    }
 }
 
 impl hyper::rt::Read for Downstream {
@@ -435,7 +541,9 @@ impl hyper::rt::Write for Downstream {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.pause.wrote(&this.answers);
+        if let Some(refused) = this.refuse(cx, buf, buf.len()) {
+            return refused;
+        }
         Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
@@ -445,7 +553,14 @@ impl hyper::rt::Write for Downstream {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.pause.wrote(&this.answers);
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &b[..]);
+        let total = bufs.iter().map(|b| b.len()).sum();
+        if let Some(refused) = this.refuse(cx, first, total) {
+            return refused;
+        }
         Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
@@ -542,9 +657,22 @@ async fn handle(
     let grpc = answer::is_grpc(request.headers());
     let rules = shared.client.rules();
     let step = {
-        let attrs = rules
-            .identity()
-            .attrs(request.uri().path(), request.headers(), Some(&peer));
+        // The normalised path lives here, on the stack, only until the decision has begun.
+        let mut buffer = spillway_client::PathBuffer::new();
+        let attrs = match rules.identity().attrs(
+            request.uri().path(),
+            request.headers(),
+            Some(&peer),
+            &mut buffer,
+        ) {
+            Ok(attrs) => attrs,
+            // Decided on one copy of a header and served with both: refused before deciding.
+            Err(bad) => {
+                return Ok(
+                    answer::bad_identity(&bad, grpc).map(|body| counted(Either::Right(body)))
+                );
+            }
+        };
         rules.begin(shared.client.now(), &attrs, request.headers())
     };
     // Only requests that match a `store: redis` bucket wait here, for one Redis call each.

@@ -824,14 +824,15 @@ async fn a_slow_upload_or_answer_is_not_cut_by_the_header_or_idle_timeout() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
-/// An HTTP/2 connection has neither timeout: one opened ahead of its first call (as gRPC
-/// channels are) and left idle between calls stays open for them.
+/// An HTTP/2 connection has no header timeout: one opened ahead of its first call (as gRPC
+/// channels are) and left idle between calls for longer than the header timeout, but less than
+/// the idle timeout, stays open for them (`tests/bounds.rs` shows it closed past the idle one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_connection_idle_past_both_timeouts_stays_open() {
+async fn an_http2_connection_idle_past_the_header_timeout_stays_open() {
     let upstream = Upstream::start().await;
     let running = proxy_with(&config(&[UNHIT]), &upstream.url(), |options| {
         options.header_timeout = Duration::from_millis(200);
-        options.idle_timeout = Duration::from_millis(300);
+        options.idle_timeout = Duration::from_secs(3);
     })
     .await;
     let stream = tokio::net::TcpStream::connect(running.proxy.addr())

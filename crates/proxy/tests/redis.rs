@@ -269,3 +269,51 @@ async fn batch_ten_cuts_redis_calls_by_ninety_percent_across_two_proxies_within_
         running.proxy.shutdown().await;
     }
 }
+
+/// A subject value longer than 256 bytes keys its Redis bucket by its SHA-256 on every proxy:
+/// two proxies count one 1,000-byte user id together, under
+/// `rl:{api:user:<sha256 hex>:*}:token-bucket`, and Redis never holds the value itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_subject_value_keys_redis_by_its_sha256_on_every_proxy() {
+    let redis = RedisServer::start().expect("private redis-server");
+    let upstream = Upstream::start().await;
+    let yaml = redis_config(
+        &redis.url(),
+        &[
+            "{ name: per-user, match: { user: \"*\" }, limit: 2/h, algorithm: token-bucket, store: redis }",
+        ],
+    );
+    let (a, b) = (
+        proxy(&yaml, &upstream.url()).await,
+        proxy(&yaml, &upstream.url()).await,
+    );
+    let long = "u".repeat(1000);
+    let user = [("x-user-id", long.as_str())];
+    let mut seen = Vec::new();
+    for addr in [a.proxy.addr(), b.proxy.addr(), a.proxy.addr()] {
+        seen.push(get(addr, "/", &user).await.status);
+    }
+    assert_eq!(
+        seen,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let mut hex = [0; 64];
+    let key = format!(
+        "rl:{{api:user:{}:*}}:token-bucket",
+        spillway_client::subject_key(&long, &mut hex)
+    );
+    assert_eq!(key.len(), "rl:{api:user::*}:token-bucket".len() + 64);
+    let mut con = TcpStream::connect(redis.addr()).await.unwrap();
+    con.write_all(format!("*2\r\n$6\r\nEXISTS\r\n${}\r\n{key}\r\n", key.len()).as_bytes())
+        .await
+        .unwrap();
+    let mut reply = [0; 16];
+    let n = con.read(&mut reply).await.unwrap();
+    assert_eq!(&reply[..n], b":1\r\n", "{key} in Redis");
+    a.proxy.shutdown().await;
+    b.proxy.shutdown().await;
+}

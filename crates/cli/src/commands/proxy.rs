@@ -79,6 +79,15 @@ async fn run(args: ProxyArgs) -> ExitCode {
     options.upstream_timeout = args.upstream_timeout.0;
     options.header_timeout = args.header_timeout;
     options.idle_timeout = args.idle_timeout;
+    options.body_timeout = args.body_timeout.0;
+    options.max_connections = args.max_connections.map(std::num::NonZeroUsize::get);
+    // Before the proxy derives its default --max-connections from it.
+    match spillway_proxy::raise_fd_limit() {
+        Ok(limit) => tracing::info!("file descriptor limit: {limit}"),
+        Err(err) => tracing::warn!(
+            "cannot raise the file descriptor limit to its hard limit ({err}); the soft limit stays"
+        ),
+    }
     if let Some(aggregator) = args.aggregator {
         let (Some(region), Some(zone)) = (place.region, place.zone) else {
             return usage(

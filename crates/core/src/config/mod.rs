@@ -28,6 +28,7 @@ pub mod positions;
 pub mod secret;
 mod table;
 pub mod validate;
+mod warnings;
 
 use std::path::Path;
 
@@ -41,6 +42,7 @@ pub use positions::Position;
 pub use secret::redact_url;
 pub use table::{describe_match, render_table};
 pub use validate::{Bucket, Config, Redis, RedisTarget, Service, default_failure_policy};
+pub use warnings::Warning;
 
 /// Reads and validates a configuration file; errors name the file as `path` is written.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
@@ -49,6 +51,23 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
         source,
     })?;
     load_bytes(&bytes, &path.display().to_string())
+}
+
+/// Like [`load_file`], with the [`Warning`]s of a file that loads: what `spillway check` prints.
+pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let file_name = path.display().to_string();
+    let config = load_bytes(&bytes, &file_name)?;
+    // The file loaded, so it is UTF-8 and indexes.
+    let warnings = std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|text| positions::Positions::index(text).ok())
+        .map(|positions| warnings::identity(&config.identity, &positions, &file_name))
+        .unwrap_or_default();
+    Ok((config, warnings))
 }
 
 /// Validates a configuration held in memory; `file_name` is what error messages call it.

@@ -48,14 +48,20 @@ pub struct ConfigFile {
     pub redis: Option<RedisFile>,
 }
 
-/// Where each request attribute is read from (SPEC §2). Each value is a list of sources separated
-/// by commas; the first one present in the request wins.
+/// Where each request attribute is read from (SPEC §2, §3a). Each value is a list of sources
+/// separated by commas; the first one present in the request wins.
+///
+/// A header is whatever the client wrote unless a trusted hop in front of the proxy sets it, so
+/// the defaults read nothing from a header that decides which bucket a request falls in by its
+/// route: `procedure` is the path (which the upstream routes by, so a client cannot name one
+/// procedure and call another). `header:rpc-procedure,path` trusts a mesh hop to set the header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Identity {
     /// The calling service (G2). Default `header:rpc-caller`.
     pub caller: Sources,
-    /// The procedure or API (G2, S2). Default `header:rpc-procedure,path`.
+    /// The procedure or API (G2, S2). Default `path`: the HTTP path, which for gRPC is the method
+    /// (`/package.Service/Method`).
     pub procedure: Sources,
     /// Default `header:x-user-id`.
     pub user: Sources,
@@ -63,23 +69,31 @@ pub struct Identity {
     pub org: Sources,
     /// Default `header:x-api-key`.
     pub api_key: Sources,
-    /// Default `peer`, the address of the connection.
+    /// Default `peer`, the address of the connection; or `header:x-forwarded-for`, counted by
+    /// `xff_trusted_hops`.
     pub ip: Sources,
+    /// For `ip: header:x-forwarded-for`: how many hops in front of the proxy are trusted to
+    /// append to `x-forwarded-for` (SPEC §3a). The proxy appends its peer to the list it received,
+    /// and the client is the address this many places left of that last one: with peer 10.0.0.9
+    /// and `x-forwarded-for: 203.0.113.7, 10.0.0.5`, 0 gives 10.0.0.9, 1 gives 10.0.0.5 and 2
+    /// gives 203.0.113.7. Default 1 (one load balancer).
+    pub xff_trusted_hops: u32,
 }
+
+/// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
+pub const DEFAULT_XFF_TRUSTED_HOPS: u32 = 1;
 
 impl Default for Identity {
     fn default() -> Self {
         let header = |name: &str| Sources(vec![Source::Header(name.to_owned())]);
         Identity {
             caller: header("rpc-caller"),
-            procedure: Sources(vec![
-                Source::Header("rpc-procedure".to_owned()),
-                Source::Path,
-            ]),
+            procedure: Sources(vec![Source::Path]),
             user: header("x-user-id"),
             org: header("x-org-id"),
             api_key: header("x-api-key"),
             ip: Sources(vec![Source::Peer]),
+            xff_trusted_hops: DEFAULT_XFF_TRUSTED_HOPS,
         }
     }
 }

@@ -1,0 +1,121 @@
+//! Proves that reading a request's identity allocates nothing (DESIGN.md: identify, match and
+//! decide allocate nothing), whatever the path and headers: the default identity, `x-forwarded-for`
+//! counted past trusted hops, a path normalised into the stack buffer. Only a path longer than the
+//! stack buffer that needs normalising, and a refused identity (whose 400 allocates anyway), may
+//! allocate. A global allocator counts the allocations of one thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+
+use http::HeaderMap;
+use spillway_client::{IdentityExtractor, PathBuffer};
+use spillway_core::config;
+
+/// Counts allocations made while the calling thread has switched counting on; per thread, so the
+/// harness and the other tests cannot add to a measurement.
+struct CountingAllocator;
+
+thread_local! {
+    // `const` and without destructors, so using them never allocates (no recursion into us).
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY: every method forwards its arguments unchanged to the system allocator, which upholds
+// the `GlobalAlloc` contract; counting touches only const thread-locals.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// How many allocations `f` makes on this thread.
+fn allocations_in<R>(f: impl FnOnce() -> R) -> usize {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    black_box(f());
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(Cell::get)
+}
+
+fn extractor(identity: &str) -> IdentityExtractor {
+    let text = format!("version: 1\nidentity: {identity}\n");
+    IdentityExtractor::new(&config::load_str(&text, "t.yaml").unwrap().identity)
+}
+
+#[test]
+fn identifying_a_request_allocates_nothing() {
+    let default = extractor("{}");
+    let xff = extractor(
+        "{ ip: header:x-forwarded-for, xff_trusted_hops: 2, caller: \"header:rpc-caller,header:x-caller\" }",
+    );
+    let mut headers = HeaderMap::new();
+    headers.insert("rpc-caller", "api-gateway".parse().unwrap());
+    headers.insert("x-user-id", "alice".parse().unwrap());
+    headers.append(
+        "x-forwarded-for",
+        "198.51.100.1, 203.0.113.7".parse().unwrap(),
+    );
+    headers.append("x-forwarded-for", "10.0.0.5".parse().unwrap());
+    let long = format!("/{}", "a".repeat(4000));
+    for path in [
+        "/payments.v1.Payments/Charge",
+        "/%69p//search",
+        "/./x/../ip/%2fsearch/",
+        long.as_str(),
+    ] {
+        for identity in [&default, &xff] {
+            let n = allocations_in(|| {
+                let mut buffer = PathBuffer::new();
+                let attrs = identity
+                    .attrs(path, &headers, Some("10.0.0.9"), &mut buffer)
+                    .unwrap();
+                attrs.procedure.map(str::len).unwrap_or(0) + attrs.subjects[3].map_or(0, str::len)
+            });
+            assert_eq!(n, 0, "{path}");
+        }
+    }
+    let mut buffer = PathBuffer::new();
+    let attrs = xff
+        .attrs("/", &headers, Some("10.0.0.9"), &mut buffer)
+        .unwrap();
+    assert_eq!(attrs.subjects[3], Some("203.0.113.7"));
+}
+
+#[test]
+fn only_a_long_path_that_needs_normalising_allocates() {
+    let identity = extractor("{}");
+    let long = format!("/%69p/{}", "a".repeat(4000));
+    let headers = HeaderMap::new();
+    let n = allocations_in(|| {
+        let mut buffer = PathBuffer::new();
+        let attrs = identity.attrs(&long, &headers, None, &mut buffer).unwrap();
+        attrs.procedure.map(str::len)
+    });
+    assert_eq!(n, 1, "one heap buffer");
+}
