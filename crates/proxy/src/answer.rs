@@ -133,6 +133,18 @@ pub fn bad_identity(bad: &BadIdentity, grpc: bool) -> Response<Full<Bytes>> {
     problem(StatusCode::BAD_REQUEST, &body)
 }
 
+/// The answer to an HTTP/1.1 request with no `Host`, or to any request with two (SPEC §3a): 400
+/// with a problem document, before the request is identified or forwarded.
+pub fn bad_host(detail: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:bad-host",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": detail,
+    });
+    problem(StatusCode::BAD_REQUEST, &body)
+}
+
 /// The answer when the upstream cannot be reached or fails mid-request: 502, or gRPC
 /// `UNAVAILABLE` (which gRPC clients also derive from a 502) for gRPC requests.
 pub fn upstream_failed(error: &dyn std::error::Error, grpc: bool) -> Response<Full<Bytes>> {

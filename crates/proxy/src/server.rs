@@ -642,6 +642,42 @@ impl Workers {
     }
 }
 
+/// What is wrong with a request's `Host`, if anything: two of them (which would the upstream
+/// route by?), or none on HTTP/1.1, which requires it (RFC 9112 §3.2).
+fn host_fault(request: &Request<Incoming>) -> Option<&'static str> {
+    let mut hosts = request.headers().get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (_, Some(_)) => Some("the request has more than one Host header"),
+        (None, None) if request.version() == http::Version::HTTP_11 => {
+            Some("an HTTP/1.1 request needs a Host header")
+        }
+        _ => None,
+    }
+}
+
+/// The `x-forwarded-for` the upstream gets: the received list (several lines as one) with this
+/// hop's peer appended, as SPEC §3a counts it; and `x-forwarded-proto: http` (the proxy's listener
+/// speaks plaintext) unless a hop before it said otherwise.
+fn forwarded(headers: &mut http::HeaderMap, peer: &str) {
+    const XFF: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+    const XFP: http::HeaderName = http::HeaderName::from_static("x-forwarded-proto");
+    let mut list = Vec::with_capacity(64);
+    for value in headers.get_all(&XFF) {
+        let value = value.as_bytes().trim_ascii();
+        if !value.is_empty() {
+            list.extend_from_slice(value);
+            list.extend_from_slice(b", ");
+        }
+    }
+    list.extend_from_slice(peer.as_bytes());
+    if let Ok(value) = http::HeaderValue::from_maybe_shared(Bytes::from(list)) {
+        headers.insert(XFF, value);
+    }
+    if !headers.contains_key(&XFP) {
+        headers.insert(XFP, http::HeaderValue::from_static("http"));
+    }
+}
+
 async fn handle(
     worker: Arc<Worker>,
     peer: Arc<str>,
@@ -655,6 +691,9 @@ async fn handle(
     };
     let shared = &worker.shared;
     let grpc = answer::is_grpc(request.headers());
+    if let Some(detail) = host_fault(&request) {
+        return Ok(answer::bad_host(detail).map(|body| counted(Either::Right(body))));
+    }
     let rules = shared.client.rules();
     let step = {
         // The normalised path lives here, on the stack, only until the decision has begun.
@@ -691,6 +730,8 @@ async fn handle(
         );
     }
     drop(rules);
+    let mut request = request;
+    forwarded(request.headers_mut(), &peer);
     let mut cut = worker.cut.subscribe();
     let forwarded = tokio::select! {
         biased;

@@ -8,44 +8,16 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use support::{Upstream, proxy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// An answer read off a raw connection: the status, the head as text, the body.
-#[derive(Debug)]
-struct Raw {
-    status: u16,
-    head: String,
-    body: String,
-}
+use support::{Raw, Upstream, proxy, send_raw};
 
 /// Sends `head` (the request line and headers, each ending in CRLF, without the blank line) on a
-/// fresh connection with `connection: close`, and reads the answer to the end.
+/// fresh connection with `host: app` and `connection: close`, and reads the answer to the end.
 async fn raw(addr: SocketAddr, head: &[u8]) -> Raw {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut request = head.to_vec();
     request.extend_from_slice(b"host: app\r\nconnection: close\r\n\r\n");
-    stream.write_all(&request).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .expect("an answer within 5 s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a whole answer");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {head:?}"));
-    Raw {
-        status,
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
+    send_raw(addr, &request).await
 }
 
 /// `GET path` with these extra header lines (each ending in CRLF).

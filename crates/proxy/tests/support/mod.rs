@@ -43,6 +43,7 @@ async fn answer(
 ) -> Result<Response<UpBody>, Infallible> {
     seen.fetch_add(1, Ordering::SeqCst);
     let path = request.uri().path().to_owned();
+    let request_headers = request.headers().clone();
     let grpc = request
         .headers()
         .get("content-type")
@@ -69,6 +70,23 @@ async fn answer(
             .headers_mut()
             .insert("content-type", "application/grpc".parse().unwrap());
         return Ok(response);
+    }
+    if path == "/forwarded" {
+        // What the proxy added: the forwarded headers, each line as received.
+        let lines = |name: &str| {
+            request_headers
+                .get_all(name)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let text = format!(
+            "xff={}\nxfp={}",
+            lines("x-forwarded-for"),
+            lines("x-forwarded-proto")
+        );
+        return Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))));
     }
     let text = format!("upstream saw {path}");
     Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))))
@@ -273,4 +291,37 @@ pub fn config(buckets: &[&str]) -> String {
         yaml.push('\n');
     }
     yaml
+}
+
+/// An answer read off a raw connection: the status, the head as text, the body.
+#[derive(Debug)]
+pub struct Raw {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+/// Sends `request` (whole, as bytes) on a fresh connection and reads the answer to the end (the
+/// request should say `connection: close`), within 5 s.
+pub async fn send_raw(addr: SocketAddr, request: &[u8]) -> Raw {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    Raw {
+        status,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
 }
