@@ -4,64 +4,14 @@
 //! stack buffer that needs normalising, and a refused identity (whose 400 allocates anyway), may
 //! allocate. A global allocator counts the allocations of one thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::hint::black_box;
+use spillway_testkit::alloc::{CountingAllocator, allocations_in};
 
 use http::HeaderMap;
 use spillway_client::{IdentityExtractor, PathBuffer};
 use spillway_core::config;
 
-/// Counts allocations made while the calling thread has switched counting on; per thread, so the
-/// harness and the other tests cannot add to a measurement.
-struct CountingAllocator;
-
-thread_local! {
-    // `const` and without destructors, so using them never allocates (no recursion into us).
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-    }
-}
-
-// SAFETY: every method forwards its arguments unchanged to the system allocator, which upholds
-// the `GlobalAlloc` contract; counting touches only const thread-locals.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// How many allocations `f` makes on this thread.
-fn allocations_in<R>(f: impl FnOnce() -> R) -> usize {
-    ALLOCATIONS.with(|n| n.set(0));
-    COUNTING.with(|c| c.set(true));
-    black_box(f());
-    COUNTING.with(|c| c.set(false));
-    ALLOCATIONS.with(Cell::get)
-}
 
 fn extractor(identity: &str) -> IdentityExtractor {
     let text = format!("version: 1\nidentity: {identity}\n");

@@ -3,9 +3,7 @@
 //! of 1 KiB (keyed by their SHA-256) within `SUBJECT_BYTES_BOUND`, and deciding a known long
 //! subject allocates nothing. Measured with a global allocator that models glibc's chunks.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 use spillway_client::{
     Client, NoHeaders, SUBJECT_BYTES_BOUND, SUBJECT_BYTES_MAX, SUBJECT_VALUE_MAX,
@@ -13,48 +11,10 @@ use spillway_client::{
 use spillway_core::clock::FakeClock;
 use spillway_core::config::load_str;
 use spillway_core::pattern::{RequestAttrs, SubjectKind};
-
-/// Live heap bytes as the allocator would hold them: each request rounded up to a glibc chunk
-/// (8 bytes of header, 16-byte alignment, 32 bytes at least), so the bound includes overhead.
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-/// Allocations made, to show that a decision allocates nothing.
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-fn chunk(size: usize) -> isize {
-    ((size + 8 + 15) & !15).max(32) as isize
-}
-
-struct Measuring;
-
-// SAFETY: every method forwards its arguments unchanged to the system allocator, which upholds
-// the `GlobalAlloc` contract; measuring only adds to atomics.
-unsafe impl GlobalAlloc for Measuring {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(chunk(layout.size()), Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(chunk(layout.size()), Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(chunk(new_size) - chunk(layout.size()), Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use spillway_testkit::alloc::{MeasuringAllocator, allocations, live_bytes};
 
 #[global_allocator]
-static ALLOCATOR: Measuring = Measuring;
+static ALLOCATOR: MeasuringAllocator = MeasuringAllocator;
 
 const SUBJECTS: usize = 1_000_000;
 
@@ -64,7 +24,7 @@ const SUBJECTS: usize = 1_000_000;
 /// checks that they are all evicted and their memory given back.
 fn per_subject(client: &Client, clock: &FakeClock, length: usize) -> f64 {
     let mut value = vec![b'x'; length];
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_bytes();
     for n in 0..SUBJECTS {
         format_counter(n, &mut value);
         let id = std::str::from_utf8(&value).unwrap();
@@ -72,14 +32,14 @@ fn per_subject(client: &Client, clock: &FakeClock, length: usize) -> f64 {
         attrs.subjects[SubjectKind::User.index()] = Some(id);
         assert!(client.decide(&attrs, &NoHeaders).forwards());
     }
-    let used = LIVE.load(Ordering::Relaxed) - before;
+    let used = live_bytes() - before;
     let rules = client.rules();
     let bucket = &rules.buckets()[0];
     assert_eq!(bucket.subjects(), Some(SUBJECTS), "{length}-byte values");
     clock.advance(bucket.subject_idle().unwrap());
     assert_eq!(client.tick(), SUBJECTS);
     assert_eq!(bucket.subjects(), Some(0));
-    let left = LIVE.load(Ordering::Relaxed) - before;
+    let left = live_bytes() - before;
     assert!(
         left < 64 * 1024,
         "{left} bytes still held after evicting every {length}-byte subject"
@@ -128,12 +88,12 @@ fn a_million_subjects_of_any_length_stay_within_their_bound() {
     let mut attrs = RequestAttrs::default();
     attrs.subjects[SubjectKind::User.index()] = Some(&long);
     assert!(client.decide(&attrs, &NoHeaders).forwards());
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     for _ in 0..50 {
         assert!(client.decide(&attrs, &NoHeaders).forwards());
     }
     assert_eq!(
-        ALLOCATIONS.load(Ordering::Relaxed) - before,
+        allocations() - before,
         0,
         "deciding a known 64 KiB subject allocated"
     );

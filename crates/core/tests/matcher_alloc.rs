@@ -1,67 +1,15 @@
 //! Proves that `Matcher::find` allocates nothing once its buffer has warmed up (DESIGN.md: no
 //! allocation per decision), with a global allocator that counts the allocations of one thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::hint::black_box;
+use spillway_testkit::alloc::{CountingAllocator, allocations_in};
 
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{
     MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
 };
 
-/// Counts allocations made while the calling thread has switched counting on. Both the switch and
-/// the count are per thread, so the harness and the other tests, which run on their own threads at
-/// the same time, cannot add to a measurement.
-struct CountingAllocator;
-
-thread_local! {
-    // `const` and without destructors, so using them never allocates (no recursion into us).
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-    }
-}
-
-// SAFETY (the only unsafe in spillway-core's tests): every method forwards its arguments
-// unchanged to the system allocator, which upholds the `GlobalAlloc` contract; counting touches
-// only const thread-locals.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// How many allocations `f` makes on this thread.
-fn allocations_in<R>(f: impl FnOnce() -> R) -> usize {
-    ALLOCATIONS.with(|n| n.set(0));
-    COUNTING.with(|c| c.set(true));
-    black_box(f());
-    COUNTING.with(|c| c.set(false));
-    ALLOCATIONS.with(Cell::get)
-}
 
 fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
     MatchSpec {

@@ -1,4 +1,5 @@
-//! Test support: private Redis, Sentinel, Cluster and PostgreSQL instances on free loopback ports.
+//! Test support: private Redis, Sentinel, Cluster and PostgreSQL instances on free loopback ports,
+//! and an allocator that counts one thread's allocations ([`alloc`]).
 //!
 //! Every instance lives in its own temporary folder, listens on `127.0.0.1` on a port picked
 //! free, and is killed and its folder removed when the value is dropped, so a test may crash or
@@ -10,8 +11,10 @@
 //! let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
 //! println!("connect to {}", redis.url());
 //! ```
-#![forbid(unsafe_code)]
+// Unsafe only in `alloc`, which must implement `GlobalAlloc`; everything else forbids it.
+#![deny(unsafe_code)]
 
+pub mod alloc;
 mod cluster;
 mod error;
 mod postgres;
