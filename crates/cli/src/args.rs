@@ -16,6 +16,17 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Send tracing spans (a span per rules service request, one per control interval) to an
+    /// OpenTelemetry collector at this OTLP/gRPC URL, e.g. http://127.0.0.1:4317. Off without
+    /// it; `OTEL_SERVICE_NAME` overrides the service name (`spillway-COMMAND`).
+    #[arg(
+        long,
+        global = true,
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    pub otlp_endpoint: Option<String>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -53,8 +64,21 @@ pub enum Command {
     },
     /// Print the JSON Schema of the configuration file.
     Schema,
+    /// Convert another rate limiter's configuration into Spillway's (SPEC §8).
+    Import {
+        #[command(subcommand)]
+        command: crate::commands::import::ImportCommand,
+    },
     /// The fleet simulator: the real decision and control code in simulated time.
     Sim(SimArgs),
+    /// Envoy's rate limit service (RLS v3) without the proxy: a drop-in for envoyproxy/ratelimit
+    /// behind Envoy or Istio, decided by the same engine as the sidecar (SPEC §8).
+    Rls(RlsArgs),
+    /// The Rate Limit Configurator: limits proposed from traffic history (SPEC §9).
+    Configure {
+        #[command(subcommand)]
+        command: crate::commands::configure::ConfigureCommand,
+    },
     /// A development PKI for mutual TLS on the control plane (SPEC §7).
     Certs {
         #[command(subcommand)]
@@ -196,10 +220,41 @@ pub struct UpArgs {
     /// loopback (admin ports stay loopback only). For trusted networks only.
     #[arg(long)]
     pub insecure_plaintext: bool,
+    /// Write this region's traffic history (offered, admitted and shadow-dropped requests per
+    /// bucket) into the rules store at this resolution, for `spillway configure --source
+    /// builtin:DATABASE_URL`: `1m`, or seconds that divide a minute (`10s`, `1s`).
+    #[arg(long, default_value = "1m", value_parser = parse_history_resolution)]
+    pub history_resolution: std::time::Duration,
+    /// How long that history is kept.
+    #[arg(long, default_value = "35d", value_parser = parse_duration)]
+    pub history_retention: std::time::Duration,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
+}
+
+/// How a host (`spillway proxy`, `spillway rls`) joins its zone's control plane.
+#[derive(Debug, Clone, Args)]
+pub struct LinkArgs {
+    /// The zone's aggregator (`http://`, or `https://` with the TLS flags); without it the
+    /// process runs standalone from its file.
+    #[arg(long)]
+    pub aggregator: Option<String>,
+    /// This host's region (default: its certificate's).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// This host's zone (default: its certificate's).
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// This host's id in reports (default: its certificate's, else the hostname and the listen
+    /// port).
+    #[arg(long)]
+    pub host_id: Option<String>,
+    /// Keep the last good rules from the control plane here, so a restart enforces them
+    /// before the control plane answers.
+    #[arg(long, requires = "aggregator")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -213,28 +268,13 @@ pub struct ProxyArgs {
     /// Where allowed requests go, for example `http://127.0.0.1:8080`.
     #[arg(long)]
     pub upstream: String,
-    /// The zone's aggregator; without it the proxy runs standalone from the file.
-    #[arg(long)]
-    pub aggregator: Option<String>,
+    #[command(flatten)]
+    pub link: LinkArgs,
     /// Follow the rules service's store (`sqlite://PATH` or `postgres://...`): its services
     /// replace the file's services of the same name as each change is announced. Standalone only:
     /// linked, the controller follows the store.
     #[arg(long)]
     pub database: Option<String>,
-    /// This proxy's region (default: its certificate's).
-    #[arg(long)]
-    pub region: Option<String>,
-    /// This proxy's zone (default: its certificate's).
-    #[arg(long)]
-    pub zone: Option<String>,
-    /// This host's id in reports (default: its certificate's, else the hostname and the listen
-    /// port).
-    #[arg(long)]
-    pub host_id: Option<String>,
-    /// Keep the last good rules from the control plane here, so a restart enforces them
-    /// before the control plane answers.
-    #[arg(long, requires = "aggregator")]
-    pub state_dir: Option<PathBuf>,
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
@@ -271,10 +311,84 @@ pub struct ProxyArgs {
     /// hold an upstream one: 384 for S = 1024, 524160 for S = 1048576.
     #[arg(long)]
     pub max_connections: Option<std::num::NonZeroUsize>,
+    /// Which fields tell the upstream who its client was, each with this hop's peer appended:
+    /// x-forwarded (x-forwarded-for and x-forwarded-proto), rfc7239 (forwarded:
+    /// for=...;proto=http), both, or off (the received fields go on unchanged).
+    #[arg(long, value_enum, default_value = "x-forwarded")]
+    pub forwarded: ForwardedArg,
+    /// Also serve Envoy's rate limit service (RLS v3, `ShouldRateLimit`) here, decided by this
+    /// proxy's own engine from the file's descriptor buckets (docs/envoy.md). Plaintext h2c on
+    /// loopback, for an Envoy beside the proxy; elsewhere mutual TLS with --tls-cert, --tls-key
+    /// and --tls-ca, or --insecure-plaintext.
+    #[arg(long, value_name = "ADDR")]
+    pub rls_listen: Option<SocketAddr>,
+    /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every RLS answer with a
+    /// limit (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
+    #[arg(long, requires = "rls_listen")]
+    pub rls_response_headers: bool,
+    /// Answer RLS calls only from clients whose certificate has a URI SAN matching PATTERN
+    /// (repeatable; `*` within a path segment, `**` across them), for example
+    /// `spiffe://cluster.local/ns/*/sa/istio-ingressgateway`; others get PERMISSION_DENIED.
+    /// Needs --tls-cert, --tls-key and --tls-ca (mutual TLS).
+    #[arg(long, value_name = "PATTERN", requires_all = ["rls_listen", "tls_cert"])]
+    pub allow_client_san: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RlsArgs {
+    /// The configuration file: its descriptor buckets answer Envoy; reloaded when it changes
+    /// (standalone), or the rules the control plane sends (with --aggregator).
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Address to serve `ShouldRateLimit` on (gRPC). Plaintext on loopback, for an Envoy beside
+    /// the process; elsewhere mutual TLS with --tls-cert, --tls-key and --tls-ca, or
+    /// --insecure-plaintext.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub link: LinkArgs,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    /// The bearer token of the admin port's /v1/* (required when it is not loopback).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer with a
+    /// limit (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
+    #[arg(long)]
+    pub response_headers: bool,
+    /// Answer only clients whose certificate has a URI SAN matching PATTERN (repeatable; `*`
+    /// within a path segment, `**` across them); others get PERMISSION_DENIED.
+    #[arg(long, value_name = "PATTERN", requires = "tls_cert")]
+    pub allow_client_san: Vec<String>,
+}
+
+/// `--forwarded`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ForwardedArg {
+    XForwarded,
+    Rfc7239,
+    Both,
+    Off,
 }
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     spillway_core::limit::parse_duration(text).map_err(|err| err.to_string())
+}
+
+/// A history resolution: a minute, or whole seconds that divide one, so every slot falls in one
+/// minute of the configurator's per-minute history.
+fn parse_history_resolution(text: &str) -> Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    let ms = duration.as_millis();
+    if ms == 0 || ms % 1000 != 0 || 60_000 % ms != 0 {
+        return Err(format!(
+            "{text}: write 1m or whole seconds that divide a minute (1s, 5s, 10s, 30s)"
+        ));
+    }
+    Ok(duration)
 }
 
 /// A timeout, or none (`off`).
@@ -317,6 +431,17 @@ pub struct AggregatorArgs {
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
+    /// Also serve Envoy's Rate Limit Quota Service (RLQS v3, `StreamRateLimitQuotas`) here:
+    /// each Envoy instance becomes a client of this zone, its usage reports offered load and
+    /// its assignments the buckets' drop ratios (docs/envoy.md). Plaintext h2c on loopback;
+    /// elsewhere mutual TLS with --tls-cert, --tls-key and --tls-ca, or --insecure-plaintext.
+    #[arg(long, value_name = "ADDR")]
+    pub rlqs_listen: Option<SocketAddr>,
+    /// Accept RLQS streams only from clients whose certificate has a URI SAN matching PATTERN
+    /// (repeatable; `*` within a path segment, `**` across them), for example
+    /// `spiffe://cluster.local/ns/*/sa/istio-ingressgateway`; others get PERMISSION_DENIED.
+    #[arg(long, value_name = "PATTERN", requires_all = ["rlqs_listen", "tls_cert"])]
+    pub allow_client_san: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -338,6 +463,15 @@ pub struct ControllerArgs {
     /// The rules come from the rules service's store (`sqlite://PATH` or `postgres://...`).
     #[arg(long)]
     pub database: Option<String>,
+    /// With --database: write this region's traffic history (offered, admitted and
+    /// shadow-dropped requests per bucket) into the rules store at this resolution, for
+    /// `spillway configure --source builtin:DATABASE_URL`: `1m`, or seconds that divide a minute
+    /// (`10s`, `1s`).
+    #[arg(long, default_value = "1m", value_parser = parse_history_resolution)]
+    pub history_resolution: std::time::Duration,
+    /// How long that history is kept.
+    #[arg(long, default_value = "35d", value_parser = parse_duration)]
+    pub history_retention: std::time::Duration,
     /// Serve /healthz, /readyz, /metrics, /v1/* and the dashboard here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
@@ -595,7 +729,7 @@ pub enum AdminCommand {
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// The scenario: surge-15x, overload-1.5x, many-callers, host-burst, control-plane-down,
-    /// region-loss, or `all` of them.
+    /// region-loss, criticality, or `all` of them.
     #[arg(long)]
     pub scenario: String,
     /// Seed of the simulation; the same seed gives the same run.

@@ -9,6 +9,19 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
-    commands::init_logging(cli.log_format, commands::default_log_level(&cli.command));
-    commands::run(cli.command)
+    let telemetry = match commands::init_logging(
+        cli.log_format,
+        commands::default_log_level(&cli.command),
+        cli.otlp_endpoint.as_deref(),
+        commands::service_name(&cli.command),
+    ) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("error: --otlp-endpoint: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = commands::run(cli.command);
+    telemetry.finish();
+    code
 }

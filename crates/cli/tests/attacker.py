@@ -16,9 +16,11 @@ them when missing).
 """
 
 import argparse
+import atexit
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +30,8 @@ def compile_proto(proto_dir):
     from grpc_tools import protoc
 
     out = tempfile.mkdtemp(prefix="spillway-attacker-")
+    # The generated stubs are imported from here for the whole run, then removed.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     proto = os.path.join("spillway", "v1", "control.proto")
     rc = protoc.main(
         [

@@ -1,7 +1,10 @@
 //! `spillway demo` as a process: exits 0 after `--seconds`, prints a summary whose numbers are
 //! sane (steady-state admitted within 15% of the limit, an enforcement delay), and writes an SVG
-//! chart with the offered, admitted and limit series.
+//! chart with the offered, admitted and limit series; its first line names the controller's
+//! dashboard, served while it runs.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -97,4 +100,82 @@ fn a_surge_phase_outside_an_interval_is_refused_with_a_usage_error() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn demo_prints_its_dashboard_first_and_serves_it_while_it_runs() {
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(SPILLWAY)
+        .args(["demo", "--seconds", "6", "--out"])
+        .arg(out.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spillway demo starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // The fleet links within 15 s; the line comes before the load starts.
+    let first = lines.recv_timeout(Duration::from_secs(60));
+    let url = first
+        .as_deref()
+        .ok()
+        .and_then(|l| l.strip_prefix("dashboard: http://"))
+        .and_then(|l| l.split_once('/'))
+        .map(|(addr, _)| addr.to_owned());
+    let page = url.as_deref().map(|addr| get(addr, "/"));
+    let buckets = url.as_deref().map(|addr| get(addr, "/v1/buckets"));
+    let changes = url.as_deref().map(|addr| get(addr, "/v1/rules/changes"));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("spillway demo --seconds 6 still running after 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "exit {status}");
+    assert!(
+        url.is_some(),
+        "the first line names the dashboard: {first:?}"
+    );
+    let page = page.unwrap();
+    assert!(
+        page.contains("<title>spillway controller</title>"),
+        "{page}"
+    );
+    let buckets = buckets.unwrap();
+    assert!(
+        buckets.contains("\"bucket\":\"checkout\"") && buckets.contains("\"region\":\"demo\""),
+        "{buckets}"
+    );
+    let changes = changes.unwrap();
+    assert!(
+        changes.contains("\"source\":\"rules store\"") && changes.contains("shop/checkout"),
+        "the demo's rules store lists its seeding: {changes}"
+    );
+}
+
+/// One GET with `connection: close` to `addr`; the body ("" when nothing answers).
+fn get(addr: &str, path: &str) -> String {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let head = format!("GET {path} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\n\r\n");
+    let _ = stream.write_all(head.as_bytes());
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
 }

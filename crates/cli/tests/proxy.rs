@@ -26,8 +26,8 @@ fn the_proxy_forwards_limits_serves_metrics_and_exits_0_on_sigterm() {
     let (status, metrics) = get(proxy.admin, "/metrics").unwrap();
     assert_eq!(status, 200);
     for line in [
-        "spillway_requests_total{service=\"api\",bucket=\"limited\",decision=\"allowed\"} 2",
-        "spillway_requests_total{service=\"api\",bucket=\"limited\",decision=\"dropped\"} 1",
+        "spillway_requests_total{service=\"api\",bucket=\"limited\",decision=\"allowed\",criticality=\"critical\"} 2",
+        "spillway_requests_total{service=\"api\",bucket=\"limited\",decision=\"dropped\",criticality=\"critical\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::SPILLWAY;
+use support::{SPILLWAY, free_port};
 
 fn workspace_file(relative: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -63,27 +63,7 @@ fn stderr(output: &Output) -> String {
 }
 
 fn create_user(database: &str, name: &str, role: &str) -> String {
-    let output = run(&[
-        "rules",
-        "admin",
-        "create",
-        name,
-        "--role",
-        role,
-        "--database",
-        database,
-    ]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let token = stdout(&output).trim().to_owned();
-    assert!(
-        token.starts_with("spw_"),
-        "a token, printed once: {token:?}"
-    );
-    assert!(
-        !stderr(&output).contains(&token),
-        "the token goes to stdout only"
-    );
-    token
+    support::up::user(database, name, role)
 }
 
 /// The rules service as a child process, stopped with SIGTERM when dropped.
@@ -229,6 +209,39 @@ fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
     let applied = server.client(Some(&admin), &["apply", "-f", &minimal]);
     assert!(applied.status.success(), "{}", stderr(&applied));
     assert!(stdout(&applied).contains("applied: rules version"));
+
+    // A controller following the store shows the change on its dashboard's /v1/rules/changes.
+    let admin_port = free_port();
+    let (controller_listen, admin_addr) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{admin_port}"),
+    );
+    // Killed when dropped, so a failure leaves no process behind.
+    let controller = support::fleet::Proc::spawn(&[
+        "controller",
+        "--listen",
+        &controller_listen,
+        "--region",
+        "r1",
+        "--database",
+        &database,
+        "--admin",
+        &admin_addr,
+    ]);
+    let started = Instant::now();
+    let listed = loop {
+        let body = support::fleet::admin_get(admin_port, "/v1/rules/changes");
+        if body.contains("alice") {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the controller never listed the change: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(controller);
+    assert!(listed.contains("orders/all-callers"), "{listed}");
 
     // Applying the same file again is not a modification.
     let again = server.client(Some(&admin), &["apply", "-f", &minimal]);

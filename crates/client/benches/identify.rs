@@ -67,6 +67,7 @@ impl Before {
             caller: header(&self.caller),
             procedure: header(&self.procedure).or(Some(path)),
             subjects: [header(user), header(org), header(api_key), peer],
+            criticality: Default::default(),
         }
     }
 }

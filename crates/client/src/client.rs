@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use spillway_core::algo::{Limiter, Ratio};
+use spillway_core::algo::{Limiter, Ratio, TierRatios, uniform};
 use spillway_core::clock::{Clock, CoarseClock, Nanos, nanos};
 use spillway_core::config::{self, Algorithm, Config};
 use spillway_core::counters::Snapshot;
@@ -150,6 +150,19 @@ impl Client {
         ratio: Ratio,
         ttl: Duration,
     ) -> Result<(), InstructionError> {
+        self.set_drop_ratio_tiers(service, bucket, ratio, &uniform(ratio), ttl)
+    }
+
+    /// Like [`Client::set_drop_ratio`], each criticality tier dropping its own ratio of `tiers`
+    /// (SPEC §10); `ratio` is the bucket's, as readings show it.
+    pub fn set_drop_ratio_tiers(
+        &self,
+        service: &str,
+        bucket: &str,
+        ratio: Ratio,
+        tiers: &TierRatios,
+        ttl: Duration,
+    ) -> Result<(), InstructionError> {
         let rules = self.rules.load();
         let found = rules
             .find(service, bucket)
@@ -161,7 +174,7 @@ impl Client {
             Limiters::Shared(Limiter::DropRatio(d)) => {
                 let now = self.clock.now();
                 let expires = now.saturating_add(nanos(ttl));
-                d.set(ratio, expires);
+                d.set_tiers(ratio, tiers, expires);
                 found
                     .state
                     .instruction_expires

@@ -151,13 +151,29 @@ impl HostLimiters for Linked {
             return;
         };
         match (&found.state.limiters, step) {
-            (Limiters::Shared(Limiter::DropRatio(_)), HostStep::DropRatio { ratio, ttl, .. }) => {
-                if let Err(err) = self.client.set_drop_ratio(service, bucket, *ratio, *ttl) {
+            (
+                Limiters::Shared(Limiter::DropRatio(_)),
+                HostStep::DropRatio {
+                    ratio, tiers, ttl, ..
+                },
+            ) => {
+                if let Err(err) = self
+                    .client
+                    .set_drop_ratio_tiers(service, bucket, *ratio, tiers, *ttl)
+                {
                     tracing::debug!("{err}");
                 }
             }
-            (Limiters::Shared(Limiter::DropRatio(d)), HostStep::Surge { ratio, until, .. }) => {
-                d.set_surge(*ratio, *until);
+            (
+                Limiters::Shared(Limiter::DropRatio(d)),
+                HostStep::Surge {
+                    ratio,
+                    tiers,
+                    until,
+                    ..
+                },
+            ) => {
+                d.set_surge_tiers(*ratio, tiers, *until);
             }
             (Limiters::Shared(Limiter::AdaptiveTokenBucket(a)), HostStep::Share { share, .. }) => {
                 a.set_share(self.client.now(), *share);

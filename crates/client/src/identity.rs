@@ -17,6 +17,7 @@ use std::ops::ControlFlow;
 
 use http::{HeaderMap, HeaderName};
 use spillway_core::config::{self, Source, Sources};
+use spillway_core::criticality::Criticality;
 use spillway_core::pattern::{RequestAttrs, SubjectKind};
 
 pub use path::PathBuffer;
@@ -147,6 +148,9 @@ pub struct IdentityExtractor {
     procedure: Box<[Compiled]>,
     /// In [`SubjectKind::ALL`] order.
     subjects: [Box<[Compiled]>; 4],
+    criticality: Box<[Compiled]>,
+    /// Whether `criticality` may raise a request above the default tier.
+    criticality_trusted: bool,
     xff_trusted_hops: u32,
     /// Whether any attribute reads the path, which is then normalised once per request.
     reads_path: bool,
@@ -216,6 +220,7 @@ impl IdentityExtractor {
             &identity.org,
             &identity.api_key,
             &identity.ip,
+            &identity.criticality,
         ];
         Self {
             caller: compile(&identity.caller, false),
@@ -226,8 +231,21 @@ impl IdentityExtractor {
                 compile(&identity.api_key, false),
                 compile(&identity.ip, true),
             ],
+            criticality: compile(&identity.criticality, false),
+            criticality_trusted: identity.criticality_trusted,
             xff_trusted_hops: identity.xff_trusted_hops,
             reads_path: all.iter().any(|s| s.0.contains(&Source::Path)),
+        }
+    }
+
+    /// The tier a criticality value names, as this identity trusts it: a tier below the default
+    /// as named, one above it only with `criticality_trusted`, anything else the default.
+    pub fn criticality_of(&self, value: Option<&str>) -> Criticality {
+        match value.and_then(Criticality::from_header) {
+            Some(tier) if self.criticality_trusted => tier,
+            // A client lowers its own tier, never raises it (SPEC §10).
+            Some(tier) => tier.max(Criticality::default()),
+            None => Criticality::default(),
         }
     }
 
@@ -275,10 +293,12 @@ impl IdentityExtractor {
             for kind in SubjectKind::ALL {
                 subjects[kind.index()] = first(&self.subjects[kind.index()], kind.key())?;
             }
+            let criticality = self.criticality_of(first(&self.criticality, "criticality")?);
             Ok(RequestAttrs {
                 caller: first(&self.caller, "caller")?,
                 procedure: first(&self.procedure, "procedure")?,
                 subjects,
+                criticality,
             })
         };
         read().map_err(Refusal::into_bad_identity)

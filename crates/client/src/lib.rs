@@ -50,6 +50,7 @@
 mod acquire;
 mod client;
 pub mod control;
+mod descriptors;
 mod error;
 mod identity;
 mod layer;
@@ -67,6 +68,7 @@ mod watch;
 
 pub use acquire::AcquireError;
 pub use client::{BucketStats, Client};
+pub use descriptors::{DescriptorCheck, DescriptorStatus, DescriptorStep, UNLIMITED_REMAINING};
 pub use error::{ClientError, InstructionError};
 pub use identity::{
     BadIdentity, Fault, Field, Headers, IdentityExtractor, NoHeaders, PathBuffer, path,

@@ -11,7 +11,9 @@ use spillway_core::algo::{AdaptiveTokenBucket, DropRatio, Limiter, Rate};
 use spillway_core::clock::Nanos;
 use spillway_core::config::{self, Algorithm, Bucket, Config, Cost, FailurePolicy, StateStore};
 use spillway_core::counters::{BucketCounters, Outcome};
+use spillway_core::criticality::Criticality;
 use spillway_core::decision::{BucketId, Decision, Mode, Verdict};
+use spillway_core::descriptor::DescriptorMatcher;
 use spillway_core::limit::Limit;
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
@@ -26,6 +28,9 @@ use crate::subjects::SubjectMap;
 pub(crate) enum Limiters {
     Shared(Limiter),
     PerSubject(SubjectKind, SubjectMap),
+    /// A descriptor bucket with entries of any value (SPEC §8): one limiter per combination of
+    /// the request's values of those entries.
+    PerValue(SubjectMap),
     /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies
     /// (within `batch - 1` tokens per proxy and key for a bucket with `batch`). Without the
     /// `redis` feature `ExactBucket` has no values, so no bucket is ever `Exact`.
@@ -55,6 +60,10 @@ pub struct CompiledBucket {
     bucket: Bucket,
     mode: Mode,
     cost: CompiledCost,
+    /// The limit as the algorithms read it.
+    pub(crate) rate: Rate,
+    /// The descriptor buckets this one replaces (envoyproxy/ratelimit's `replaces`).
+    pub(crate) replaces: Box<[BucketId]>,
     pub(crate) state: Arc<BucketState>,
     pub(crate) counters: Arc<BucketCounters>,
 }
@@ -97,7 +106,7 @@ impl CompiledBucket {
 
     fn verdict(&self, now: Nanos, attrs: &RequestAttrs<'_>, cost: u64) -> Verdict {
         match &self.state.limiters {
-            Limiters::Shared(limiter) => limiter.decide(now, cost),
+            Limiters::Shared(limiter) => limiter.decide_tier(now, cost, attrs.criticality),
             Limiters::PerSubject(kind, map) => match attrs.subject(*kind) {
                 Some(value) => map.decide(value, now, cost),
                 // The matcher only returns a `*` bucket for requests that carry the subject.
@@ -105,6 +114,8 @@ impl CompiledBucket {
             },
             // Decided by `Rules::finish`; `decide_with` never asks a Redis bucket for a verdict.
             Limiters::Exact(_) => Verdict::Allow,
+            // Only Envoy's descriptors reach these (`Rules::decide_descriptor`).
+            Limiters::PerValue(_) => Verdict::Allow,
         }
     }
 
@@ -113,16 +124,22 @@ impl CompiledBucket {
         self.bucket.on_store_failure
     }
 
-    /// Counts `verdict` and turns it into this bucket's decision.
-    fn record(&self, id: BucketId, verdict: Verdict) -> Decision {
-        self.counters.record(Outcome::of(verdict, self.mode), 1);
+    /// Counts `verdict` of a request of `tier` and turns it into this bucket's decision.
+    pub(crate) fn record_tier(
+        &self,
+        id: BucketId,
+        verdict: Verdict,
+        tier: Criticality,
+    ) -> Decision {
+        self.counters
+            .record_tier(tier, Outcome::of(verdict, self.mode), 1);
         verdict.into_decision(id, self.mode)
     }
 
     /// Subjects held, for per-subject buckets.
     pub fn subjects(&self) -> Option<usize> {
         match &self.state.limiters {
-            Limiters::PerSubject(_, map) => Some(map.len()),
+            Limiters::PerSubject(_, map) | Limiters::PerValue(map) => Some(map.len()),
             _ => None,
         }
     }
@@ -130,7 +147,9 @@ impl CompiledBucket {
     /// How long a subject of a per-subject bucket stays idle before it is evicted.
     pub fn subject_idle(&self) -> Option<std::time::Duration> {
         match &self.state.limiters {
-            Limiters::PerSubject(_, map) => Some(std::time::Duration::from_nanos(map.idle_ns())),
+            Limiters::PerSubject(_, map) | Limiters::PerValue(map) => {
+                Some(std::time::Duration::from_nanos(map.idle_ns()))
+            }
             _ => None,
         }
     }
@@ -138,7 +157,7 @@ impl CompiledBucket {
     /// Subjects admitted without a limiter because the bucket's map was full.
     pub fn subject_overflow(&self) -> u64 {
         match &self.state.limiters {
-            Limiters::PerSubject(_, map) => map.overflow(),
+            Limiters::PerSubject(_, map) | Limiters::PerValue(map) => map.overflow(),
             _ => 0,
         }
     }
@@ -151,7 +170,9 @@ pub struct Rules {
     config: Arc<Config>,
     identity: IdentityExtractor,
     matcher: Matcher,
-    buckets: Box<[CompiledBucket]>,
+    /// The descriptor buckets, by domain (SPEC §8).
+    pub(crate) descriptors: DescriptorMatcher,
+    pub(crate) buckets: Box<[CompiledBucket]>,
     /// The Redis of `store: redis` buckets, kept across reloads that leave `redis` unchanged so
     /// its connection and circuit breaker survive them. Always `None` without the `redis` feature.
     pub(crate) store: Option<Arc<ExactStore>>,
@@ -174,6 +195,8 @@ pub enum Step {
 pub struct RedisChecks {
     local: Decision,
     checks: Vec<Check>,
+    /// The request's tier, which each bucket counts it in.
+    tier: Criticality,
 }
 
 #[derive(Debug)]
@@ -199,6 +222,7 @@ fn same_definition(a: &Bucket, b: &Bucket) -> bool {
         && a.algorithm == b.algorithm
         && a.store == b.store
         && a.batch == b.batch
+        && a.descriptor == b.descriptor
 }
 
 impl Rules {
@@ -214,6 +238,7 @@ impl Rules {
         let mut buckets = Vec::new();
         for service in &config.services {
             let service_name: Arc<str> = service.name.as_str().into();
+            let start = buckets.len();
             for bucket in &service.buckets {
                 let old = previous.and_then(|p| p.find(&service.name, &bucket.name));
                 let state = match old {
@@ -224,6 +249,24 @@ impl Rules {
                     }),
                 };
                 let counters = old.map_or_else(Default::default, |old| old.counters.clone());
+                let rate = bucket.limit.rate().map_err(|source| ClientError::Bucket {
+                    service: service.name.clone(),
+                    bucket: bucket.name.clone(),
+                    source,
+                })?;
+                // Validation made every name a descriptor bucket of this service.
+                let replaces = bucket
+                    .descriptor
+                    .iter()
+                    .flat_map(|d| d.replaces.iter())
+                    .filter_map(|name| {
+                        service
+                            .buckets
+                            .iter()
+                            .position(|b| *b.name == **name)
+                            .map(|at| BucketId(u32::try_from(start + at).unwrap_or(u32::MAX)))
+                    })
+                    .collect();
                 buckets.push(CompiledBucket {
                     service: service_name.clone(),
                     bucket: bucket.clone(),
@@ -235,17 +278,30 @@ impl Rules {
                             Err(_) => CompiledCost::Fixed(h.default.get()),
                         },
                     },
+                    rate,
+                    replaces,
                     state,
                     counters,
                 });
             }
         }
-        let matcher = Matcher::compile(buckets.iter().map(|b| &b.bucket.match_spec));
+        let matcher = Matcher::compile_some(buckets.iter().map(|b| {
+            b.bucket
+                .descriptor
+                .is_none()
+                .then_some(&b.bucket.match_spec)
+        }));
+        let descriptors =
+            DescriptorMatcher::compile(buckets.iter().enumerate().filter_map(|(i, b)| {
+                let id = BucketId(u32::try_from(i).ok()?);
+                b.bucket.descriptor.as_ref().map(|d| (id, d))
+            }));
         Ok(Self {
             version,
             identity: IdentityExtractor::new(&config.identity),
             config: Arc::new(config),
             matcher,
+            descriptors,
             buckets: buckets.into(),
             store,
         })
@@ -309,7 +365,8 @@ impl Rules {
                         Some(store) => store.policy_verdict(bucket.on_store_failure()),
                         None => Verdict::Allow,
                     };
-                    decision = decision.combine(bucket.record(check.id, verdict));
+                    decision =
+                        decision.combine(bucket.record_tier(check.id, verdict, pending.tier));
                 }
                 decision
             }
@@ -357,7 +414,7 @@ impl Rules {
                 // `compile` gives every `store: redis` bucket an exact limiter and a store.
                 _ => Verdict::Allow,
             };
-            decision = decision.combine(bucket.record(check.id, verdict));
+            decision = decision.combine(bucket.record_tier(check.id, verdict, pending.tier));
         }
         decision
     }
@@ -391,7 +448,7 @@ impl Rules {
                 continue;
             }
             let verdict = bucket.verdict(now, attrs, bucket.cost(headers));
-            decision = decision.combine(bucket.record(id, verdict));
+            decision = decision.combine(bucket.record_tier(id, verdict, attrs.criticality));
         }
         if checks.is_empty() {
             Step::Done(decision)
@@ -399,6 +456,7 @@ impl Rules {
             Step::Redis(RedisChecks {
                 local: decision,
                 checks,
+                tier: attrs.criticality,
             })
         }
     }
@@ -408,7 +466,7 @@ impl Rules {
         self.buckets
             .iter()
             .map(|b| match &b.state.limiters {
-                Limiters::PerSubject(_, map) => map.maybe_sweep(now),
+                Limiters::PerSubject(_, map) | Limiters::PerValue(map) => map.maybe_sweep(now),
                 _ => 0,
             })
             .sum()
@@ -446,6 +504,12 @@ fn build_local(
     burst: Option<u64>,
     max_subjects: usize,
 ) -> Result<Limiters, spillway_core::algo::ParamError> {
+    if let Some(descriptor) = &bucket.descriptor
+        && descriptor.is_per_value()
+        && let Some(map) = SubjectMap::new(bucket.algorithm, rate, burst, max_subjects)?
+    {
+        return Ok(Limiters::PerValue(map));
+    }
     if let Some(subject) = &bucket.match_spec.subject
         && subject.value == SubjectValue::Each
         && let Some(map) = SubjectMap::new(bucket.algorithm, rate, burst, max_subjects)?

@@ -99,8 +99,20 @@ impl ExactStore {
         cost: u64,
         on_failure: FailurePolicy,
     ) -> Verdict {
+        self.decide_remaining(bucket, key, cost, on_failure).await.0
+    }
+
+    /// Like [`ExactStore::decide`], with the units Redis says are left (`None` when the failure
+    /// policy decided).
+    pub(crate) async fn decide_remaining(
+        &self,
+        bucket: &ExactBucket,
+        key: Option<&RedisKey>,
+        cost: u64,
+        on_failure: FailurePolicy,
+    ) -> (Verdict, Option<u64>) {
         let key = key.unwrap_or_else(|| bucket.key());
-        match bucket.batcher() {
+        let guarded = match bucket.batcher() {
             Some(batcher) => {
                 batcher
                     .decide(&self.guarded, key, bucket.algo(), cost, on_failure)
@@ -111,8 +123,8 @@ impl ExactStore {
                     .decide(key, bucket.algo(), cost, on_failure)
                     .await
             }
-        }
-        .verdict
+        };
+        (guarded.verdict, guarded.remaining)
     }
 
     /// What `policy` answers without asking Redis.
@@ -150,6 +162,8 @@ pub(crate) struct ExactBucket {
     api: Box<str>,
     /// `Some` for per-subject buckets (`user: "*"`), whose key holds the request's value.
     each: Option<SubjectKind>,
+    /// A descriptor bucket whose key holds the request's counted values.
+    per_value: bool,
     /// The key of a bucket that is one counter for every request it matches.
     key: RedisKey,
     /// The leases of a bucket with `batch: N`, for every key of the bucket.
@@ -170,6 +184,21 @@ impl ExactBucket {
                 source,
             }
         })?;
+        if let Some(descriptor) = &bucket.descriptor {
+            // `rl:{svc:descriptor:VALUES:rl: foo, bar=banned}:fixed-window`: the descriptor as
+            // the api, so two buckets whose counted values agree never share a key.
+            let api: Box<str> = descriptor.to_string().into();
+            return Ok(Self {
+                key: RedisKey::qualified(service, "descriptor", "-", &api, bucket.algorithm.name()),
+                algo,
+                service: service.into(),
+                scope: "descriptor",
+                api,
+                each: None,
+                per_value: descriptor.is_per_value(),
+                batcher: bucket.batch.map(|n| Batcher::new(BatchConfig::up_to(n))),
+            });
+        }
         let spec = &bucket.match_spec;
         let (scope, value, each) = match &spec.subject {
             Some(subject) => (
@@ -191,8 +220,19 @@ impl ExactBucket {
             scope,
             api,
             each,
+            per_value: false,
             batcher: bucket.batch.map(|n| Batcher::new(BatchConfig::up_to(n))),
         })
+    }
+
+    /// Whether a descriptor bucket keys each request's counted values apart.
+    pub(crate) fn per_value(&self) -> bool {
+        self.per_value
+    }
+
+    /// The algorithm's kind and rate, to tell Envoy when the bucket resets.
+    pub(crate) fn kind_rate(&self) -> (spillway_core::algo::Kind, Rate) {
+        (self.algo.kind(), self.algo.rate())
     }
 
     /// The bucket's batcher, when it has `batch: N`.

@@ -56,6 +56,16 @@ impl ExactStore {
     pub(crate) fn policy_verdict(&self, _policy: FailurePolicy) -> Verdict {
         match *self {}
     }
+
+    pub(crate) async fn decide_remaining(
+        &self,
+        _bucket: &ExactBucket,
+        _key: Option<&RedisKey>,
+        _cost: u64,
+        _on_failure: FailurePolicy,
+    ) -> (Verdict, Option<u64>) {
+        match *self {}
+    }
 }
 
 /// A `store: redis` bucket, which this build never has.
@@ -79,6 +89,14 @@ impl ExactBucket {
     }
 
     pub(crate) fn subject_key(&self, _value: &str) -> RedisKey {
+        match *self {}
+    }
+
+    pub(crate) fn per_value(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn kind_rate(&self) -> (spillway_core::algo::Kind, Rate) {
         match *self {}
     }
 }

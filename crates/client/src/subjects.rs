@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 use spillway_core::algo::{
-    FixedWindow, Gcra, LeakyBucket, ParamError, Rate, SlidingWindowCounter, SlidingWindowLog,
-    TokenBucket,
+    FixedWindow, Gcra, LeakyBucket, ParamError, Quota, Rate, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
 };
 use spillway_core::clock::Nanos;
 use spillway_core::config::Algorithm;
@@ -77,6 +77,17 @@ impl SubjectLimiter {
             SubjectLimiter::SlidingWindowLog(a) => a.decide(now, cost),
             SubjectLimiter::SlidingWindowCounter(a) => a.decide(now, cost),
             SubjectLimiter::Gcra(a) => a.decide(now, cost),
+        }
+    }
+
+    fn quota(&self, now: Nanos) -> Quota {
+        match self {
+            SubjectLimiter::TokenBucket(a) => a.quota(now),
+            SubjectLimiter::LeakyBucket(a) => a.quota(now),
+            SubjectLimiter::FixedWindow(a) => a.quota(now),
+            SubjectLimiter::SlidingWindowLog(a) => a.quota(now),
+            SubjectLimiter::SlidingWindowCounter(a) => a.quota(now),
+            SubjectLimiter::Gcra(a) => a.quota(now),
         }
     }
 }
@@ -164,6 +175,28 @@ impl SubjectMap {
 
     /// Decides a request of `subject`; allocates only for a subject not seen while it was active.
     pub(crate) fn decide(&self, subject: &str, now: Nanos, cost: u64) -> Verdict {
+        self.decide_then(subject, now, cost, |_| ()).0
+    }
+
+    /// Like [`SubjectMap::decide`], with what the subject's limiter still admits right after
+    /// (read under the same lock, so no other request of the subject comes between). A subject
+    /// admitted without a limiter because the map is full has the whole limit left.
+    pub(crate) fn decide_quota(&self, subject: &str, now: Nanos, cost: u64) -> (Verdict, Quota) {
+        let (verdict, quota) = self.decide_then(subject, now, cost, |l| l.quota(now));
+        let quota = quota.unwrap_or(Quota {
+            remaining: self.rate.count(),
+            reset: std::time::Duration::ZERO,
+        });
+        (verdict, quota)
+    }
+
+    fn decide_then<T>(
+        &self,
+        subject: &str,
+        now: Nanos,
+        cost: u64,
+        then: impl FnOnce(&SubjectLimiter) -> T,
+    ) -> (Verdict, Option<T>) {
         let mut hex = [0; 64];
         let subject = subject_key(subject, &mut hex);
         let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
@@ -172,22 +205,24 @@ impl SubjectMap {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(slot) = shard.get_mut(subject) {
             slot.last_seen = now;
-            return slot.limiter.decide(now, cost);
+            let verdict = slot.limiter.decide(now, cost);
+            return (verdict, Some(then(&slot.limiter)));
         }
         if self.len.load(Ordering::Relaxed) >= self.max {
             let freed = evict_idle(&mut shard, now, self.idle_ns);
             self.len.fetch_sub(freed, Ordering::Relaxed);
             if freed == 0 {
                 self.overflow.fetch_add(1, Ordering::Relaxed);
-                return Verdict::Allow;
+                return (Verdict::Allow, None);
             }
         }
         let Ok(limiter) = self.limiter() else {
             // `new` built one with the same parameters, so this cannot fail; if it ever did,
             // admitting is the fault-free answer (the proxy never turns its fault into a drop).
-            return Verdict::Allow;
+            return (Verdict::Allow, None);
         };
         let verdict = limiter.decide(now, cost);
+        let after = then(&limiter);
         shard.insert(
             subject.into(),
             Slot {
@@ -196,7 +231,7 @@ impl SubjectMap {
             },
         );
         self.len.fetch_add(1, Ordering::Relaxed);
-        verdict
+        (verdict, Some(after))
     }
 
     /// Evicts idle subjects if a sweep is due (every half idle period); returns how many.

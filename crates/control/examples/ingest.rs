@@ -204,6 +204,7 @@ fn report(host: &str) -> v1::Report {
         shadow_dropped: 0,
         offered_tail: Some(offered / 4),
         hosts: None,
+        tier_offered: Vec::new(),
     };
     v1::Report {
         host_id: host.into(),

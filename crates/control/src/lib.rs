@@ -18,11 +18,12 @@
 pub mod aggregator;
 pub mod controller;
 mod error;
+mod intervals;
 pub mod rules;
 mod serve;
 pub mod trust;
 
-pub use aggregator::{Aggregator, AggregatorOptions};
+pub use aggregator::{Aggregator, AggregatorOptions, InstructionsRx, LocalClient, LocalClients};
 pub use controller::{Controller, ControllerOptions};
 pub use error::ControlError;
 pub use rules::FileRules;

@@ -175,6 +175,44 @@ async fn without_the_controller_clients_fail_open_and_a_restart_restores_enforce
     fleet.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_client_leaves_the_ratio_falls_to_the_new_load_at_once() {
+    // 1.5 L over 8 clients drops 1/3; the busiest (300/s) leaves, and 1.2 L drops 1/6. The
+    // controller takes that fall at once (it is many deviations of the count's noise,
+    // `Smoother::update_counted`), so between 1/3 and 1/6 a client sees at most the ratio of
+    // the interval the client left in (part of it at each load, about 0.3), never the steps
+    // of an eased release (0.283, 0.248, 0.223, ...), during which the fleet admitted less
+    // than its limit.
+    let fleet = Fleet::start(&rules(1000), 2, 2, 2).await;
+    fleet.wait_linked().await;
+    for (client, rate) in fleet.clients.iter().zip(UNEVEN) {
+        client.set_rate("global", rate);
+    }
+    wait_for(fleet.patience(), "every client drops 1/3", || {
+        fleet.clients.iter().all(|c| c.drops("global", 1.0 / 3.0))
+    })
+    .await;
+    fleet.clients[0].set_rate("global", 0.0);
+    let mut seen = Vec::new();
+    let took = wait_for(fleet.patience(), "every other client drops 1/6", || {
+        let ratio = fleet.clients[1].ratio("global");
+        if seen.last() != Some(&ratio) {
+            seen.push(ratio);
+        }
+        fleet.clients[1..]
+            .iter()
+            .all(|c| close(c.ratio("global"), 1.0 / 6.0, 0.01))
+    })
+    .await;
+    eprintln!("ratios seen after the client left: {seen:?}, 1/6 after {took:?}");
+    assert!(
+        seen.iter().all(|&r| !(0.2..0.29).contains(&r)),
+        "an eased release: {seen:?}"
+    );
+    assert!(close(fleet.admitted("global"), L, 0.02 * L));
+    fleet.shutdown().await;
+}
+
 /// The value of one sample in a Prometheus text exposition.
 fn metric(text: &str, sample: &str) -> Option<f64> {
     text.lines()

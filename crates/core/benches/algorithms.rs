@@ -6,6 +6,7 @@
 //! drop ratio whose denials are the point. Run: `cargo bench -p spillway-core --bench algorithms -- --warm-up-time 1
 //! --measurement-time 3`.
 
+use spillway_core::criticality::Criticality;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -118,17 +119,22 @@ fn bench_one_thread(c: &mut Criterion) {
     let none = DropRatio::new(Duration::from_secs(1));
     none.set(Ratio::ZERO, u64::MAX);
     g.bench_function("drop-ratio-0%", |b| {
-        b.iter(|| allow(none.decide(clock.now())))
+        b.iter(|| allow(none.decide(clock.now(), Criticality::Critical)))
     });
     let third = DropRatio::new(Duration::from_secs(1));
     third.set(Ratio::from_fraction(1, 3), u64::MAX);
     g.bench_function("drop-ratio-33%", |b| {
-        b.iter(|| allow(third.decide(clock.now())))
+        b.iter(|| allow(third.decide(clock.now(), Criticality::Critical)))
+    });
+    let coin = DropRatio::with_coin(Duration::from_secs(1));
+    coin.set(Ratio::from_fraction(1, 3), u64::MAX);
+    g.bench_function("drop-ratio-33%-coin", |b| {
+        b.iter(|| allow(coin.decide(clock.now(), Criticality::Critical)))
     });
     let counters = BucketCounters::default();
     g.bench_function("drop-ratio-33%+counters", |b| {
         b.iter(|| {
-            let v = third.decide(clock.now());
+            let v = third.decide(clock.now(), Criticality::Critical);
             counters.record(
                 if v.is_allow() {
                     Outcome::Allowed
@@ -164,10 +170,20 @@ fn bench_given_now(c: &mut Criterion) {
     });
     let none = DropRatio::new(Duration::from_secs(1));
     none.set(Ratio::ZERO, u64::MAX);
-    g.bench_function("drop-ratio-0%", |b| b.iter(|| allow(none.decide(tick()))));
+    g.bench_function("drop-ratio-0%", |b| {
+        b.iter(|| allow(none.decide(tick(), Criticality::Critical)))
+    });
     let third = DropRatio::new(Duration::from_secs(1));
     third.set(Ratio::from_fraction(1, 3), u64::MAX);
-    g.bench_function("drop-ratio-33%", |b| b.iter(|| allow(third.decide(tick()))));
+    g.bench_function("drop-ratio-33%", |b| {
+        b.iter(|| allow(third.decide(tick(), Criticality::Critical)))
+    });
+    // The independent coin the drop schedule replaced, in the same run.
+    let coin = DropRatio::with_coin(Duration::from_secs(1));
+    coin.set(Ratio::from_fraction(1, 3), u64::MAX);
+    g.bench_function("drop-ratio-33%-coin", |b| {
+        b.iter(|| allow(coin.decide(tick(), Criticality::Critical)))
+    });
     g.finish();
 }
 
@@ -193,13 +209,26 @@ fn bench_two_threads(c: &mut Criterion) {
     let third = DropRatio::new(Duration::from_secs(1));
     third.set(Ratio::from_fraction(1, 3), u64::MAX);
     g.bench_function("drop-ratio-33%", |b| {
-        b.iter_custom(|iters| parallel(2, iters, &|| allow(third.decide(clock.now()))))
+        b.iter_custom(|iters| {
+            parallel(2, iters, &|| {
+                allow(third.decide(clock.now(), Criticality::Critical))
+            })
+        })
+    });
+    let coin = DropRatio::with_coin(Duration::from_secs(1));
+    coin.set(Ratio::from_fraction(1, 3), u64::MAX);
+    g.bench_function("drop-ratio-33%-coin", |b| {
+        b.iter_custom(|iters| {
+            parallel(2, iters, &|| {
+                allow(coin.decide(clock.now(), Criticality::Critical))
+            })
+        })
     });
     let counters = BucketCounters::default();
     g.bench_function("drop-ratio-33%+counters", |b| {
         b.iter_custom(|iters| {
             parallel(2, iters, &|| {
-                let v = third.decide(clock.now());
+                let v = third.decide(clock.now(), Criticality::Critical);
                 counters.record(
                     if v.is_allow() {
                         Outcome::Allowed
@@ -234,7 +263,7 @@ fn bench_one_thread_custom(c: &mut Criterion) {
     g.bench_function("drop-ratio-33%+counters", |b| {
         b.iter_custom(|iters| {
             parallel(1, iters, &|| {
-                let v = third.decide(clock.now());
+                let v = third.decide(clock.now(), Criticality::Critical);
                 counters.record(
                     if v.is_allow() {
                         Outcome::Allowed

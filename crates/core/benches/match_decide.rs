@@ -6,6 +6,7 @@
 //! (`Instant`, about 22 ns here) or the coarse one (about 2 ns, millisecond resolution). Run:
 //! `cargo bench -p spillway-core --bench match_decide -- --warm-up-time 1 --measurement-time 3`.
 
+use spillway_core::criticality::Criticality;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ impl RuleSet {
         let mut decision = Decision::Allow;
         for bucket in out.iter() {
             let i = bucket.index();
-            let verdict = self.limiters[i].decide(now);
+            let verdict = self.limiters[i].decide(now, Criticality::Critical);
             self.counters[i].record(Outcome::of(verdict, Mode::Enforce), 1);
             decision = decision.combine(verdict.into_decision(bucket, Mode::Enforce));
         }

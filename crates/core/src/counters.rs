@@ -4,12 +4,15 @@
 //! counter would make every core fight over one cache line; instead each bucket has a few
 //! cache-line-padded stripes, each thread writes to its own stripe, and the reporter sums the
 //! stripes once per interval. Offered is not stored: it is `allowed + dropped + shadow_dropped`,
-//! which saves an atomic add per request.
+//! which saves an atomic add per request. Each counter is kept per criticality tier (SPEC §10),
+//! which costs nothing on the hot path (the tier picks the counter) and fits the same cache
+//! lines: twelve counters in a stripe of 128 bytes.
 
 use std::cell::Cell;
 use std::ops::Sub;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::criticality::{Criticality, TIERS};
 use crate::decision::{Decision, Mode, Verdict};
 
 /// Stripes per bucket by default: enough that a handful of worker threads rarely share one.
@@ -44,18 +47,64 @@ impl From<Decision> for Outcome {
     }
 }
 
-/// A reading of a bucket's counters: monotonic totals since the counters were created.
+/// One tier's part of a reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierCounts {
+    pub allowed: u64,
+    pub dropped: u64,
+    pub shadow_dropped: u64,
+}
+
+impl TierCounts {
+    /// Everything of the tier that arrived.
+    pub fn offered(&self) -> u64 {
+        self.allowed + self.dropped + self.shadow_dropped
+    }
+}
+
+/// A reading of a bucket's counters: monotonic totals since the counters were created, and
+/// their parts per tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Snapshot {
     pub allowed: u64,
     pub dropped: u64,
     pub shadow_dropped: u64,
+    /// Per tier in [`Criticality::ALL`] order. A reading made by hand may leave them at zero:
+    /// whatever the tiers do not hold counts as the default tier ([`Snapshot::tier`]).
+    pub tiers: [TierCounts; TIERS],
 }
 
 impl Snapshot {
     /// Everything that arrived: allowed, dropped or shadow-dropped.
     pub fn offered(&self) -> u64 {
         self.allowed + self.dropped + self.shadow_dropped
+    }
+
+    /// The counts of `tier`; the default tier also holds what no tier was given.
+    pub fn tier(&self, tier: Criticality) -> TierCounts {
+        let own = self.tiers[tier.index()];
+        if tier != Criticality::default() {
+            return own;
+        }
+        let others = |f: fn(&TierCounts) -> u64| -> u64 {
+            Criticality::ALL
+                .iter()
+                .filter(|&&t| t != tier)
+                .map(|t| f(&self.tiers[t.index()]))
+                .sum()
+        };
+        TierCounts {
+            allowed: self.allowed.saturating_sub(others(|t| t.allowed)),
+            dropped: self.dropped.saturating_sub(others(|t| t.dropped)),
+            shadow_dropped: self
+                .shadow_dropped
+                .saturating_sub(others(|t| t.shadow_dropped)),
+        }
+    }
+
+    /// What each tier was offered, in [`Criticality::ALL`] order.
+    pub fn offered_by_tier(&self) -> [u64; TIERS] {
+        Criticality::ALL.map(|t| self.tier(t).offered())
     }
 }
 
@@ -64,10 +113,22 @@ impl Sub for Snapshot {
     type Output = Snapshot;
 
     fn sub(self, earlier: Snapshot) -> Snapshot {
+        let tier = |i: usize| TierCounts {
+            allowed: self.tiers[i]
+                .allowed
+                .saturating_sub(earlier.tiers[i].allowed),
+            dropped: self.tiers[i]
+                .dropped
+                .saturating_sub(earlier.tiers[i].dropped),
+            shadow_dropped: self.tiers[i]
+                .shadow_dropped
+                .saturating_sub(earlier.tiers[i].shadow_dropped),
+        };
         Snapshot {
             allowed: self.allowed.saturating_sub(earlier.allowed),
             dropped: self.dropped.saturating_sub(earlier.dropped),
             shadow_dropped: self.shadow_dropped.saturating_sub(earlier.shadow_dropped),
+            tiers: std::array::from_fn(tier),
         }
     }
 }
@@ -77,9 +138,8 @@ impl Sub for Snapshot {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe {
-    allowed: AtomicU64,
-    dropped: AtomicU64,
-    shadow_dropped: AtomicU64,
+    /// By tier, then by [`Outcome`] (allowed, dropped, shadow-dropped).
+    counts: [[AtomicU64; 3]; TIERS],
 }
 
 /// Gives each thread a stripe number once, round robin, so the first threads get distinct ones.
@@ -120,29 +180,39 @@ impl BucketCounters {
         }
     }
 
-    /// Adds `n` (1 per request, or its cost) to the counter of `outcome`.
+    /// Adds `n` (1 per request, or its cost) to the counter of `outcome`, in the default tier.
     #[inline]
     pub fn record(&self, outcome: Outcome, n: u64) {
+        self.record_tier(Criticality::default(), outcome, n);
+    }
+
+    /// Adds `n` to the counter of `outcome` in `tier`.
+    #[inline]
+    pub fn record_tier(&self, tier: Criticality, outcome: Outcome, n: u64) {
         // The length is a power of two (see `with_stripes`).
         let stripe = &self.stripes[thread_stripe() & (self.stripes.len() - 1)];
-        let counter = match outcome {
-            Outcome::Allowed => &stripe.allowed,
-            Outcome::Dropped => &stripe.dropped,
-            Outcome::ShadowDropped => &stripe.shadow_dropped,
-        };
+        let counter = &stripe.counts[tier.index()][outcome as usize];
         // Relaxed: totals only need to be eventually complete, and each add is atomic.
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Sums the stripes.
     pub fn snapshot(&self) -> Snapshot {
-        self.stripes
-            .iter()
-            .fold(Snapshot::default(), |acc, s| Snapshot {
-                allowed: acc.allowed + s.allowed.load(Ordering::Relaxed),
-                dropped: acc.dropped + s.dropped.load(Ordering::Relaxed),
-                shadow_dropped: acc.shadow_dropped + s.shadow_dropped.load(Ordering::Relaxed),
-            })
+        let mut snapshot = Snapshot::default();
+        for stripe in self.stripes.iter() {
+            for (tier, counts) in snapshot.tiers.iter_mut().zip(&stripe.counts) {
+                tier.allowed += counts[Outcome::Allowed as usize].load(Ordering::Relaxed);
+                tier.dropped += counts[Outcome::Dropped as usize].load(Ordering::Relaxed);
+                tier.shadow_dropped +=
+                    counts[Outcome::ShadowDropped as usize].load(Ordering::Relaxed);
+            }
+        }
+        for tier in snapshot.tiers {
+            snapshot.allowed += tier.allowed;
+            snapshot.dropped += tier.dropped;
+            snapshot.shadow_dropped += tier.shadow_dropped;
+        }
+        snapshot
     }
 }
 
@@ -176,5 +246,23 @@ mod tests {
         c.record(Outcome::Allowed, 1);
         let delta = c.snapshot() - first;
         assert_eq!((delta.allowed, delta.dropped, delta.offered()), (1, 2, 3));
+    }
+
+    #[test]
+    fn tiers_are_counted_apart_and_a_reading_by_hand_is_the_default_tier() {
+        let c = BucketCounters::default();
+        c.record_tier(Criticality::Sheddable, Outcome::Dropped, 4);
+        c.record_tier(Criticality::Sheddable, Outcome::Allowed, 1);
+        c.record(Outcome::Allowed, 7);
+        let s = c.snapshot();
+        assert_eq!((s.allowed, s.dropped, s.offered()), (8, 4, 12));
+        assert_eq!(s.tier(Criticality::Sheddable).dropped, 4);
+        assert_eq!(s.offered_by_tier(), [0, 7, 0, 5]);
+        let by_hand = Snapshot {
+            allowed: 10,
+            dropped: 2,
+            ..Snapshot::default()
+        };
+        assert_eq!(by_hand.offered_by_tier(), [0, 12, 0, 0]);
     }
 }

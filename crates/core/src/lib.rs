@@ -9,11 +9,16 @@
 
 pub mod algo;
 pub mod clock;
+pub mod concurrency;
 pub mod config;
 pub mod control;
 pub mod counters;
+pub mod criticality;
 pub mod decision;
+pub mod descriptor;
+pub mod import;
 pub mod limit;
 pub mod matcher;
 pub mod pattern;
+pub mod request_id;
 pub mod surge;

@@ -117,10 +117,21 @@ impl Matcher {
     /// # Panics
     /// With more than `u32::MAX` specs, which no configuration file comes near.
     pub fn compile<'a>(specs: impl IntoIterator<Item = &'a MatchSpec>) -> Self {
+        Self::compile_some(specs.into_iter().map(Some))
+    }
+
+    /// Like [`Matcher::compile`], where a `None` takes its bucket's id but matches no request:
+    /// how descriptor buckets (SPEC §8), which only Envoy's RLS requests reach, keep their ids.
+    ///
+    /// # Panics
+    /// With more than `u32::MAX` specs.
+    pub fn compile_some<'a>(specs: impl IntoIterator<Item = Option<&'a MatchSpec>>) -> Self {
         let mut pairs = PairMap::default();
         let mut by_caller: Level<Level<Candidates>> = Level::default();
         let mut buckets = 0;
         for (position, spec) in specs.into_iter().enumerate() {
+            buckets = position + 1;
+            let Some(spec) = spec else { continue };
             let bucket = BucketId(u32::try_from(position).expect("more than u32::MAX buckets"));
             let candidate = Candidate {
                 bucket,
@@ -138,7 +149,6 @@ impl Matcher {
                     .slot(procedure.as_ref())
                     .push(candidate),
             }
-            buckets = position + 1;
         }
         // A request reaches at most one pair, plus what the levels give it.
         let max_matches = by_caller.bound() + pairs.values().map(Vec::len).max().unwrap_or(0);

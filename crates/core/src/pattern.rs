@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use crate::criticality::Criticality;
+
 /// An exact string or a glob. `*` matches any run of characters, including none; there is no
 /// escape, because no caller, procedure or subject in practice contains a literal `*`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -204,6 +206,8 @@ pub struct RequestAttrs<'a> {
     pub procedure: Option<&'a str>,
     /// Indexed by [`SubjectKind::index`].
     pub subjects: [Option<&'a str>; 4],
+    /// The request's tier (SPEC §10): which drops it absorbs first. No bucket matches on it.
+    pub criticality: Criticality,
 }
 
 impl<'a> RequestAttrs<'a> {

@@ -1,6 +1,8 @@
-//! In-interval surge correction on one client (G11): between two instructions, a client that
-//! sees its own offered load jump drops the excess over its part of the limit at once, instead
-//! of letting the surge through until the control plane's next instruction.
+//! In-interval correction on one client (G11): between two instructions, a client that sees its
+//! own offered load jump drops the excess over its part of the limit at once, instead of letting
+//! the surge through until the control plane's next instruction; and one whose load falls holds
+//! the rate it was granted instead of the ratio, so the end of a surge is not a second of
+//! wrongful drops.
 //!
 //! The control plane answers a surge one report interval after it began (half an interval when
 //! it began mid-interval and the interval's tail showed it). Until then every client applies the
@@ -20,6 +22,16 @@
 //!   `s = 1 - cap x W / (n + 1)`, applies `max(r, s)`, and holds the client to its part so,
 //!   whatever the count, until the control plane has answered with an instruction computed from
 //!   a whole interval of the surge: the second instruction after it was seen.
+//! - **A fall.** The ratio `r` admits the client's part only at the load it was computed from:
+//!   when a surge ends (367K back to 22K RPS against 25K/s), `r = 14/15` would keep dropping 93%
+//!   of a load now under the limit until the next instruction. When a run of recent ticks
+//!   counts clearly less than expected ([`FALL_SIGMAS`]), the client holds its part of the limit
+//!   (the rate it was granted, `(1 - r) x m`) instead: it drops only what its count shows over
+//!   its part, nothing while it is under (see [`SurgeGuard::current`]).
+//!
+//! The guard's ratio replaces the instruction's in the limiter while it holds (two ticks,
+//! `spillway_core::algo::DropRatio::set_surge`), so a client whose guard stops ticking falls back
+//! to the control plane's ratio.
 //!
 //! Worked example: four hosts offer 15/s each to a global bucket of 100/s, so
 //! `G = 60`, `N = 4`, `cap = 15 + 40 / 4 = 25/s` and `c = 2.5` per 100 ms. The load
@@ -55,6 +67,19 @@ pub const SIGMAS: f64 = 5.0;
 /// in 50 million. With it a steady load passes for a surge about once in a million ticks or
 /// less at any rate (`c + 5 sqrt(c) + 2`: 8 at `c = 1`, 28 at `c = 10`, 152 at `c = 100`).
 pub const MARGIN: f64 = 2.0;
+
+/// How far below the count expected under the instruction a run of ticks must be before the
+/// client takes its load for fallen and holds its part of the limit instead of the ratio: three
+/// standard deviations of a steady Poisson count, plus [`FALL_MARGIN`]. Less strict than a
+/// surge's [`SIGMAS`]: a false fall lowers one host's ratio for a tick or two, where a false
+/// surge holds it to its part for two intervals.
+pub const FALL_SIGMAS: f64 = 3.0;
+
+/// Requests taken off the bar for a fall: one.
+pub const FALL_MARGIN: f64 = 1.0;
+
+/// The longest run of ticks a fall is judged over: 20 (one interval of 1 s).
+const FALL_TICKS: usize = 20;
 
 /// The guard's tick: 50 ms.
 pub const TICK_NS: Nanos = 50_000_000;
@@ -103,13 +128,18 @@ pub fn part_of_limit(own: f64, limit: f64, scope: f64, hosts: u64) -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Part {
     cap_rps: f64,
+    /// The client's own offered rate over the instruction's interval: what the ratio was
+    /// computed against.
+    own_rps: f64,
     ratio: f64,
     expires_at: Nanos,
+    interval_ns: Nanos,
 }
 
 /// One bucket's surge correction on one client: feed it the offered count of every tick
-/// ([`SurgeGuard::tick`]) and every instruction ([`SurgeGuard::instruct`]); apply the larger of
-/// the instructed ratio and what `tick` returns.
+/// ([`SurgeGuard::tick`]) and every instruction ([`SurgeGuard::instruct`]); apply what `tick`
+/// (or, right after an instruction, [`SurgeGuard::current`]) returns in place of the
+/// instruction's ratio.
 #[derive(Debug, Clone)]
 pub struct SurgeGuard {
     /// Offered counts of the last ticks and when each ended, newest last.
@@ -167,8 +197,10 @@ impl SurgeGuard {
         };
         self.part = Some(Part {
             cap_rps: part_of_limit(own, i.limit_rps, i.scope_offered_rps, i.scope_hosts),
+            own_rps: own,
             ratio: i.ratio.clamp(0.0, 1.0),
             expires_at: i.expires_at,
+            interval_ns: i.interval_ns,
         });
         // Saturating: the interval is whatever the control plane sent, up to `u64::MAX` ns.
         self.keep_ns = i
@@ -179,7 +211,7 @@ impl SurgeGuard {
     }
 
     /// Records the offered count of the tick that ended at `now` and returns the ratio to drop
-    /// until the next tick: 0 unless the window's count shows a surge over the client's part.
+    /// until the next tick ([`SurgeGuard::current`]).
     pub fn tick(&mut self, offered: u64, now: Nanos) -> Ratio {
         self.ticks.push_back((now, offered));
         while self
@@ -189,6 +221,15 @@ impl SurgeGuard {
         {
             self.ticks.pop_front();
         }
+        self.current(now)
+    }
+
+    /// The ratio the client drops at `now`, in place of the instruction's: the instruction's
+    /// own; more when the window's count shows a surge over the client's part of the limit; less
+    /// when its load fell clearly below what the instruction was computed from ([`FALL_SIGMAS`]),
+    /// so that it holds the rate it was granted, its part, rather than the ratio. 0 once the
+    /// instruction expired (G9), or before any.
+    pub fn current(&mut self, now: Nanos) -> Ratio {
         let Some(part) = self.part else {
             return Ratio::ZERO;
         };
@@ -197,8 +238,9 @@ impl SurgeGuard {
             self.engaged = 0;
             return Ratio::ZERO;
         }
+        let instructed = Ratio::from_f64(part.ratio);
         if part.ratio >= 1.0 || self.ticks.len() < WINDOW_TICKS {
-            return Ratio::ZERO;
+            return instructed;
         }
         let window_s = (WINDOW_TICKS as u64 * TICK_NS) as f64 / NANOS_PER_SEC as f64;
         let n: u64 = self
@@ -217,14 +259,72 @@ impl SurgeGuard {
             // start of the surge; the second has seen a whole interval of it.
             self.engaged = 2;
         }
-        // `allowed / (n + 1)`, not `allowed / n`: the next tick's count is as noisy as this
-        // one, and for a Poisson count `E[1 / (n + 1)]` is `1 / mean` (to within `e^-mean`)
-        // where `E[1 / n]` would admit `1 / mean` too much, 4.5% at 22 a window.
-        if self.engaged > 0 && n + 1.0 > allowed {
-            Ratio::from_f64(1.0 - allowed / (n + 1.0))
-        } else {
-            Ratio::ZERO
+        if self.engaged > 0 {
+            // `allowed / (n + 1)`, not `allowed / n`: the next tick's count is as noisy as this
+            // one, and for a Poisson count `E[1 / (n + 1)]` is `1 / mean` (to within `e^-mean`)
+            // where `E[1 / n]` would admit `1 / mean` too much, 4.5% at 22 a window.
+            return if n + 1.0 > allowed {
+                instructed.max(Ratio::from_f64(1.0 - allowed / (n + 1.0)))
+            } else {
+                instructed
+            };
         }
+        match self.fallen(part) {
+            Some(lower) if part.ratio > 0.0 => instructed.min(Ratio::from_f64(lower)),
+            _ => instructed,
+        }
+    }
+
+    /// When the client's load fell clearly below what the instruction expected of it, the ratio
+    /// that holds it to its part of the limit instead: over the run of recent ticks (up to one
+    /// interval) that is furthest below the expected count, in standard deviations, and clearly
+    /// so ([`FALL_SIGMAS`], [`FALL_MARGIN`], and under `1 / RISE` of it), the ratio that
+    /// admits the part, `1 - part / count`, when the count is more than a deviation over the
+    /// part, else 0.
+    ///
+    /// Worked example (surge-15x's end): a host offered 367/s, ratio 14/15, part 24.5/s: 18.4
+    /// requests a tick expected. Its load falls to 22/s, 1.1 a tick: the first tick of the
+    /// calm holds 1 (under `18.4 - 3 x 4.3 - 1 = 4.5`), and the host drops nothing more unless
+    /// its count runs over its part, 1.2 a tick, by a deviation, where it would have dropped
+    /// 93% until the next instruction.
+    ///
+    /// The rate granted is `(1 - r) x` the client's own offered rate when the ratio came, not
+    /// its part of the scope's limit: the two agree when every host's count was taken as sent,
+    /// but a host the zone held to what it counted (a busy host counted for the limit, SPEC
+    /// §7) was given a ratio for its real load, and its part computed from the counted scope
+    /// would read that load as a fall.
+    fn fallen(&self, part: Part) -> Option<f64> {
+        let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
+        let expected = part.own_rps * tick_s;
+        let granted = expected * (1.0 - part.ratio);
+        let most = usize::try_from(part.interval_ns / TICK_NS)
+            .unwrap_or(usize::MAX)
+            .clamp(1, FALL_TICKS);
+        // Counts of the newest ticks, newest first, and their running sums.
+        let mut sums = [0u64; FALL_TICKS + 1];
+        let mut best = None::<(f64, f64, f64)>;
+        for (k, &(_, n)) in self.ticks.iter().rev().take(most).enumerate() {
+            sums[k + 1] = sums[k] + n;
+            let run = k + 1;
+            let (e, c) = (expected * run as f64, sums[run] as f64);
+            // The newest half of the run must be as low as the run (within noise): a load that
+            // was low and came back, or rose within the interval, is no fall.
+            let half = sums[run.div_ceil(2)] as f64;
+            let half_expected = c * run.div_ceil(2) as f64 / run as f64;
+            let steady = half <= half_expected + 2.0 * half_expected.sqrt() + 1.0;
+            if steady && c < e / RISE && c < e - FALL_SIGMAS * e.sqrt() - FALL_MARGIN {
+                let z = (e - c) / e.sqrt();
+                if best.is_none_or(|(bz, _, _)| z > bz) {
+                    best = Some((z, c, granted * run as f64));
+                }
+            }
+        }
+        let (_, count, part_count) = best?;
+        Some(if count > part_count + part_count.sqrt() {
+            1.0 - part_count / count
+        } else {
+            0.0
+        })
     }
 }
 
@@ -309,13 +409,14 @@ mod tests {
             let n = poisson(&mut rng, 7.5);
             let s = guard.tick(n, at).as_f64();
             instructed_admits += n as f64 * (1.0 - ratio);
-            guarded_admits += n as f64 * (1.0 - ratio.max(s));
+            guarded_admits += n as f64 * (1.0 - s);
         }
         // The test for a surge passes by chance about once in a million ticks, and then holds
-        // the host to its part for up to two intervals: a few drops of noise at most.
+        // the host to its part for up to two intervals; a fall, a little more often, lowers the
+        // ratio for a tick: a few requests of noise either way at most.
         let added = 1.0 - guarded_admits / instructed_admits;
         assert!(
-            (0.0..0.005).contains(&added),
+            added.abs() < 0.005,
             "the guard dropped {:.3}% more",
             added * 100.0
         );
@@ -391,7 +492,7 @@ mod tests {
         // Its own 10/s over the second it ran, at 1.5x the limit: a part of 10 x 100 / 150.
         let cap = guard.cap_rps().unwrap();
         assert!((cap - 10.0 * 100.0 / 150.0).abs() < 1e-9, "{cap}");
-        assert_eq!(guard.tick(1, now + TICK_NS), Ratio::ZERO);
+        assert_eq!(guard.tick(1, now + TICK_NS), Ratio::from_f64(1.0 / 3.0));
     }
 
     #[test]
@@ -406,7 +507,7 @@ mod tests {
         assert_eq!(guard.cap_rps(), None);
         // An instruction that drops everything already: nothing to add.
         guard.instruct(instructed(1.0, 100.0, 40.0, 4, later), later);
-        assert_eq!(guard.tick(1_000, later + 2 * TICK_NS), Ratio::ZERO);
+        assert_eq!(guard.tick(1_000, later + 2 * TICK_NS), Ratio::ONE);
     }
 
     #[test]
@@ -422,8 +523,77 @@ mod tests {
         }
         guard.instruct(instructed(0.75, 100.0, 200.0, 4, now), now);
         assert!((guard.cap_rps().unwrap() - 25.0).abs() < 1e-9);
-        assert_eq!(guard.tick(5, now + TICK_NS), Ratio::ZERO);
-        assert_eq!(guard.tick(5, now + 2 * TICK_NS), Ratio::ZERO);
+        assert_eq!(guard.tick(5, now + TICK_NS), Ratio::from_f64(0.75));
+        assert_eq!(guard.tick(5, now + 2 * TICK_NS), Ratio::from_f64(0.75));
+    }
+
+    #[test]
+    fn at_the_end_of_a_surge_the_host_holds_its_part_instead_of_the_ratio() {
+        // The worked example of `fallen`: 367/s against a part of 24.5/s (ratio 14/15), then
+        // 22/s. Poisson ticks, a fixed seed.
+        let mut rng = fastrand::Rng::with_seed(21);
+        let mut guard = SurgeGuard::new();
+        let mut now = 0;
+        for _ in 0..20 {
+            now += TICK_NS;
+            guard.tick(poisson(&mut rng, 18.35), now);
+        }
+        let r = 14.0 / 15.0;
+        guard.instruct(instructed(r, 25_000.0, 375_000.0, 1_000, now), now);
+        let during = guard.tick(poisson(&mut rng, 18.35), now + TICK_NS);
+        assert_eq!(
+            during,
+            Ratio::from_f64(r),
+            "the surge goes on: the ratio holds"
+        );
+        now += TICK_NS;
+        let (mut offered, mut dropped) = (0.0, 0.0);
+        let mut s = guard.tick(poisson(&mut rng, 1.1), now + TICK_NS);
+        assert!(
+            s.as_f64() < 0.7,
+            "the first calm tick releases: {}",
+            s.as_f64()
+        );
+        for k in 2..19 {
+            let n = poisson(&mut rng, 1.1) as f64;
+            offered += n;
+            dropped += n * s.as_f64();
+            s = guard.tick(n as u64, now + k * TICK_NS);
+        }
+        // It used to drop 93% of the calm until the next instruction.
+        assert!(dropped <= 0.1 * offered, "{dropped} of {offered} dropped");
+    }
+
+    #[test]
+    fn a_fall_still_over_the_part_keeps_dropping_the_excess() {
+        // 367/s to 75/s per host (3x its part of 24.5/s): the host goes on dropping about
+        // 1 - 24.5 / 75 = 0.67, not 14/15 and not nothing.
+        let mut rng = fastrand::Rng::with_seed(22);
+        let mut guard = SurgeGuard::new();
+        let mut now = 0;
+        for _ in 0..20 {
+            now += TICK_NS;
+            guard.tick(poisson(&mut rng, 18.35), now);
+        }
+        guard.instruct(
+            instructed(14.0 / 15.0, 25_000.0, 375_000.0, 1_000, now),
+            now,
+        );
+        let mut s = Ratio::ZERO;
+        let (mut offered, mut admitted) = (0.0, 0.0);
+        for k in 1..=18 {
+            let n = poisson(&mut rng, 3.75) as f64;
+            if k > 4 {
+                offered += n;
+                admitted += n * (1.0 - s.as_f64());
+            }
+            s = guard.tick(n as u64, now + k * TICK_NS);
+        }
+        let kept = admitted / offered;
+        assert!(
+            (0.2..0.5).contains(&kept),
+            "kept {kept:.2} of a load at 3x its part"
+        );
     }
 
     proptest::proptest! {
@@ -448,7 +618,7 @@ mod tests {
             guard.tick(after, now + TICK_NS);
             let s = guard.tick(after, now + 2 * TICK_NS);
             proptest::prop_assert!(s <= Ratio::ONE);
-            if s.as_f64() > ratio {
+            if s > Ratio::from_f64(ratio) {
                 let cap = guard.cap_rps().unwrap();
                 let window = 2.0 * after as f64 + 1.0;
                 let admitted = window * (1.0 - s.as_f64());

@@ -171,3 +171,39 @@ fn the_schema_describes_batch_with_its_range() {
         "{batch}"
     );
 }
+
+#[test]
+fn a_concurrency_section_loads_with_its_defaults_and_is_off_when_absent() {
+    use spillway_core::concurrency::{AlgorithmName, Settings};
+    let load = |text: &str| config::load_str(text, "c.yaml").unwrap().concurrency;
+    assert_eq!(load("version: 1\n"), None);
+    assert_eq!(
+        load("version: 1\nconcurrency: {}\n"),
+        Some(Settings::adaptive(AlgorithmName::Gradient))
+    );
+    assert_eq!(
+        load("version: 1\nconcurrency: { algorithm: fixed, limit: 64 }\n"),
+        Some(Settings::fixed(64))
+    );
+    assert_eq!(
+        load("version: 1\nconcurrency: { algorithm: vegas, min_limit: 2, max_limit: 8 }\n"),
+        Some(Settings {
+            algorithm: AlgorithmName::Vegas,
+            min_limit: 2,
+            max_limit: 8,
+            initial_limit: 8,
+        })
+    );
+    let schema = config::json_schema();
+    let section = &schema["$defs"]["ConcurrencyFile"]["properties"];
+    for key in [
+        "algorithm",
+        "limit",
+        "min_limit",
+        "max_limit",
+        "initial_limit",
+    ] {
+        assert!(section.get(key).is_some(), "{key} missing from {section}");
+    }
+    assert!(schema["properties"].get("concurrency").is_some());
+}

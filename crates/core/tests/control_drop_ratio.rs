@@ -1,6 +1,7 @@
 //! G8's example: at 1.5x the limit the drop ratio is 1/3 and two thirds of requests get through,
 //! on every instance alike; G9: an expired instruction drops nothing.
 
+use spillway_core::criticality::Criticality;
 use std::time::Duration;
 
 use spillway_core::algo::{DropRatio, Ratio};
@@ -9,7 +10,9 @@ use spillway_core::control::{Policy, Sample, target_drop};
 const DECISIONS: u64 = 1_000_000;
 
 fn admitted_fraction(limiter: &DropRatio, now: u64, n: u64) -> f64 {
-    let admitted = (0..n).filter(|_| limiter.decide(now).is_allow()).count();
+    let admitted = (0..n)
+        .filter(|_| limiter.decide(now, Criticality::Critical).is_allow())
+        .count();
     admitted as f64 / n as f64
 }
 
@@ -35,7 +38,8 @@ fn one_and_a_half_times_the_limit_admits_two_thirds_of_a_million_decisions() {
 
 #[test]
 fn every_instance_drops_the_same_share() {
-    // Two threads stand for two hosts; each gets its own thread-local coin.
+    // Two threads stand for two hosts; each gets its own thread-local generator and its own
+    // stripe of the drop schedule.
     let limiter = DropRatio::new(Duration::from_secs(1));
     limiter.set(Ratio::from_fraction(1, 3), u64::MAX);
     let fractions: Vec<f64> = std::thread::scope(|s| {
@@ -55,12 +59,18 @@ fn every_instance_drops_the_same_share() {
 
 #[test]
 fn a_seeded_generator_gives_the_same_decisions_every_run() {
-    let limiter = DropRatio::new(Duration::from_secs(1));
-    limiter.set(Ratio::from_fraction(1, 3), u64::MAX);
+    // A fresh limiter per run: the drop schedule carries what it owes from one request to the
+    // next, so a second run on the same limiter starts from another state.
     let run = |seed| {
+        let limiter = DropRatio::new(Duration::from_secs(1));
+        limiter.set(Ratio::from_fraction(1, 3), u64::MAX);
         let mut rng = fastrand::Rng::with_seed(seed);
         (0..DECISIONS)
-            .filter(|_| limiter.decide_with(0, &mut rng).is_allow())
+            .filter(|_| {
+                limiter
+                    .decide_with(0, Criticality::Critical, &mut rng)
+                    .is_allow()
+            })
             .count()
     };
     let first = run(42);

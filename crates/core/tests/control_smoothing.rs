@@ -1,6 +1,7 @@
 //! The control loop over simulated intervals: a surge is cut in one loop, a calm releases
 //! gradually without undershooting, and a constant load does not make the ratio oscillate.
 
+use spillway_core::criticality::Criticality;
 use std::time::Duration;
 
 use spillway_core::algo::{DropRatio, Ratio};
@@ -21,7 +22,11 @@ fn run(offered: &[u64], seed: u64) -> Vec<(f64, u64)> {
         let now = i as u64 * INTERVAL;
         let in_force = limiter.current(now).unwrap_or(Ratio::ZERO).as_f64();
         let admitted = (0..load)
-            .filter(|_| limiter.decide_with(now, &mut rng).is_allow())
+            .filter(|_| {
+                limiter
+                    .decide_with(now, Criticality::Critical, &mut rng)
+                    .is_allow()
+            })
             .count() as u64;
         out.push((in_force, admitted));
         let next = policy.next(Sample {

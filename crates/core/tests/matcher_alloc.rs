@@ -70,6 +70,7 @@ impl OwnedRequest {
             caller: self.caller.as_deref(),
             procedure: self.procedure.as_deref(),
             subjects: self.subjects.each_ref().map(Option::as_deref),
+            criticality: Default::default(),
         }
     }
 }

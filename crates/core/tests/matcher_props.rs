@@ -77,6 +77,7 @@ fn request() -> impl Strategy<Value = RequestAttrs<'static>> {
             caller,
             procedure,
             subjects,
+            criticality: Default::default(),
         })
 }
 

@@ -14,7 +14,7 @@ pub mod load;
 pub mod summary;
 pub mod view;
 
-pub use demo::{DemoOptions, run};
+pub use demo::{DASHBOARD, Demo, DemoOptions, run};
 pub use summary::Summary;
 
 /// Why the demo could not run.

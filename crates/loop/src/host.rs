@@ -12,10 +12,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use spillway_core::algo::{Kind, Ratio, Share};
+use spillway_core::algo::{Kind, Ratio, Share, TierRatios, uniform};
 use spillway_core::clock::{Nanos, nanos};
 use spillway_core::config::{Config, StateStore};
 use spillway_core::counters::Snapshot;
+use spillway_core::criticality::{TIERS, shed_to};
 use spillway_core::surge::{self, Instructed, SurgeGuard};
 use spillway_proto::v1;
 
@@ -52,17 +53,23 @@ pub struct HostId {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostStep {
     /// A drop-ratio bucket drops `ratio` of its requests until `ttl` from now, unless a newer
-    /// instruction comes (G8); after that it admits everything again (G9).
+    /// instruction comes (G8); after that it admits everything again (G9). Each criticality tier
+    /// drops its own ratio of `tiers`, the lowest first (SPEC §10).
     DropRatio {
         bucket: usize,
         ratio: Ratio,
+        tiers: TierRatios,
         ttl: Duration,
     },
-    /// A drop-ratio bucket's surge guard: drop at least `ratio` until `until` on the limiters'
-    /// clock (`spillway_core::surge`).
+    /// A drop-ratio bucket's own ratio between instructions (`spillway_core::surge`): drop
+    /// `ratio` instead of the instruction's until `until` on the limiters' clock, then the
+    /// instruction's again. Higher than the instruction's in a surge, lower once the host's load
+    /// fell below what the instruction was computed from. Every tick of the guard and every
+    /// instruction sends one.
     Surge {
         bucket: usize,
         ratio: Ratio,
+        tiers: TierRatios,
         until: Nanos,
     },
     /// An adaptive token bucket refills at `share` of its limit (G10).
@@ -92,6 +99,13 @@ struct Bucket {
     guard_at: Option<Nanos>,
     /// When an adaptive share stops holding, on the limiters' clock.
     share_until: Option<Nanos>,
+    /// The last instruction's ratio and its tiers: the guard's ratio, when it is the same, drops
+    /// by the instruction's tiers (split by the whole scope's load).
+    instructed: (Ratio, TierRatios),
+    /// The host's own recent load per tier, decayed by a quarter per guard tick, and the tiers'
+    /// totals at the last tick: a guard's ratio of its own is split by it.
+    mix: [u64; TIERS],
+    guard_tiers: [u64; TIERS],
 }
 
 impl Bucket {
@@ -105,7 +119,47 @@ impl Bucket {
             guard_offered: 0,
             guard_at: None,
             share_until: None,
+            instructed: (Ratio::ZERO, uniform(Ratio::ZERO)),
+            mix: [0; TIERS],
+            guard_tiers: [0; TIERS],
         }
+    }
+
+    /// The tiers of the guard's ratio `ratio`: the instruction's when it is the instruction's
+    /// ratio; else the instruction's tiers moved ([`shed_to`]) so that the host admits the part
+    /// of its own recent load the guard's ratio keeps, relative to what the instruction kept.
+    /// A host whose load eases thus spares the tiers the instruction spares, and a host of only
+    /// critical traffic, which the instruction spared, drops critical requests only for a surge
+    /// of its own.
+    fn guard_tiers(&self, ratio: Ratio) -> TierRatios {
+        let (instructed, tiers) = self.instructed;
+        if ratio == instructed || tiers == uniform(instructed) {
+            return if ratio == instructed {
+                tiers
+            } else {
+                uniform(ratio)
+            };
+        }
+        // The guard holds the host to `1 - ratio` of its load where the instruction let
+        // `1 - instructed` through; the host's own tiers let `1 - own` of its load through.
+        let base = tiers.map(Ratio::as_f64);
+        let total: f64 = self.mix.iter().map(|&n| n as f64).sum();
+        let own = if total > 0.0 {
+            base.iter()
+                .zip(&self.mix)
+                .map(|(r, &n)| r * n as f64)
+                .sum::<f64>()
+                / total
+        } else {
+            instructed.as_f64()
+        };
+        let kept = 1.0 - instructed.as_f64();
+        let target = if kept > 0.0 {
+            1.0 - (1.0 - ratio.as_f64()) * (1.0 - own) / kept
+        } else {
+            ratio.as_f64()
+        };
+        shed_to(target, &base, &self.mix).map(Ratio::from_f64)
     }
 }
 
@@ -314,8 +368,8 @@ impl HostCore {
 
     /// One tick of every drop-ratio bucket's surge guard, every [`surge::TICK_NS`]: counts what
     /// each was offered since the last tick (scaled to one tick when the tick came late) and
-    /// installs the correction until two ticks from now, so a stalled owner cannot leave one
-    /// behind. The first tick only starts counting.
+    /// installs the guard's ratio until two ticks from now, so a stalled owner cannot leave one
+    /// behind (the instruction's applies again). The first tick only starts counting.
     pub fn guard_tick(&mut self, now: Nanos, totals: &[Snapshot]) -> Vec<HostStep> {
         let mut steps = Vec::new();
         if !self.surge_guard {
@@ -326,6 +380,11 @@ impl HostCore {
                 continue;
             }
             let offered = total.offered();
+            let tiers = total.offered_by_tier();
+            for ((mix, &now), was) in b.mix.iter_mut().zip(&tiers).zip(b.guard_tiers) {
+                *mix = *mix - *mix / 4 + now.saturating_sub(was);
+            }
+            b.guard_tiers = tiers;
             if let Some(at) = b.guard_at
                 && offered >= b.guard_offered
                 && now > at
@@ -336,6 +395,7 @@ impl HostCore {
                 steps.push(HostStep::Surge {
                     bucket: i,
                     ratio,
+                    tiers: b.guard_tiers(ratio),
                     until: now.saturating_add(2 * surge::TICK_NS),
                 });
             }
@@ -372,9 +432,14 @@ impl HostCore {
             match bucket.kind {
                 Kind::DropRatio => {
                     let ratio = Ratio::from_raw(b.drop_ratio);
+                    // Anything but four values: every tier drops the bucket's ratio.
+                    let tiers = <[u64; TIERS]>::try_from(b.tier_drop_ratio.as_slice())
+                        .map_or(uniform(ratio), |raw| raw.map(Ratio::from_raw));
+                    bucket.instructed = (ratio, tiers);
                     steps.push(HostStep::DropRatio {
                         bucket: i,
                         ratio,
+                        tiers,
                         ttl,
                     });
                     if self.surge_guard {
@@ -392,6 +457,15 @@ impl HostCore {
                             },
                             now.clock,
                         );
+                        // The guard's ratio replaces the instruction's in the limiter: the one
+                        // it installed at its last tick was for the old instruction.
+                        let ratio = bucket.guard.current(now.clock);
+                        steps.push(HostStep::Surge {
+                            bucket: i,
+                            ratio,
+                            tiers: bucket.guard_tiers(ratio),
+                            until: now.clock.saturating_add(2 * surge::TICK_NS),
+                        });
                     }
                 }
                 _ => {
@@ -457,6 +531,7 @@ impl HostCore {
                     offered: delta.offered(),
                     allowed: delta.allowed,
                     shadow_dropped: delta.shadow_dropped,
+                    tiers: delta.offered_by_tier(),
                 }
             })
             .collect()
@@ -502,6 +577,7 @@ mod tests {
             share: share.map(|s| Ratio::from_f64(s).raw()),
             scope_offered_rps: 0.0,
             scope_hosts: 1,
+            tier_drop_ratio: Vec::new(),
         }
     }
 
@@ -562,13 +638,49 @@ mod tests {
         );
         assert_eq!(
             steps,
-            [HostStep::DropRatio {
-                bucket: 0,
-                ratio: Ratio::from_f64(0.25),
-                ttl: Duration::from_secs(5),
-            }]
+            [
+                HostStep::DropRatio {
+                    bucket: 0,
+                    ratio: Ratio::from_f64(0.25),
+                    tiers: uniform(Ratio::from_f64(0.25)),
+                    ttl: Duration::from_secs(5),
+                },
+                // The guard has counted nothing yet: its ratio is the instruction's.
+                HostStep::Surge {
+                    bucket: 0,
+                    ratio: Ratio::from_f64(0.25),
+                    tiers: uniform(Ratio::from_f64(0.25)),
+                    until: at(8_110).clock,
+                }
+            ]
         );
         assert_eq!(core.last_instructions_ms(), 8_010);
+    }
+
+    #[test]
+    fn an_instructions_tiers_reach_the_limiter_and_the_guard_keeps_them() {
+        let mut core = core(DROP);
+        let third = Ratio::from_f64(1.0 / 3.0);
+        let tiers = [0.0, 0.0, 0.0, 5.0 / 6.0].map(Ratio::from_f64);
+        let mut message = instruction("all", 1.0 / 3.0, None);
+        message.tier_drop_ratio = tiers.iter().map(|r| r.raw()).collect();
+        let steps = core.on_instructions(at(8_010), instructions(vec![message]));
+        assert!(
+            matches!(steps[0], HostStep::DropRatio { tiers: t, ratio, .. } if t == tiers && ratio == third),
+            "{steps:?}"
+        );
+        assert!(
+            matches!(steps[1], HostStep::Surge { tiers: t, .. } if t == tiers),
+            "{steps:?}"
+        );
+        // A message with tiers of another length drops the bucket's ratio from every tier.
+        let mut odd = instruction("all", 1.0 / 3.0, None);
+        odd.tier_drop_ratio = vec![0, 0];
+        let steps = core.on_instructions(at(8_020), instructions(vec![odd]));
+        assert!(
+            matches!(steps[0], HostStep::DropRatio { tiers: t, .. } if t == uniform(third)),
+            "{steps:?}"
+        );
     }
 
     #[test]

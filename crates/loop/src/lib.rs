@@ -17,6 +17,7 @@
 
 pub mod host;
 pub mod interval;
+pub mod ledger;
 pub mod plausible;
 pub mod region;
 pub mod rules;
@@ -26,6 +27,7 @@ pub mod zone;
 
 pub use host::{HostCore, HostId, HostStep, HostTime};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
+pub use ledger::{HistoryBatch, HistoryRow, Ledger};
 pub use plausible::{Bounds, Clamp, ClampCounts, ClampReason, Factors};
 pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
 pub use rules::{LinkRules, RulesError, RulesSnapshot};

@@ -235,6 +235,7 @@ pub fn check_report(
             clamped(key, ClampReason::HostCount, c.hosts, one);
             c.hosts = one;
         }
+        c.fit_tiers();
     }
 }
 
@@ -384,6 +385,7 @@ pub fn bound_peers(
             c.offered_tail = tail;
             c.allowed = c.allowed.min(offered);
             c.shadow_dropped = c.shadow_dropped.min(offered);
+            c.fit_tiers();
         }
     }
     factors
@@ -392,6 +394,7 @@ pub fn bound_peers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spillway_core::criticality::TIERS;
 
     fn counts(offered: u64, tail: u64) -> Counts {
         Counts {
@@ -400,6 +403,7 @@ mod tests {
             allowed: offered,
             shadow_dropped: 0,
             hosts: 1,
+            tiers: [0; TIERS],
         }
     }
 
@@ -558,6 +562,7 @@ mod tests {
                 allowed: 7_000_000,
                 shadow_dropped: 6_000_000,
                 hosts: 40,
+                tiers: [0; TIERS],
             },
         )]));
         let mut seen = Vec::new();
@@ -576,6 +581,7 @@ mod tests {
                 allowed: 500_000,
                 shadow_dropped: 500_000,
                 hosts: 1,
+                tiers: [0; TIERS],
             }
         );
         assert_eq!(

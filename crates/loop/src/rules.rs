@@ -98,7 +98,10 @@ impl LinkRules {
             redis: own.redis.as_ref().map(RedisFile::from),
         };
         let yaml = yaml_serde::to_string(&file).map_err(|e| RulesError::Render(e.to_string()))?;
-        Ok(config::load_str(&yaml, name)?)
+        let mut config = config::load_str(&yaml, name)?;
+        // The in-flight limit on the upstream is the host's own, like its identity.
+        config.concurrency = own.concurrency;
+        Ok(config)
     }
 }
 
@@ -122,9 +125,11 @@ impl RulesSnapshot {
     /// here.
     pub fn parse(version: u64, yaml: &str, name: &str) -> Result<Self, RulesError> {
         let config = config::load_str(yaml, name)?;
-        // `load_str` read the same text into this model before it validated it.
-        let file: ConfigFile =
+        // `load_str` read the same text into this model before it validated it. A
+        // `concurrency` section is the proxy's own and does not go down.
+        let file: config::DocumentFile =
             yaml_serde::from_str(yaml).map_err(|e| RulesError::Render(e.to_string()))?;
+        let (file, _) = file.split();
         Self::rendered(version, &file, config)
     }
 
@@ -177,6 +182,21 @@ mod tests {
         "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 10/s }\n";
 
     const SECRET: &str = "# secret comment\nversion: 1\nidentity:\n  user: header:x-account\ncontrol:\n  report_interval: 2s\n  instruction_ttl: 10s\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 10/s }\n      - { name: exact, limit: 5/s, algorithm: token-bucket, store: redis, match: { user: \"*\" } }\nredis: { url: \"redis://:hunter2@127.0.0.1:6379\" }\n";
+
+    #[test]
+    fn a_descriptor_bucket_runs_on_a_host_from_the_rules_as_sent() {
+        // The link writes every default out, `cost: 1` among them, which a descriptor bucket
+        // must not name in a file: what is sent must still run.
+        let yaml = "version: 1\nservices:\n  edge:\n    buckets:\n      - name: per-ip\n        match: { descriptor: { domain: edge, entries: [ {key: remote_address} ] } }\n        limit: 10/s\n        algorithm: fixed-window\n";
+        let snapshot = RulesSnapshot::parse(4, yaml, "rules.yaml").unwrap();
+        let own = config::load_str(ONE, "own.yaml").unwrap();
+        let config = LinkRules::decode(&snapshot.message())
+            .unwrap()
+            .with_own(&own, "received")
+            .unwrap();
+        let (_, bucket) = config.buckets().next().unwrap();
+        assert_eq!(bucket.descriptor.as_ref().unwrap().domain.as_ref(), "edge");
+    }
 
     #[test]
     fn a_model_renders_to_the_yaml_it_came_from() {

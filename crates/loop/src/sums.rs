@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hash;
 
+use spillway_core::criticality::{Criticality, TIERS};
 use spillway_proto::v1;
 
 /// A bucket by its configuration names; stable across reloads that keep the bucket.
@@ -33,6 +34,9 @@ pub struct Counts {
     pub shadow_dropped: u64,
     /// Hosts whose counts are summed here that offered load to the bucket.
     pub hosts: u64,
+    /// `offered` per criticality tier, in [`Criticality::ALL`] order, summing to `offered`
+    /// ([`Counts::fit_tiers`]); all zero when it is all the default tier.
+    pub tiers: [u64; TIERS],
 }
 
 /// The tail is the last `1 / TAIL_PARTS` of an interval: 250 ms of a 1 s interval.
@@ -53,6 +57,37 @@ pub const TAIL_RISE: f64 = 1.25;
 pub const TAIL_NOISE_SIGMAS: f64 = 3.0;
 
 impl Counts {
+    /// What each tier offered, in [`Criticality::ALL`] order: `tiers`, or all of `offered` in
+    /// the default tier when no tier was counted.
+    pub fn tier_offered(&self) -> [u64; TIERS] {
+        if self.tiers.iter().all(|&n| n == 0) {
+            let mut tiers = [0; TIERS];
+            tiers[Criticality::default().index()] = self.offered;
+            tiers
+        } else {
+            self.tiers
+        }
+    }
+
+    /// Scales the tiers to sum to `offered`, keeping their proportions (the default tier takes
+    /// what rounding leaves): after a clamp lowered `offered`, or for tiers as a sender wrote
+    /// them, whose total may be anything. A sender's tiers thus say how its load divides, never
+    /// how large it is.
+    pub fn fit_tiers(&mut self) {
+        let total: u128 = self.tiers.iter().map(|&n| u128::from(n)).sum();
+        if total == 0 || total == u128::from(self.offered) {
+            return;
+        }
+        let offered = u128::from(self.offered);
+        let mut fitted = [0u64; TIERS];
+        for (f, &n) in fitted.iter_mut().zip(&self.tiers) {
+            *f = u64::try_from(u128::from(n) * offered / total).unwrap_or(u64::MAX);
+        }
+        let rest = self.offered.saturating_sub(fitted.iter().sum());
+        fitted[Criticality::default().index()] += rest;
+        self.tiers = fitted;
+    }
+
     /// The offered load to compute a drop ratio from, in requests per interval: the interval's
     /// offered count, or [`TAIL_PARTS`] times its tail when that is clearly higher (a surge
     /// that started within the interval), by more than [`TAIL_RISE`] times and more than
@@ -77,6 +112,13 @@ impl Counts {
 
 impl std::ops::AddAssign for Counts {
     fn add_assign(&mut self, other: Counts) {
+        // Sums of counts with and without tiers: the latter are all the default tier.
+        if self.tiers != [0; TIERS] || other.tiers != [0; TIERS] {
+            let (mine, theirs) = (self.tier_offered(), other.tier_offered());
+            for (t, (a, b)) in self.tiers.iter_mut().zip(mine.iter().zip(theirs)) {
+                *t = a.saturating_add(b);
+            }
+        }
         self.offered = self.offered.saturating_add(other.offered);
         self.offered_tail = self.offered_tail.saturating_add(other.offered_tail);
         self.allowed = self.allowed.saturating_add(other.allowed);
@@ -100,10 +142,7 @@ impl Sums {
     /// Adds counts as they came over the wire.
     pub fn add_wire(&mut self, buckets: &[v1::BucketCounts]) {
         for b in buckets {
-            *self
-                .0
-                .entry(BucketKey::new(&b.service, &b.bucket))
-                .or_default() += Counts {
+            let mut counts = Counts {
                 offered: b.offered,
                 // Unknown: a quarter of the interval, as a steady load would have it.
                 offered_tail: b.offered_tail.unwrap_or(b.offered / TAIL_PARTS),
@@ -111,7 +150,14 @@ impl Sums {
                 shadow_dropped: b.shadow_dropped,
                 // A host's own report: one host, when it offered anything.
                 hosts: b.hosts.unwrap_or(u64::from(b.offered > 0)),
+                // Anything but four values says nothing about tiers: all the default tier.
+                tiers: <[u64; TIERS]>::try_from(b.tier_offered.as_slice()).unwrap_or_default(),
             };
+            counts.fit_tiers();
+            *self
+                .0
+                .entry(BucketKey::new(&b.service, &b.bucket))
+                .or_default() += counts;
         }
     }
 
@@ -136,6 +182,7 @@ impl Sums {
                     shadow_dropped: c.shadow_dropped,
                     offered_tail: Some(c.offered_tail),
                     hosts: Some(c.hosts),
+                    tier_offered: tiers_to_wire(&c),
                 }
             })
             .collect()
@@ -152,11 +199,42 @@ impl Sums {
     }
 }
 
+/// A count's tiers for the wire: none when all of it is the default tier.
+pub fn tiers_to_wire(c: &Counts) -> Vec<u64> {
+    let tiers = c.tier_offered();
+    let default = Criticality::default().index();
+    if tiers
+        .iter()
+        .enumerate()
+        .all(|(i, &n)| i == default || n == 0)
+    {
+        Vec::new()
+    } else {
+        tiers.to_vec()
+    }
+}
+
 /// How far past the last closed interval a report may be: 16 intervals. In normal operation a
 /// report is one or two ahead (the interval that just ended, while the one before waits out its
 /// grace); a sequence further ahead comes from a broken or hostile sender, and accepting it would
 /// hold an open interval (and its memory) that nothing ever closes.
 pub const MAX_AHEAD: u64 = 16;
+
+/// When an interval may close before every member reported it: `wait_ms` after its end, with at
+/// most `missing` members silent. [`Quorum::ALL`] never closes early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quorum {
+    pub wait_ms: u64,
+    pub missing: usize,
+}
+
+impl Quorum {
+    /// Every member, or the full wait.
+    pub const ALL: Quorum = Quorum {
+        wait_ms: u64::MAX,
+        missing: 0,
+    };
+}
 
 /// Open intervals and what has arrived for each, from a set of members (an aggregator's hosts, a
 /// controller's zones): the rule both tiers use to decide when an interval is closed.
@@ -226,6 +304,22 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
     where
         K: 'a,
     {
+        self.close_ready_quorum(now_ms, interval, wait_ms, members, Quorum::ALL)
+    }
+
+    /// [`Intervals::close_ready`], where an interval also closes once `quorum.wait_ms` past its
+    /// end when at most `quorum.missing` of `members` have not reported it.
+    pub fn close_ready_quorum<'a>(
+        &mut self,
+        now_ms: u64,
+        interval: crate::interval::Interval,
+        wait_ms: u64,
+        members: impl Iterator<Item = &'a K> + Clone,
+        quorum: Quorum,
+    ) -> Vec<(u64, P, usize)>
+    where
+        K: 'a,
+    {
         let ended = interval
             .sequence_at(now_ms.saturating_sub(wait_ms))
             .saturating_sub(1);
@@ -234,11 +328,17 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         }
         let mut closed = Vec::new();
         while let Some((&sequence, (_, reported))) = self.pending.first_key_value() {
-            let mut all = members.clone().peekable();
-            let complete = all.peek().is_some() && all.all(|m| reported.contains(m));
+            let (count, missing) = members.clone().fold((0usize, 0usize), |(n, m), k| {
+                (n + 1, m + usize::from(!reported.contains(k)))
+            });
+            let complete = count > 0 && missing == 0;
             // Saturating: a host may claim an interval that ends past the end of time.
-            let overdue = now_ms >= interval.end_of(sequence).saturating_add(wait_ms);
-            if !(complete || overdue) {
+            let end = interval.end_of(sequence);
+            let overdue = now_ms >= end.saturating_add(wait_ms);
+            let quorate = count > 0
+                && missing <= quorum.missing
+                && now_ms >= end.saturating_add(quorum.wait_ms);
+            if !(complete || overdue || quorate) {
                 break;
             }
             let Some((sequence, (payload, reported))) = self.pending.pop_first() else {
@@ -269,6 +369,7 @@ mod tests {
                     allowed: offered / 2,
                     shadow_dropped: 1,
                     hosts: 1,
+                    tiers: [0; TIERS],
                 },
             )]))
         };

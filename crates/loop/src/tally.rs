@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use crate::sums::{BucketKey, Counts, TAIL_PARTS};
+use spillway_core::criticality::TIERS;
+
+use crate::sums::{BucketKey, Counts, TAIL_PARTS, tiers_to_wire};
 
 /// One bucket's counts since the previous report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +19,8 @@ pub struct BucketReport {
     pub offered: u64,
     pub allowed: u64,
     pub shadow_dropped: u64,
+    /// `offered` per criticality tier (all zero: all the default tier).
+    pub tiers: [u64; TIERS],
 }
 
 /// One host's counts of the interval in progress, taken in two parts, before its last quarter
@@ -91,6 +95,7 @@ impl Tally {
         counts
             .into_iter()
             .map(|(key, c)| v1::BucketCounts {
+                tier_offered: tiers_to_wire(&c).into_iter().map(scale).collect(),
                 service: key.service,
                 bucket: key.bucket,
                 offered: scale(c.offered),
@@ -114,6 +119,7 @@ impl Tally {
                 allowed: b.allowed,
                 shadow_dropped: b.shadow_dropped,
                 hosts: 0,
+                tiers: b.tiers,
             };
         }
     }
@@ -130,6 +136,7 @@ mod tests {
             offered,
             allowed: offered / 2,
             shadow_dropped: 0,
+            tiers: [0; TIERS],
         }]
     }
 

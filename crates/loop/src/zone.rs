@@ -5,7 +5,11 @@
 //! An interval is complete when every connected host has reported it, or a grace of a quarter
 //! interval after its end has passed: with 1 s reports and one silent host, the zone's sums
 //! still leave at 250 ms past the second, and with all hosts healthy they leave the moment the
-//! last report arrives, so the loop's delay is the network's, not a sum of timers.
+//! last report arrives, so the loop's delay is the network's, not a sum of timers. In a zone of
+//! many hosts one report is often missing (2,000 hosts that each lose one message in 1,000 miss
+//! one in most intervals), so a zone of [`QUORUM_HOSTS`] hosts or more closes an interval 20 ms
+//! past its end when at most one host in 32 is silent; a silent host's counts of the interval
+//! before stand in for its own, whenever an interval closes without it.
 //!
 //! Before it sums them, the aggregator bounds what each host's counts may say
 //! ([`crate::plausible`]): a compromised proxy reporting `offered = 1e9` counts for at most the
@@ -19,7 +23,8 @@ use spillway_proto::v1;
 
 use crate::interval::Interval;
 use crate::plausible::{self, Bounds, Clamp, ClampCounts, Factors};
-use crate::sums::{BucketKey, Intervals, Sums};
+use crate::region::tier_drop_ratios;
+use crate::sums::{BucketKey, Intervals, Quorum, Sums};
 
 /// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
 /// that host's clamps went without one since the last.
@@ -28,6 +33,15 @@ pub struct ClampNotice {
     pub clamp: Clamp,
     pub unlogged: u64,
 }
+
+/// One host in this many may be missing when an interval closes early (see [`ZoneCore::poll`]):
+/// zones of fewer hosts wait for every report, or the grace.
+pub const QUORUM_HOSTS: usize = 32;
+
+/// How long after its end, in fractions of the interval, a large zone waits for its last
+/// reports before it closes an interval without a few of them: a fiftieth (20 ms at 1 s), many
+/// times a zone's network delay, and a fiftieth of an interval added to enforcement.
+pub const QUORUM_WAIT: u64 = 50;
 
 /// At most one [`ClampNotice`] per host in this long: 10 s, so a proxy that lies in every report
 /// makes one warning line every ten seconds, not one per report.
@@ -58,6 +72,8 @@ struct Host {
     rules_version: u64,
     /// Its counts in the last closed interval it reported, as they were counted.
     last: Sums,
+    /// The interval those counts are of.
+    last_sequence: Option<u64>,
     /// The rules version last sent to it.
     sent_rules: u64,
 }
@@ -132,6 +148,11 @@ impl ZoneCore {
         self.hosts.len()
     }
 
+    /// The rules the controller sent last, as they came: what a host that joins now runs.
+    pub fn rules(&self) -> Option<&v1::Rules> {
+        self.rules.as_ref()
+    }
+
     /// The version of the rules the controller sends down (0: none yet).
     pub fn rules_version(&self) -> u64 {
         self.rules.as_ref().map_or(0, |r| r.version)
@@ -172,6 +193,7 @@ impl ZoneCore {
                     conn,
                     rules_version: 0,
                     last: Sums::default(),
+                    last_sequence: None,
                     sent_rules: 0,
                 },
             );
@@ -259,26 +281,60 @@ impl ZoneCore {
     /// Closes, in order, every interval that every host reported or whose grace passed at
     /// `now_ms`, and forwards each; an interval with no report at all is still forwarded, so the
     /// controller keeps answering.
+    ///
+    /// A zone of [`QUORUM_HOSTS`] hosts or more also closes an interval [`QUORUM_WAIT`] of an
+    /// interval after its end (20 ms at 1 s) when at most one host in [`QUORUM_HOSTS`] has not reported
+    /// it. Whenever an interval closes without a host that reported the one before, that host's
+    /// counts of the one before stand in for its own ([`ZoneCore::estimate_missing`]).
     pub fn poll(&mut self, now_ms: u64) -> Vec<ZoneStep> {
-        let closed = self.window.close_ready(
-            now_ms,
-            self.interval,
-            self.interval.grace_ms(),
-            self.hosts.keys(),
-        );
+        let grace = self.interval.grace_ms();
+        let quorum = Quorum {
+            wait_ms: (self.interval.ms() / QUORUM_WAIT).max(1),
+            missing: self.hosts.len() / QUORUM_HOSTS,
+        };
+        let closed =
+            self.window
+                .close_ready_quorum(now_ms, self.interval, grace, self.hosts.keys(), quorum);
         closed
             .into_iter()
-            .map(|(sequence, hosts, reported)| {
-                let sums = self.bound(now_ms, hosts);
+            .map(|(sequence, mut hosts, reported)| {
+                let estimated = self.estimate_missing(sequence, &mut hosts);
+                let sums = self.bound(now_ms, sequence, hosts, &estimated);
                 ZoneStep::Forward(self.forward(sequence, sums, reported))
             })
             .collect()
     }
 
+    /// Puts in `hosts` (the reports of interval `sequence`) the counts of every connected host
+    /// that did not report it but did report the interval before, as that host's estimate:
+    /// a report lost or late costs the sums one interval's change of one host, where leaving
+    /// the host out would count its whole load as gone (at 1.5x the limit, one silent host of
+    /// 33 lowers the ratio enough to admit 5% over the limit for an interval). A host silent
+    /// for two intervals is left out. Returns the hosts estimated.
+    fn estimate_missing(&self, sequence: u64, hosts: &mut BTreeMap<String, Sums>) -> Vec<String> {
+        let mut estimated = Vec::new();
+        for (name, host) in &self.hosts {
+            if !hosts.contains_key(name)
+                && host.last_sequence.is_some_and(|last| last + 1 == sequence)
+            {
+                hosts.insert(name.clone(), host.last.clone());
+                estimated.push(name.clone());
+            }
+        }
+        estimated
+    }
+
     /// Bounds the hosts of a closed interval against each other and sums them: what each host
-    /// counted for becomes its last counts (for its adaptive share), and the part of each
-    /// clamped host's load that was counted, its drop ratio's factor.
-    fn bound(&mut self, now_ms: u64, mut hosts: BTreeMap<String, Sums>) -> Sums {
+    /// that reported counted for becomes its last counts (for its adaptive share, and its
+    /// estimate should its next report be missing), and the part of each clamped host's load
+    /// that was counted, its drop ratio's factor.
+    fn bound(
+        &mut self,
+        now_ms: u64,
+        sequence: u64,
+        mut hosts: BTreeMap<String, Sums>,
+        estimated: &[String],
+    ) -> Sums {
         let mut lowered = Vec::new();
         self.factors = plausible::bound_peers(
             &mut hosts,
@@ -302,8 +358,11 @@ impl ZoneCore {
         let mut zone = Sums::default();
         for (name, sums) in hosts {
             zone.add(&sums);
-            if let Some(host) = self.hosts.get_mut(&name) {
+            if let Some(host) = self.hosts.get_mut(&name)
+                && !estimated.contains(&name)
+            {
                 host.last = sums;
+                host.last_sequence = Some(sequence);
             }
         }
         zone
@@ -387,7 +446,7 @@ impl ZoneCore {
             let mut message = instructions.clone();
             host_shares(&mut message.buckets, &self.last_sums, &host.last, count);
             if !self.factors.is_empty() {
-                hold_to_counted(&mut message.buckets, &self.factors, name);
+                hold_to_counted(&mut message.buckets, &self.factors, name, &host.last);
             }
             if let Some(rules) = &self.rules
                 && host.rules_version != rules.version
@@ -453,14 +512,21 @@ impl ZoneCore {
 
 /// Raises the drop ratios of a host clamped against its peers so it admits what the controller
 /// planned for the load it was counted at ([`Factors::hold`]). Adaptive shares already follow
-/// what was counted ([`host_shares`] splits by counted load).
-fn hold_to_counted(buckets: &mut [v1::BucketInstruction], factors: &Factors, host: &str) {
+/// what was counted ([`host_shares`] splits by counted load). A raised ratio is split per tier
+/// by the host's own last counts, since it is the host's alone.
+fn hold_to_counted(
+    buckets: &mut [v1::BucketInstruction],
+    factors: &Factors,
+    host: &str,
+    host_last: &Sums,
+) {
     for b in buckets.iter_mut().filter(|b| b.share.is_none()) {
         let key = BucketKey::new(&b.service, &b.bucket);
         let ratio = Ratio::from_raw(b.drop_ratio).as_f64();
         let held = factors.hold(host, &key, ratio);
         if held > ratio {
             b.drop_ratio = Ratio::from_f64(held).raw();
+            b.tier_drop_ratio = tier_drop_ratios(held, &host_last.counts(&key));
         }
     }
 }
@@ -513,6 +579,7 @@ mod tests {
                 shadow_dropped: 0,
                 offered_tail: Some(offered / 4),
                 hosts: None,
+                tier_offered: Vec::new(),
             }],
         }
     }
@@ -554,11 +621,52 @@ mod tests {
         let steps = zone.poll(9_250);
         let sent = forwards(&steps);
         assert_eq!((sent[0].sequence, sent[0].clients), (8, 1));
+        // b's counts of interval 7 stand in for its missing report.
+        assert_eq!(sent[0].buckets[0].offered, 400);
         assert!(sent[0].hosts.is_empty(), "nothing changed");
         assert_eq!(zone.forwarded(), 2);
         // A report of a forwarded interval is late.
         zone.on_report(9_300, 2, report("b", 8, 100, 1));
         assert_eq!(zone.late_reports(), 1);
+        // Interval 9: b is silent again; its last report was of 7, two intervals ago, so the
+        // sums go without it.
+        zone.on_report(10_001, 1, report("a", 9, 300, 1));
+        let steps = zone.poll(10_250);
+        let sent = forwards(&steps);
+        assert_eq!((sent[0].sequence, sent[0].buckets[0].offered), (9, 300));
+    }
+
+    #[test]
+    fn a_large_zone_closes_early_without_a_few_silent_hosts() {
+        // 64 hosts: two may be missing 20 ms (a fiftieth of the interval) after the interval's end.
+        let mut zone = ZoneCore::new("r1", "z1", 7_000);
+        zone.upstream_opened();
+        let names: Vec<String> = (0..64).map(|i| format!("h{i:02}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            zone.join(name, i as u64);
+        }
+        for (i, name) in names.iter().enumerate() {
+            zone.on_report(8_001, i as u64, report(name, 7, 10, 1));
+        }
+        // Interval 8: h00 and h01 are silent, 62 report.
+        for (i, name) in names.iter().enumerate().skip(2) {
+            assert!(forwards(&zone.on_report(9_001, i as u64, report(name, 8, 20, 1))).is_empty());
+        }
+        assert!(
+            forwards(&zone.poll(9_019)).is_empty(),
+            "before the quorum's wait"
+        );
+        let steps = zone.poll(9_020);
+        let sent = forwards(&steps);
+        assert_eq!((sent[0].sequence, sent[0].clients), (8, 62));
+        // 62 x 20 reported, and 2 x 10 from the silent hosts' interval 7.
+        assert_eq!(sent[0].buckets[0].offered, 62 * 20 + 2 * 10);
+        // Interval 9: three silent are more than one in 32: the grace applies.
+        for (i, name) in names.iter().enumerate().skip(3) {
+            zone.on_report(10_001, i as u64, report(name, 9, 20, 1));
+        }
+        assert!(forwards(&zone.poll(10_249)).is_empty());
+        assert_eq!(forwards(&zone.poll(10_250))[0].sequence, 9);
     }
 
     #[test]

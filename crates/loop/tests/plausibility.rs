@@ -42,6 +42,7 @@ fn counts(offered: u64, allowed: u64, tail: Option<u64>, hosts: Option<u64>) -> 
         shadow_dropped: 0,
         offered_tail: tail,
         hosts,
+        tier_offered: Vec::new(),
     }
 }
 
@@ -72,7 +73,7 @@ impl Honest {
         vec![Snapshot {
             allowed,
             dropped: (self.offered.floor() as u64).saturating_sub(allowed),
-            shadow_dropped: 0,
+            ..Snapshot::default()
         }]
     }
 

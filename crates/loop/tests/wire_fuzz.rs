@@ -42,6 +42,7 @@ fn bucket_counts() -> impl Strategy<Value = v1::BucketCounts> {
                 shadow_dropped: shadow,
                 offered_tail: tail,
                 hosts,
+                tier_offered: Vec::new(),
             },
         )
 }
@@ -244,6 +245,7 @@ proptest! {
                             share,
                             scope_offered_rps,
                             scope_hosts,
+                            tier_drop_ratio: Vec::new(),
                         }
                     })
                     .collect(),

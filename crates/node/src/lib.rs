@@ -2,7 +2,8 @@
 //! controller following it, one zone's aggregator and a sidecar linked to it.
 //!
 //! A production single-node deployment, not a demonstration: `spillway demo` lives in
-//! `spillway-demo` and borrows only the store seeding ([`seed_and_follow`]) from here.
+//! `spillway-demo` and borrows only the store seeding ([`seed_and_follow`]) and the audit log
+//! its dashboard lists ([`follow_changes`]) from here.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -12,9 +13,11 @@ use spillway_loop::RulesError;
 use spillway_rules::StoreError;
 use spillway_rules::store::ChangeError;
 
+pub mod changes;
 pub mod node;
 pub mod store;
 
+pub use changes::follow_changes;
 pub use node::{Node, NodeOptions};
 pub use store::{StoreRules, seed_and_follow};
 

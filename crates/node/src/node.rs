@@ -10,12 +10,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use spillway_client::control::{ControlOptions, LinkOptions};
+use spillway_control::controller::{HISTORY_CHANNEL, HistorySink};
 use spillway_control::{Aggregator, AggregatorOptions, Controller, ControllerOptions};
 use spillway_proxy::{Proxy, ProxyOptions};
+use spillway_rules::store::history::write_history_from;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::NodeError;
+use crate::changes::follow_changes;
 use crate::store::{StoreRules, seed_and_follow};
 
 /// Where each part of the node listens.
@@ -36,6 +39,10 @@ pub struct NodeOptions {
     pub aggregator_admin: SocketAddr,
     /// How long shutdown waits for the sidecar's requests in flight (`--drain-timeout`).
     pub drain_timeout: std::time::Duration,
+    /// The controller's traffic history in the store (`--history-resolution`), and how long it
+    /// is kept.
+    pub history_resolution: std::time::Duration,
+    pub history_retention: std::time::Duration,
 }
 
 /// A running node.
@@ -49,6 +56,10 @@ pub struct Node {
     rules: StoreRules,
     rules_stop: watch::Sender<bool>,
     rules_task: JoinHandle<()>,
+    /// Reads the audit log for the dashboard's list of changes.
+    changes_task: JoinHandle<()>,
+    /// Writes the controller's traffic history into the store.
+    history_task: JoinHandle<()>,
 }
 
 impl Node {
@@ -84,9 +95,22 @@ impl Node {
             }
         });
 
+        let (changes, changes_task) = follow_changes(rules.store.clone(), rules.rules.clone());
         let mut controller =
             ControllerOptions::new(options.controller_listen, "local", rules.rules.clone());
         controller.admin = Some(options.controller_admin);
+        controller.changes = Some(changes);
+        let (slots, history) = tokio::sync::mpsc::channel(HISTORY_CHANNEL);
+        let history_task = tokio::spawn(write_history_from(
+            rules.store.clone(),
+            "local".to_owned(),
+            history,
+            options.history_retention,
+        ));
+        controller.history = Some(HistorySink {
+            resolution: options.history_resolution,
+            slots,
+        });
         let controller = Controller::start(controller).await?;
         let mut aggregator = AggregatorOptions::new(
             options.aggregator_listen,
@@ -117,6 +141,8 @@ impl Node {
             rules,
             rules_stop,
             rules_task,
+            changes_task,
+            history_task,
         })
     }
 
@@ -125,6 +151,9 @@ impl Node {
         self.proxy.shutdown().await;
         self.aggregator.shutdown().await;
         self.controller.shutdown().await;
+        self.changes_task.abort();
+        // The controller's sender went with it: the writer stores what it holds, then ends.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.history_task).await;
         self.rules_stop.send_replace(true);
         let _ = self.rules_task.await;
         self.rules.store.close().await;

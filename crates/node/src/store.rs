@@ -12,6 +12,9 @@ use tokio::sync::watch;
 
 use crate::NodeError;
 
+/// The service user that seeds the store from the file.
+const SEEDER: &str = "spillway-up";
+
 /// A store seeded from a file and followed.
 pub struct StoreRules {
     pub store: Store,
@@ -29,13 +32,18 @@ pub async fn seed_and_follow(url: &str, yaml: &str, name: &str) -> Result<StoreR
     let file: ConfigFile =
         yaml_serde::from_str(yaml).map_err(|e| NodeError::Config(format!("{name}: {e}")))?;
     let store = Store::connect(url).await?;
+    // Every start after the first finds its users there: a start that stopped between making
+    // them and seeding the rules, or any later one, makes none again.
     let fresh = store.version().await? == 0;
-    let admin_token = if fresh {
+    let admin_token = if fresh && store.user_named("admin").await?.is_none() {
         Some(store.create_user("admin", Role::Admin).await?.1)
     } else {
         None
     };
-    let (seeder, _) = store.create_user("spillway-up", Role::Service).await?;
+    let seeder = match store.user_named(SEEDER).await? {
+        Some(seeder) => seeder,
+        None => store.create_user(SEEDER, Role::Service).await?.0,
+    };
     let inputs = parse_config(yaml)
         .map_err(|e| NodeError::Config(format!("{name}: {e}")))?
         .into_iter()

@@ -29,6 +29,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 shadow_dropped: 0,
                 offered_tail: Some(1_250),
                 hosts: None,
+                tier_offered: Vec::new(),
             })
             .collect(),
     };
@@ -46,6 +47,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 share: None,
                 scope_offered_rps: 150_000.0,
                 scope_hosts: 40,
+                tier_drop_ratio: Vec::new(),
             })
             .collect(),
         rules_version: 1_795_973_127_008,
@@ -71,4 +73,41 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
         v1::Instructions::decode(instructions.encode_to_vec().as_slice()).unwrap(),
         instructions
     );
+}
+
+#[test]
+fn criticality_tiers_cost_a_few_bytes_a_bucket_and_nothing_without_them() {
+    // A bucket whose load is all critical sends no tiers either way (empty repeated fields take
+    // no bytes); one with a mix sends four counts up and four ratios down.
+    let counts = |tiers: Vec<u64>| v1::BucketCounts {
+        service: "payments".into(),
+        bucket: "gateway-charge-000".into(),
+        offered: 5_000,
+        allowed: 3_334,
+        shadow_dropped: 0,
+        offered_tail: Some(1_250),
+        hosts: None,
+        tier_offered: tiers,
+    };
+    let instruction = |tiers: Vec<u64>| v1::BucketInstruction {
+        service: "payments".into(),
+        bucket: "gateway-charge-000".into(),
+        drop_ratio: 1_431_655_766,
+        share: None,
+        scope_offered_rps: 150_000.0,
+        scope_hosts: 40,
+        tier_drop_ratio: tiers,
+    };
+    let plain_up = counts(Vec::new()).encoded_len();
+    let plain_down = instruction(Vec::new()).encoded_len();
+    // 40% sheddable at 1.5x the limit: [0, 3000, 0, 2000] up, [0, 0, 0, 5/6] down.
+    let up = counts(vec![0, 3_000, 0, 2_000]).encoded_len() - plain_up;
+    let down = instruction(vec![0, 0, 0, 3_579_139_414]).encoded_len() - plain_down;
+    eprintln!("tiers add {up} bytes up and {down} down per bucket");
+    assert!(up <= 8, "{up} bytes up");
+    assert!(down <= 10, "{down} bytes down");
+    let decoded =
+        v1::BucketCounts::decode(counts(vec![0, 3_000, 0, 2_000]).encode_to_vec().as_slice())
+            .unwrap();
+    assert_eq!(decoded.tier_offered, [0, 3_000, 0, 2_000]);
 }

@@ -14,7 +14,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use spillway_net::AdminView;
 
-use spillway_client::control::control_plane_live;
+use spillway_client::Client;
+use spillway_client::control::{LinkStatus, control_plane_live};
+use spillway_core::concurrency::Gate;
+use spillway_core::criticality::Criticality;
 
 use crate::server::Shared;
 
@@ -34,10 +37,96 @@ impl AdminView for ProxyView {
     }
 }
 
-/// The SPEC §5 metrics of a proxy, in the Prometheus text format.
+/// The SPEC §5 metrics of a proxy, in the Prometheus text format: its engine's and its own.
 pub(crate) fn metrics(shared: &Shared) -> String {
-    let client = &shared.client;
     let mut registry = Registry::default();
+    register_engine(&mut registry, &shared.client, shared.link.as_deref());
+    let cut = Counter::<u64>::default();
+    cut.inc_by(shared.drain_cut.load(Ordering::Relaxed));
+    registry.register(
+        "spillway_drain_cut",
+        "Requests answered 503 because the drain timeout passed while they waited on the upstream",
+        cut,
+    );
+    let open = Gauge::<i64>::default();
+    open.set(i64::try_from(shared.connections.open()).unwrap_or(i64::MAX));
+    registry.register(
+        "spillway_connections",
+        "Downstream connections open now (at most --max-connections)",
+        open,
+    );
+    let refused = Counter::<u64>::default();
+    refused.inc_by(shared.connections.refused());
+    registry.register(
+        "spillway_connections_refused",
+        "Downstream connections accepted and closed at once because --max-connections were open",
+        refused,
+    );
+    let upstream = Counter::<u64>::default();
+    upstream.inc_by(shared.upstream_errors.load(Ordering::Relaxed));
+    registry.register(
+        "spillway_upstream_errors",
+        "Requests answered 502 or 504 because the upstream could not be reached or timed out",
+        upstream,
+    );
+    let refusals = Family::<Labels, Counter>::default();
+    for refusal in crate::answer::Refusal::ALL {
+        refusals
+            .get_or_create(&vec![("reason", refusal.reason().to_owned())])
+            .inc_by(shared.refusals.get(refusal));
+    }
+    registry.register(
+        "spillway_requests_refused",
+        "Requests the proxy answered itself for a fault of the client's, by reason: bad_host and bad_identity and bad_body (400), body_timeout (408), unsupported_transfer_coding (501); never forwarded, never upstream errors",
+        refusals,
+    );
+    let upgrades = Counter::<u64>::default();
+    upgrades.inc_by(shared.upgrades.load(Ordering::Relaxed));
+    registry.register(
+        "spillway_upgrades",
+        "HTTP/1.1 upgrades (WebSockets) the upstream accepted and the proxy tunnelled",
+        upgrades,
+    );
+    register_concurrency(&mut registry, &shared.concurrency);
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &registry);
+    out
+}
+
+/// The in-flight limit on the upstream (SPEC §10): the limit and the requests in flight (0 and
+/// 0 without a `concurrency` section), and the requests refused by tier, all four always shown.
+fn register_concurrency(registry: &mut Registry, gate: &Gate) {
+    let limit = Gauge::<i64>::default();
+    limit.set(i64::from(gate.limit()));
+    registry.register(
+        "spillway_concurrency_limit",
+        "Requests the concurrency limit lets be in flight to the upstream now (0 without a concurrency section)",
+        limit,
+    );
+    let inflight = Gauge::<i64>::default();
+    inflight.set(i64::from(gate.inflight()));
+    registry.register(
+        "spillway_concurrency_inflight",
+        "Requests admitted by the concurrency limit and waiting on the upstream's answer",
+        inflight,
+    );
+    let rejected = Family::<Labels, Counter>::default();
+    for tier in Criticality::ALL {
+        rejected
+            .get_or_create(&vec![("criticality", tier.name().to_owned())])
+            .inc_by(gate.rejected(tier));
+    }
+    registry.register(
+        "spillway_concurrency_rejected",
+        "Requests answered 503 (gRPC RESOURCE_EXHAUSTED) because the concurrency limit was reached for their tier",
+        rejected,
+    );
+}
+
+/// The metrics of an engine (a client with its control-plane link, if linked) that every
+/// process deciding with one shows: the proxy, and `spillway rls`.
+fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkStatus>) {
     let requests = Family::<Labels, Counter>::default();
     let drop_ratio = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let limit_rps = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -50,14 +139,18 @@ pub(crate) fn metrics(shared: &Shared) -> String {
                 ("bucket", stats.bucket.clone()),
             ]
         };
-        for (decision, n) in [
-            ("allowed", stats.counters.allowed),
-            ("dropped", stats.counters.dropped),
-            ("shadow_dropped", stats.counters.shadow_dropped),
-        ] {
-            let mut labels = bucket();
-            labels.push(("decision", decision.to_owned()));
-            requests.get_or_create(&labels).inc_by(n);
+        for tier in Criticality::ALL {
+            let counts = stats.counters.tier(tier);
+            for (decision, n) in [
+                ("allowed", counts.allowed),
+                ("dropped", counts.dropped),
+                ("shadow_dropped", counts.shadow_dropped),
+            ] {
+                let mut labels = bucket();
+                labels.push(("decision", decision.to_owned()));
+                labels.push(("criticality", tier.name().to_owned()));
+                requests.get_or_create(&labels).inc_by(n);
+            }
         }
         if let Some(ratio) = stats.drop_ratio {
             drop_ratio.get_or_create(&bucket()).set(ratio);
@@ -76,7 +169,7 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     }
     registry.register(
         "spillway_requests",
-        "Requests decided per bucket: allowed, dropped, or shadow_dropped (virtual drops, forwarded)",
+        "Requests decided per bucket and criticality tier: allowed, dropped, or shadow_dropped (virtual drops, forwarded)",
         requests,
     );
     registry.register(
@@ -101,18 +194,13 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     );
     let connected = Gauge::<i64>::default();
     let ttl = client.rules().config().control.instruction_ttl;
-    connected.set(
-        shared
-            .link
-            .as_ref()
-            .map_or(0, |l| i64::from(control_plane_live(l, ttl))),
-    );
+    connected.set(link.map_or(0, |l| i64::from(control_plane_live(l, ttl))));
     registry.register(
         "spillway_control_plane_connected",
         "1 while instructions from the control plane arrive within their TTL; 0 when they stopped (fail-open) and for a standalone proxy",
         connected,
     );
-    if let Some(link) = &shared.link {
+    if let Some(link) = link {
         let reports = Counter::<u64>::default();
         reports.inc_by(link.reports());
         registry.register(
@@ -128,27 +216,6 @@ pub(crate) fn metrics(shared: &Shared) -> String {
             connects,
         );
     }
-    let cut = Counter::<u64>::default();
-    cut.inc_by(shared.drain_cut.load(Ordering::Relaxed));
-    registry.register(
-        "spillway_drain_cut",
-        "Requests answered 503 because the drain timeout passed while they waited on the upstream",
-        cut,
-    );
-    let open = Gauge::<i64>::default();
-    open.set(i64::try_from(shared.connections.open()).unwrap_or(i64::MAX));
-    registry.register(
-        "spillway_connections",
-        "Downstream connections open now (at most --max-connections)",
-        open,
-    );
-    let refused = Counter::<u64>::default();
-    refused.inc_by(shared.connections.refused());
-    registry.register(
-        "spillway_connections_refused",
-        "Downstream connections accepted and closed at once because --max-connections were open",
-        refused,
-    );
     let expired = Counter::<u64>::default();
     expired.inc_by(client.instructions_expired());
     registry.register(
@@ -158,22 +225,12 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     );
     let version = Gauge::<i64>::default();
     // Linked, the control plane's version (what its controller shows for this host).
-    let running = shared
-        .link
-        .as_ref()
-        .map_or(client.rules().version(), |l| l.rules_version());
+    let running = link.map_or(client.rules().version(), |l| l.rules_version());
     version.set(i64::try_from(running).unwrap_or(i64::MAX));
     registry.register(
         "spillway_rules_version",
         "Version of the rules in force; counts up with every reload",
         version,
-    );
-    let upstream = Counter::<u64>::default();
-    upstream.inc_by(shared.upstream_errors.load(Ordering::Relaxed));
-    registry.register(
-        "spillway_upstream_errors",
-        "Requests answered 502 or 504 because the upstream could not be reached or timed out",
-        upstream,
     );
     // One Redis endpoint per configuration, so no labels: the breaker and its failures.
     if let Some(store) = client.store_stats() {
@@ -230,8 +287,32 @@ pub(crate) fn metrics(shared: &Shared) -> String {
             probes,
         );
     }
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &registry);
-    out
+}
+
+/// What a process that decides with a client, and serves no requests of its own, shows on its
+/// admin listener (`spillway rls`): the engine's metrics of SPEC §5; ready once its rules are
+/// loaded, which they are before the listener opens.
+pub struct EngineView {
+    client: Arc<Client>,
+    link: Option<Arc<LinkStatus>>,
+}
+
+impl EngineView {
+    pub fn new(client: Arc<Client>, link: Option<Arc<LinkStatus>>) -> Self {
+        Self { client, link }
+    }
+}
+
+impl AdminView for EngineView {
+    fn ready(&self) -> Result<String, String> {
+        Ok(format!("rules version {}", self.client.rules().version()))
+    }
+
+    fn metrics(&self) -> String {
+        let mut registry = Registry::default();
+        register_engine(&mut registry, &self.client, self.link.as_deref());
+        let mut out = String::new();
+        let _ = encode(&mut out, &registry);
+        out
+    }
 }

@@ -1,6 +1,6 @@
 //! Every answer the proxy gives on its own account (SPEC §3), in one place: a drop becomes a 429
-//! problem document with the RateLimit headers, or a trailers-only gRPC `RESOURCE_EXHAUSTED`; an
-//! unreachable upstream becomes a 502; an identity that cannot be read a 400. The proxy never turns
+//! problem document with the RateLimit headers, or a trailers-only gRPC `RESOURCE_EXHAUSTED`; a
+//! request over the concurrency limit a 503 (SPEC §10); an unreachable upstream becomes a 502; an identity that cannot be read a 400. The proxy never turns
 //! its own fault into a drop.
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use spillway_client::{BadIdentity, CompiledBucket};
+use spillway_core::concurrency::Rejected;
 
 /// `content-type` of RFC 9457 problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -113,6 +114,39 @@ pub fn dropped(
     response
 }
 
+/// The answer to a request the concurrency limit refused (SPEC §10): the upstream has as many
+/// requests in flight as it is let have. `503` with `retry-after: 1` and a problem document of
+/// type `urn:spillway:problem:overloaded`, or a trailers-only gRPC `RESOURCE_EXHAUSTED`. Never
+/// forwarded, so it costs the upstream nothing.
+pub fn overloaded(rejected: &Rejected, grpc: bool) -> Response<Full<Bytes>> {
+    let detail = format!(
+        "the upstream has {} requests in flight, the most its concurrency limit lets {} requests have; retry after 1s",
+        rejected.tier_limit, rejected.criticality
+    );
+    let mut response = if grpc {
+        let mut response = grpc_status(GRPC_RESOURCE_EXHAUSTED, &detail);
+        response
+            .headers_mut()
+            .insert("grpc-retry-pushback-ms", HeaderValue::from(1000u32));
+        response
+    } else {
+        let body = serde_json::json!({
+            "type": "urn:spillway:problem:overloaded",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": detail,
+            "limit": rejected.limit,
+            "criticality": rejected.criticality.name(),
+            "retry_after": 1,
+        });
+        problem(StatusCode::SERVICE_UNAVAILABLE, &body)
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(1u32));
+    response
+}
+
 /// The answer to a request whose identity cannot be read (SPEC §3a): an identity header sent
 /// twice or with bytes that are not visible ASCII. `400` with a problem document naming the
 /// header (never its value, which may be a secret such as an API key), or a trailers-only gRPC
@@ -212,6 +246,104 @@ pub fn body_timed_out(after: Duration, grpc: bool, close: bool) -> Response<Full
         );
     }
     response
+}
+
+/// The answer to a request whose body could not be read (SPEC §3a): a malformed chunked body,
+/// a body shorter than its `content-length`, a reset HTTP/2 stream. The client's fault, not the
+/// upstream's: `400` with a problem document and `connection: close` when `close` (what is left
+/// of an HTTP/1.1 body cannot be framed), or a trailers-only gRPC `INVALID_ARGUMENT`.
+pub fn bad_body(error: &dyn std::error::Error, grpc: bool, close: bool) -> Response<Full<Bytes>> {
+    let detail = format!("the request body could not be read: {}", chain(error));
+    let mut response = if grpc {
+        grpc_status(GRPC_INVALID_ARGUMENT, &detail)
+    } else {
+        let body = serde_json::json!({
+            "type": "urn:spillway:problem:bad-body",
+            "title": "Bad Request",
+            "status": 400,
+            "detail": detail,
+        });
+        problem(StatusCode::BAD_REQUEST, &body)
+    };
+    if close {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// The answer to an HTTP/1.1 request whose body has a transfer coding other than `chunked`
+/// alone (`gzip, chunked`): the proxy does not apply codings, and would otherwise pass the body
+/// on decoded of its chunks but still gzipped, with no field saying so. `501` (RFC 9112 §6.1) with
+/// a problem document; the connection closes, its body unread.
+pub fn unsupported_coding(coding: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "type": "urn:spillway:problem:unsupported-transfer-coding",
+        "title": "Not Implemented",
+        "status": 501,
+        "detail": format!(
+            "the request's transfer-encoding is {coding:?}; only chunked alone is forwarded (send other codings as content-encoding)"
+        ),
+    });
+    let mut response = problem(StatusCode::NOT_IMPLEMENTED, &body);
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// Why the proxy answered a request itself for a fault of the client's, before or instead of the
+/// upstream (`spillway_requests_refused_total{reason}`). None of these is an upstream error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Two `Host` fields, or none on HTTP/1.1: `400`.
+    BadHost,
+    /// An identity header twice or not visible ASCII: `400`.
+    BadIdentity,
+    /// A body that could not be read: `400`.
+    BadBody,
+    /// A body that made no progress for the body timeout: `408`.
+    BodyTimeout,
+    /// A transfer coding other than `chunked`: `501`.
+    UnsupportedCoding,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Refusal; 5] = [
+        Refusal::BadHost,
+        Refusal::BadIdentity,
+        Refusal::BadBody,
+        Refusal::BodyTimeout,
+        Refusal::UnsupportedCoding,
+    ];
+
+    /// The metric's `reason` label.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Refusal::BadHost => "bad_host",
+            Refusal::BadIdentity => "bad_identity",
+            Refusal::BadBody => "bad_body",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::UnsupportedCoding => "unsupported_transfer_coding",
+        }
+    }
+}
+
+/// How many requests were refused, per [`Refusal`].
+#[derive(Debug, Default)]
+pub(crate) struct Refusals([std::sync::atomic::AtomicU64; Refusal::ALL.len()]);
+
+impl Refusals {
+    pub(crate) fn count(&self, refusal: Refusal) {
+        self.0[refusal as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self, refusal: Refusal) -> u64 {
+        self.0[refusal as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The whole HTTP/1.1 answer to a request head longer than `max_head` bytes: `431` with a problem

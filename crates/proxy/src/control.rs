@@ -6,9 +6,10 @@
 //! the control plane only: the file is not watched, so an edit on one host cannot fork it from
 //! the fleet.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use spillway_client::control::{ControlPlane, last_good_rules};
+use spillway_client::control::{ControlOptions, ControlPlane, last_good_rules};
 use spillway_client::{Client, ClientError};
 use spillway_core::config;
 
@@ -19,11 +20,22 @@ use crate::server::ProxyOptions;
 pub(crate) fn start(
     options: &ProxyOptions,
 ) -> Result<(Arc<Client>, Option<ControlPlane>), ProxyError> {
-    let Some(control) = &options.control else {
-        return Ok((Arc::new(Client::from_file(&options.config)?), None));
+    start_engine(&options.config, options.control.as_ref())
+}
+
+/// A client from the file `config` and, with `control`, its control-plane link, started as the
+/// proxy starts them (the last good rules from the state directory first): for a process that
+/// decides like a sidecar without proxying, `spillway rls`. Standalone, the caller watches the
+/// file (`spillway_client::watch_file`).
+pub fn start_engine(
+    config: &Path,
+    control: Option<&ControlOptions>,
+) -> Result<(Arc<Client>, Option<ControlPlane>), ProxyError> {
+    let Some(control) = control else {
+        return Ok((Arc::new(Client::from_file(config)?), None));
     };
     // Its own file gives what is this process's own (identity, redis) beside saved rules.
-    let own = config::load_file(&options.config).map_err(ClientError::from)?;
+    let own = config::load_file(config).map_err(ClientError::from)?;
     let saved = control
         .state_dir
         .as_deref()

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use crate::answer;
+use crate::answer::{self, Refusal};
 use crate::error::ProxyError;
 use crate::h1::{self, Conn, H1Error, Head, Outgoing, Reading, UpstreamSlot};
 
@@ -122,19 +122,22 @@ impl Progress {
 type FrameOf<B> = Result<Frame<<B as Body>::Data>, <B as Body>::Error>;
 
 /// How a request body forwarded over HTTP/2 ended, told to the request waiting for its answer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum BodyEnd {
     /// Sent whole: the upstream timeout runs from here.
     Whole,
     /// Cut after making no progress for this long, before any answer: answered 408.
     Stalled(Duration),
+    /// The client's body failed (a reset stream, a malformed frame) before any answer:
+    /// answered 400.
+    Broken(hyper::Error),
 }
 
 /// Why a request body forwarded over HTTP/2 stopped short.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BodyError {
-    #[error(transparent)]
-    Read(hyper::Error),
+    #[error("the client's request body failed")]
+    Read,
     #[error("the request body made no progress for {0:?}")]
     Stalled(Duration),
 }
@@ -199,12 +202,25 @@ impl<B: Body<Error = hyper::Error> + Unpin> Body for Sent<B> {
                 return Poll::Ready(Some(Err(BodyError::Stalled(after))));
             }
         };
+        let mut frame = match frame {
+            None => None,
+            Some(Ok(frame)) => Some(frame),
+            Some(Err(err)) => {
+                if let Some(done) = this.done.take() {
+                    let _ = done.send(BodyEnd::Broken(err));
+                }
+                return Poll::Ready(Some(Err(BodyError::Read)));
+            }
+        };
+        if let Some(trailers) = frame.as_mut().and_then(Frame::trailers_mut) {
+            filter_trailers(trailers);
+        }
         if (frame.is_none() || this.body.is_end_stream())
             && let Some(done) = this.done.take()
         {
             let _ = done.send(BodyEnd::Whole);
         }
-        Poll::Ready(frame.map(|frame| frame.map_err(BodyError::Read)))
+        Poll::Ready(frame.map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -291,6 +307,99 @@ pub(crate) enum ForwardError {
     Tunnel,
     #[error(transparent)]
     Http2(#[from] hyper_util::client::legacy::Error),
+}
+
+/// What forwarding a request came to.
+pub(crate) enum Forwarded {
+    /// The upstream's answer, cleaned.
+    Answer(Response<Relay>),
+    /// The proxy's own answer to a fault of the client's found while forwarding (a body that
+    /// stalled or could not be read): never counted as an upstream error.
+    Refused(Refusal, Response<Relay>),
+    /// The upstream switched protocols (`101`): its answer, and the tunnel to run once the
+    /// client has it.
+    Tunnel(Response<Relay>, Tunnel),
+}
+
+/// An HTTP/1.1 upgrade both sides agreed to (a WebSocket): the client's connection, once hyper
+/// has sent it the `101`, and the upstream connection that answered it, each byte of one
+/// copied to the other until either ends.
+pub(crate) struct Tunnel {
+    client: hyper::upgrade::OnUpgrade,
+    upstream: Conn,
+}
+
+impl Tunnel {
+    /// Copies both ways until one side ends: first what the upstream sent right after its `101`
+    /// (already read with the head), then everything. Returns the bytes copied each way
+    /// (client to upstream, upstream to client).
+    pub(crate) async fn run(self) -> std::io::Result<(u64, u64)> {
+        use tokio::io::AsyncWriteExt as _;
+        let upgraded = self.client.await.map_err(std::io::Error::other)?;
+        let mut client = hyper_util::rt::TokioIo::new(upgraded);
+        let (mut upstream, early) = self.upstream.into_parts();
+        if !early.is_empty() {
+            client.write_all(&early).await?;
+        }
+        let (up, down) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+        Ok((up, down + early.len() as u64))
+    }
+}
+
+/// The protocol an HTTP/1.1 request asks to upgrade to (RFC 9110 §7.8), when it asks in full:
+/// `upgrade` named in `connection`, an `upgrade` field, and no body (a handshake has none; a
+/// request with a body is forwarded as an ordinary one, its `upgrade` dropped).
+fn upgrade_asked(request: &Request<Incoming>) -> Option<HeaderValue> {
+    if request.version() != Version::HTTP_11 || !request.body().is_end_stream() {
+        return None;
+    }
+    let headers = request.headers();
+    let protocol = headers.get(header::UPGRADE)?;
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+        .then(|| protocol.clone())
+}
+
+/// Fields a trailer section must not carry (RFC 9110 §6.5.1), removed from request trailers
+/// before they go on: framing (a `content-length` or `transfer-encoding` in trailers is how a
+/// request would be made to mean two things), routing, request modifiers, authentication,
+/// and how the content is to be read. Hop-by-hop fields go too.
+const NOT_IN_TRAILERS: [HeaderName; 25] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TE,
+    header::TRAILER,
+    header::CONTENT_LENGTH,
+    header::HOST,
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::EXPECT,
+    header::MAX_FORWARDS,
+    header::RANGE,
+    header::CACHE_CONTROL,
+    header::PRAGMA,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+];
+
+/// Removes from a request's trailer section what may not be in one ([`NOT_IN_TRAILERS`]).
+fn filter_trailers(trailers: &mut HeaderMap) {
+    for name in &NOT_IN_TRAILERS {
+        trailers.remove(name);
+    }
 }
 
 /// Headers that describe one hop (RFC 9110 §7.6.1), plus `te`, handled apart.
@@ -400,6 +509,7 @@ impl Upstream {
                 biased;
                 end = signal => match end {
                     Ok(BodyEnd::Stalled(after)) => return Err(ForwardError::BodyTimeout(after)),
+                    Ok(BodyEnd::Broken(err)) => return Err(ForwardError::RequestBody(err)),
                     // Sent whole, or the body was dropped unsent (a failed request): either way
                     // the upstream's answer is what is left to wait for.
                     Ok(BodyEnd::Whole) | Err(_) => {}
@@ -421,30 +531,62 @@ impl Upstream {
         &self,
         mut request: Request<Incoming>,
         link: Arc<UpstreamSlot>,
-    ) -> Result<Response<Relay>, ForwardError> {
+        grpc: bool,
+    ) -> Result<Forwarded, ForwardError> {
+        // Asked before the hop-by-hop fields go: `upgrade` is one of them.
+        let upgrade =
+            upgrade_asked(&request).map(|protocol| (protocol, hyper::upgrade::on(&mut request)));
         strip_hop_by_hop(request.headers_mut());
         let h2 = request.version() == Version::HTTP_2;
-        // gRPC needs HTTP/2; looked up only where a 408 may have to be a gRPC status.
-        let grpc = h2 && self.body_timeout.is_some() && answer::is_grpc(request.headers());
+        let mut client = None;
+        if let Some((protocol, on)) = upgrade {
+            // This hop's upgrade, asked again of the next: the same protocol, and nothing else
+            // the client's `connection` named.
+            let headers = request.headers_mut();
+            headers.insert(header::UPGRADE, protocol);
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            client = Some(on);
+        }
         let forwarded = if h2 {
-            self.forward_h2(request).await.map(|r| r.map(Relay::H2))
+            self.forward_h2(request)
+                .await
+                .map(|r| (r.map(Relay::H2), None))
         } else {
-            self.forward_h1(request, link).await
+            self.forward_h1(request, link, client.is_some()).await
         };
-        let mut response = match forwarded {
-            Ok(response) => response,
+        let (mut response, upstream) = match forwarded {
+            Ok(forwarded) => forwarded,
             Err(ForwardError::BodyTimeout(after)) => {
                 tracing::debug!(
                     "a request body made no progress for {after:?}: answered 408, its upstream exchange abandoned"
                 );
                 // The rest of an HTTP/1.1 body will not be read: the connection closes.
                 let answer = answer::body_timed_out(after, grpc, !h2);
-                return Ok(answer.map(Relay::Own));
+                return Ok(Forwarded::Refused(
+                    Refusal::BodyTimeout,
+                    answer.map(Relay::Own),
+                ));
+            }
+            Err(ForwardError::RequestBody(err)) => {
+                tracing::debug!("a request body could not be read: {err}; answered 400");
+                let answer = answer::bad_body(&err, grpc, !h2);
+                return Ok(Forwarded::Refused(Refusal::BadBody, answer.map(Relay::Own)));
             }
             Err(err) => return Err(err),
         };
+        let switched = response.headers().get(header::UPGRADE).cloned();
         strip_hop_by_hop(response.headers_mut());
-        Ok(response)
+        let (Some(upstream), Some(client)) = (upstream, client) else {
+            return Ok(Forwarded::Answer(response));
+        };
+        // The upstream switched: its `101` goes back with the protocol it named, and the two
+        // connections become one tunnel.
+        let headers = response.headers_mut();
+        if let Some(protocol) = switched {
+            headers.insert(header::UPGRADE, protocol);
+        }
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        Ok(Forwarded::Tunnel(response, Tunnel { client, upstream }))
     }
 
     async fn forward_h2(
@@ -474,7 +616,8 @@ impl Upstream {
         &self,
         request: Request<Incoming>,
         link: Arc<UpstreamSlot>,
-    ) -> Result<Response<Relay>, ForwardError> {
+        upgrade: bool,
+    ) -> Result<(Response<Relay>, Option<Conn>), ForwardError> {
         if request.method() == Method::CONNECT {
             return Err(ForwardError::Tunnel);
         }
@@ -512,7 +655,7 @@ impl Upstream {
         );
         let head = loop {
             match self
-                .exchange(&mut conn, &mut body, outgoing, &parts.method)
+                .exchange(&mut conn, &mut body, outgoing, &parts.method, upgrade)
                 .await
             {
                 Ok(head) => break head,
@@ -535,7 +678,11 @@ impl Upstream {
             response,
             framing,
             keep,
+            switched,
         } = head;
+        if switched {
+            return Ok((response.map(|()| Relay::Empty), Some(conn)));
+        }
         let body = match framing {
             Some(framing) => Relay::H1(Reading::new(conn, framing, keep, link)),
             None => {
@@ -545,7 +692,7 @@ impl Upstream {
                 Relay::Empty
             }
         };
-        Ok(response.map(|()| body))
+        Ok((response.map(|()| body), None))
     }
 
     /// One request and its answer's head over `conn`, whose head buffer holds the request's
@@ -558,6 +705,7 @@ impl Upstream {
         body: &mut Incoming,
         outgoing: Outgoing,
         method: &Method,
+        upgrade: bool,
     ) -> Result<Head, Failed> {
         let (io, read, scratch) = conn.parts();
         if let Err((err, written)) = h1::write_all(io, scratch).await {
@@ -568,7 +716,7 @@ impl Upstream {
                 Failed::Unsent(err)
             });
         }
-        let mut reading = std::pin::pin!(h1::read_head(io, read, method));
+        let mut reading = std::pin::pin!(h1::read_head(io, read, method, upgrade));
         if !matches!(outgoing, Outgoing::Empty { .. }) {
             // The head buffer frames the body's chunks from here on: only a bodiless request,
             // whose head is still in it, is ever sent again after this point.
@@ -670,7 +818,8 @@ async fn send_body(
             Ok(data) if chunked => h1::write_chunk(io, scratch, &data).await.map_err(written)?,
             Ok(data) => h1::write_whole(io, &data).await.map_err(written)?,
             Err(frame) => {
-                if let Ok(fields) = frame.into_trailers() {
+                if let Ok(mut fields) = frame.into_trailers() {
+                    filter_trailers(&mut fields);
                     trailers = Some(fields);
                 }
             }

@@ -16,14 +16,20 @@
 
 mod admin;
 pub mod answer;
+/// For benchmarks only (`benches/upstream_client.rs`): not an API, and not kept stable.
+#[doc(hidden)]
+pub mod bench_support;
 mod control;
 mod error;
 mod forward;
 mod h1;
 mod limits;
 mod pause;
+pub mod request_id;
 mod server;
 
+pub use admin::EngineView;
+pub use control::start_engine;
 pub use error::ProxyError;
 pub use limits::{FD_RESERVE, FdLimit, default_max_connections, fd_soft_limit, raise_fd_limit};
-pub use server::{DEFAULT_MAX_HEAD, DRAIN_GRACE, Proxy, ProxyOptions};
+pub use server::{DEFAULT_MAX_HEAD, DRAIN_GRACE, ForwardedFields, Proxy, ProxyOptions};

@@ -60,6 +60,15 @@ impl Answers {
 /// One request being answered (see [`Answers::begin`]).
 pub(crate) struct Answering(Arc<Answers>);
 
+impl Answering {
+    /// Another answer on the same connection, begun now: an upgrade's tunnel, which holds the
+    /// connection's clock stopped for as long as it runs (a WebSocket may be quiet for minutes
+    /// and is not a client idling between requests).
+    pub(crate) fn another(&self) -> Answering {
+        self.0.begin()
+    }
+}
+
 impl Drop for Answering {
     fn drop(&mut self) {
         let answers = &self.0;

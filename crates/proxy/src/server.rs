@@ -20,17 +20,20 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_client::control::{ControlOptions, ControlPlane, LinkStatus};
 use spillway_client::{Client, DEFAULT_POLL, Step, watch_file};
+use spillway_core::concurrency::{Gate, UPDATE_EVERY};
 use spillway_core::decision::Decision;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
-use crate::answer;
+use crate::answer::{self, Refusal, Refusals};
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Relay, Upstream};
+use crate::forward::{ForwardError, Forwarded, Relay, Upstream};
 use crate::h1::UpstreamSlot;
 use crate::limits::{Connections, Open, RefusalLog};
 use crate::pause::{Answering, Answers, Pause};
+use crate::request_id::{self, REQUEST_ID, RequestIds};
 
 /// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
 /// boxed body, so forwarding allocates no box per response), with its request counted as being
@@ -119,6 +122,23 @@ pub struct ProxyOptions {
     /// list of HTTP/2 (RFC 9113's size: names, values and 32 bytes per field). Beyond it the
     /// request is answered `431`. Default 64 KiB; at least 8 KiB.
     pub max_head: usize,
+    /// Which forwarding fields the upstream gets with this hop appended (`--forwarded`).
+    pub forwarded: ForwardedFields,
+}
+
+/// The fields that tell the upstream who its client was (`--forwarded`): each has this hop's
+/// peer appended to what was received, and says the client spoke `http` to the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedFields {
+    /// `x-forwarded-for` and `x-forwarded-proto` (the default: what most upstreams read).
+    #[default]
+    XForwarded,
+    /// RFC 7239's `forwarded: for=...;proto=http`.
+    Rfc7239,
+    /// Both.
+    Both,
+    /// Neither: the received fields go on unchanged.
+    Off,
 }
 
 impl ProxyOptions {
@@ -140,6 +160,7 @@ impl ProxyOptions {
             body_timeout: Some(Duration::from_secs(60)),
             max_connections: None,
             max_head: DEFAULT_MAX_HEAD,
+            forwarded: ForwardedFields::XForwarded,
         }
     }
 }
@@ -158,14 +179,23 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
 pub(crate) struct Shared {
     pub(crate) client: Arc<Client>,
     pub(crate) upstream_errors: AtomicU64,
+    /// Requests answered by the proxy for a fault of the client's
+    /// (`spillway_requests_refused_total{reason}`).
+    pub(crate) refusals: Refusals,
+    /// Upgrades (WebSockets) tunnelled to the upstream (`spillway_upgrades_total`).
+    pub(crate) upgrades: AtomicU64,
     /// Requests answered 503 because the drain deadline passed while they waited on the
     /// upstream (`spillway_drain_cut_total`).
     pub(crate) drain_cut: AtomicU64,
+    /// Where new request ids come from.
+    pub(crate) request_ids: RequestIds,
     /// The control-plane link's state, when linked.
     pub(crate) link: Option<Arc<LinkStatus>>,
     /// The open downstream connections and their cap (`spillway_connections`,
     /// `spillway_connections_refused_total`).
     pub(crate) connections: Arc<Connections>,
+    /// The in-flight limit on the upstream (SPEC §10); off without a `concurrency` section.
+    pub(crate) concurrency: Arc<Gate>,
 }
 
 /// A running proxy.
@@ -207,11 +237,15 @@ impl Proxy {
         let shared = Arc::new(Shared {
             client: client.clone(),
             upstream_errors: AtomicU64::new(0),
+            refusals: Refusals::default(),
+            upgrades: AtomicU64::new(0),
             connections: Connections::new(options.max_connections.unwrap_or_else(|| {
                 crate::limits::default_max_connections(crate::limits::fd_soft_limit())
             })),
             drain_cut: AtomicU64::new(0),
+            request_ids: RequestIds::default(),
             link: control.as_ref().map(ControlPlane::status),
+            concurrency: Gate::new(client.rules().config().concurrency, Duration::ZERO),
         });
         let (stop, stopped) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -232,6 +266,10 @@ impl Proxy {
                 workers.spawn(index, worker, connections, options.drain_timeout)?;
             }
         }
+        tasks.push(tokio::spawn(follow_concurrency(
+            shared.clone(),
+            stopped.clone(),
+        )));
         tasks.push(tokio::spawn(accept(
             listener,
             inboxes,
@@ -297,6 +335,24 @@ impl Proxy {
     }
 }
 
+/// Every [`UPDATE_EVERY`], off the hot path: applies the `concurrency` section of the rules in
+/// force (a reload may have changed it) and lets the algorithm close its window.
+async fn follow_concurrency(shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+    let start = std::time::Instant::now();
+    let mut tick = tokio::time::interval(UPDATE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        let now = start.elapsed();
+        let settings = shared.client.rules().config().concurrency;
+        shared.concurrency.configure(settings, now);
+        shared.concurrency.update(now);
+    }
+}
+
 /// Accepts connections until told to stop, dealing them to the workers in turn. Stopping drops
 /// the listener, so new connections are refused, and the workers' inboxes, so each worker drains.
 ///
@@ -346,6 +402,7 @@ struct Worker {
     idle_timeout: Duration,
     /// [`ProxyOptions::max_head`], at least hyper's minimum buffer.
     max_head: usize,
+    forwarded: ForwardedFields,
     /// The whole answer to a head over `max_head` ([`answer::head_too_large`]), made once.
     too_large: Arc<[u8]>,
     /// Turns true at the drain deadline: requests still waiting on the upstream are answered.
@@ -364,6 +421,7 @@ impl Worker {
             header_timeout: options.header_timeout,
             idle_timeout: options.idle_timeout,
             max_head: options.max_head.max(MIN_MAX_HEAD),
+            forwarded: options.forwarded,
             too_large: answer::head_too_large(options.max_head.max(MIN_MAX_HEAD)).into(),
             cut: watch::Sender::new(false),
         }))
@@ -386,6 +444,9 @@ impl Worker {
         // of its own (HEADERS only: an HTTP/2 library answer cannot carry a body). hyper's
         // defaults were about 400 KiB and 16 KiB.
         builder.http1().max_buf_size(self.max_head);
+        // A client that sends its request and then shuts its side (`shutdown(SHUT_WR)`, as
+        // `nc -N` and some load balancers do) still gets its answer.
+        builder.http1().half_close(true);
         builder
             .http2()
             .max_header_list_size(u32::try_from(self.max_head).unwrap_or(u32::MAX));
@@ -397,8 +458,9 @@ impl Worker {
                     continue;
                 }
             };
-            // Formatted once per connection, so identity by `peer` costs nothing per request.
-            let peer: Arc<str> = peer.ip().to_string().into();
+            // Formatted once per connection, so identity by `peer` and the forwarding fields of a
+            // request that came with none cost nothing per request.
+            let peer = Arc::new(Peer::new(peer.ip()));
             let worker = self.clone();
             let link = Arc::new(UpstreamSlot::default());
             let answers = Arc::new(Answers::default());
@@ -420,7 +482,7 @@ impl Worker {
                     request,
                 )
             });
-            let connection = builder.serve_connection(downstream, service);
+            let connection = builder.serve_connection_with_upgrades(downstream, service);
             let connection = graceful.watch(connection.into_owned());
             tokio::spawn(async move {
                 if let Err(err) = connection.await {
@@ -655,64 +717,170 @@ fn host_fault(request: &Request<Incoming>) -> Option<&'static str> {
     }
 }
 
-/// The `x-forwarded-for` the upstream gets: the received list (several lines as one) with this
-/// hop's peer appended, as SPEC §3a counts it; and `x-forwarded-proto: http` (the proxy's listener
-/// speaks plaintext) unless a hop before it said otherwise.
-fn forwarded(headers: &mut http::HeaderMap, peer: &str) {
-    const XFF: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
-    const XFP: http::HeaderName = http::HeaderName::from_static("x-forwarded-proto");
-    let mut list = Vec::with_capacity(64);
-    for value in headers.get_all(&XFF) {
-        let value = value.as_bytes().trim_ascii();
-        if !value.is_empty() {
-            list.extend_from_slice(value);
-            list.extend_from_slice(b", ");
+/// The transfer coding of an HTTP/1.1 request's body when it is not `chunked` alone: the proxy
+/// forwards bodies by their framing, and a coding under the chunks (`gzip, chunked`) would reach
+/// the upstream unannounced. hyper has already refused a coding list that does not end in
+/// `chunked` (RFC 9112 §6.3), so what is left here is a list with more than `chunked` in it.
+fn coding_fault(request: &Request<Incoming>) -> Option<String> {
+    let mut codings = request
+        .headers()
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty());
+    let first = codings.next()?;
+    if first.eq_ignore_ascii_case(b"chunked") && codings.next().is_none() {
+        return None;
+    }
+    let all: Vec<String> = request
+        .headers()
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .collect();
+    Some(all.join(", "))
+}
+
+/// A downstream connection's peer, formatted once per connection.
+struct Peer {
+    ip: Box<str>,
+    /// The `x-forwarded-for` of a request that came with none: the peer alone.
+    xff: http::HeaderValue,
+    /// The `forwarded` of a request that came with none.
+    rfc7239: http::HeaderValue,
+}
+
+impl Peer {
+    fn new(ip: std::net::IpAddr) -> Self {
+        let text = ip.to_string();
+        // RFC 7239 §6: an IPv6 address is bracketed, and then quoted.
+        let element = if ip.is_ipv6() {
+            format!("for=\"[{text}]\";proto=http")
+        } else {
+            format!("for={text};proto=http")
+        };
+        // An address's text is always a valid field value.
+        let value = |text: &str| {
+            http::HeaderValue::from_str(text).unwrap_or(http::HeaderValue::from_static("unknown"))
+        };
+        Self {
+            xff: value(&text),
+            rfc7239: value(&element),
+            ip: text.into(),
         }
     }
-    list.extend_from_slice(peer.as_bytes());
-    if let Ok(value) = http::HeaderValue::from_maybe_shared(Bytes::from(list)) {
-        headers.insert(XFF, value);
+}
+
+/// The forwarding fields the upstream gets (`--forwarded`): `x-forwarded-for` as received
+/// (several lines one list) with this hop's peer appended, as SPEC §3a counts it, and
+/// `x-forwarded-proto: http` (the proxy's listener speaks plaintext) unless a hop before it said
+/// otherwise; or RFC 7239's `forwarded` with `for=PEER;proto=http` appended; or both, or neither.
+/// A request that came with none of a field gets the connection's own value, made once.
+fn forwarded(headers: &mut http::HeaderMap, peer: &Peer, fields: ForwardedFields) {
+    const XFF: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+    const XFP: http::HeaderName = http::HeaderName::from_static("x-forwarded-proto");
+    let (x, rfc) = match fields {
+        ForwardedFields::XForwarded => (true, false),
+        ForwardedFields::Rfc7239 => (false, true),
+        ForwardedFields::Both => (true, true),
+        ForwardedFields::Off => return,
+    };
+    if x {
+        append(headers, XFF, &peer.xff);
+        if !headers.contains_key(&XFP) {
+            headers.insert(XFP, http::HeaderValue::from_static("http"));
+        }
     }
-    if !headers.contains_key(&XFP) {
-        headers.insert(XFP, http::HeaderValue::from_static("http"));
+    if rfc {
+        append(headers, http::header::FORWARDED, &peer.rfc7239);
+    }
+}
+
+/// Sets `name` to the list received in it (every line, in order, empty ones skipped) with
+/// `element` appended.
+fn append(headers: &mut http::HeaderMap, name: http::HeaderName, element: &http::HeaderValue) {
+    let mut received = headers
+        .get_all(&name)
+        .iter()
+        .map(|value| value.as_bytes().trim_ascii())
+        .filter(|value| !value.is_empty())
+        .peekable();
+    if received.peek().is_none() {
+        headers.insert(name, element.clone());
+        return;
+    }
+    let mut list = Vec::with_capacity(64);
+    for value in received {
+        list.extend_from_slice(value);
+        list.extend_from_slice(b", ");
+    }
+    list.extend_from_slice(element.as_bytes());
+    if let Ok(value) = http::HeaderValue::from_maybe_shared(Bytes::from(list)) {
+        headers.insert(name, value);
     }
 }
 
 async fn handle(
     worker: Arc<Worker>,
-    peer: Arc<str>,
+    peer: Arc<Peer>,
     link: Arc<UpstreamSlot>,
     answering: Answering,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    let counted = |inner| Body {
+    let shared = &worker.shared;
+    let id = shared.request_ids.of(request.headers_mut());
+    let counted = |answering, inner| Body {
         inner,
         _answering: answering,
     };
-    let shared = &worker.shared;
+    // The proxy's own answers name the request, so a client can quote it.
+    let own = |answering, mut response: Response<Full<Bytes>>| {
+        response.headers_mut().insert(REQUEST_ID, id.clone());
+        Ok(response.map(|body| counted(answering, Either::Right(body))))
+    };
     let grpc = answer::is_grpc(request.headers());
+    let refused = |answering, refusal, response| {
+        shared.refusals.count(refusal);
+        own(answering, response)
+    };
     if let Some(detail) = host_fault(&request) {
-        return Ok(answer::bad_host(detail).map(|body| counted(Either::Right(body))));
+        return refused(answering, Refusal::BadHost, answer::bad_host(detail));
+    }
+    // A request with a transfer coding has a body; most have none, and skip the lookup.
+    if !hyper::body::Body::is_end_stream(request.body())
+        && let Some(coding) = coding_fault(&request)
+    {
+        return refused(
+            answering,
+            Refusal::UnsupportedCoding,
+            answer::unsupported_coding(&coding),
+        );
     }
     let rules = shared.client.rules();
-    let step = {
+    let (step, tier) = {
         // The normalised path lives here, on the stack, only until the decision has begun.
         let mut buffer = spillway_client::PathBuffer::new();
         let attrs = match rules.identity().attrs(
             request.uri().path(),
             request.headers(),
-            Some(&peer),
+            Some(&peer.ip),
             &mut buffer,
         ) {
             Ok(attrs) => attrs,
             // Decided on one copy of a header and served with both: refused before deciding.
             Err(bad) => {
-                return Ok(
-                    answer::bad_identity(&bad, grpc).map(|body| counted(Either::Right(body)))
+                return refused(
+                    answering,
+                    Refusal::BadIdentity,
+                    answer::bad_identity(&bad, grpc),
                 );
             }
         };
-        rules.begin(shared.client.now(), &attrs, request.headers())
+        (
+            rules.begin(shared.client.now(), &attrs, request.headers()),
+            attrs.criticality,
+        )
     };
     // Only requests that match a `store: redis` bucket wait here, for one Redis call each.
     let decision = match step {
@@ -725,34 +893,105 @@ async fn handle(
     } = decision
         && let Some(bucket) = rules.bucket(bucket)
     {
-        return Ok(
-            answer::dropped(bucket, retry_after, grpc).map(|body| counted(Either::Right(body)))
-        );
+        return own(answering, answer::dropped(bucket, retry_after, grpc));
     }
     drop(rules);
-    let mut request = request;
-    forwarded(request.headers_mut(), &peer);
+    let permit = match shared.concurrency.try_acquire(tier) {
+        Ok(permit) => permit,
+        Err(rejected) => return own(answering, answer::overloaded(&rejected, grpc)),
+    };
+    forwarded(request.headers_mut(), &peer, worker.forwarded);
+    let sent = std::time::Instant::now();
     let mut cut = worker.cut.subscribe();
     let forwarded = tokio::select! {
         biased;
-        forwarded = worker.upstream.forward(request, link) => forwarded,
+        // A span only when debug lines are on: the forwarding's own lines then name the request.
+        forwarded = worker
+            .upstream
+            .forward(request, link, grpc)
+            .instrument(tracing::debug_span!("request", request_id = request_id::text(&id))) => forwarded,
         _ = cut.wait_for(|cut| *cut) => {
             shared.drain_cut.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("a request still waiting on the upstream at the drain deadline was answered 503");
-            return Ok(answer::draining(grpc).map(|body| counted(Either::Right(body))));
+            tracing::warn!(
+                request_id = request_id::text(&id),
+                "a request still waiting on the upstream at the drain deadline was answered 503"
+            );
+            return own(answering, answer::draining(grpc));
         }
     };
+    // The round trip to the response's head is the algorithm's sample; a refusal of the
+    // client's fault or an upgrade says nothing about the upstream's load and only frees its place.
     let response = match forwarded {
-        Ok(response) => response.map(Either::Left),
+        Ok(Forwarded::Answer(response)) => {
+            permit.completed(sent.elapsed());
+            response.map(Either::Left)
+        }
+        Ok(Forwarded::Refused(refusal, response)) => {
+            drop(permit);
+            shared.refusals.count(refusal);
+            response.map(Either::Left)
+        }
+        Ok(Forwarded::Tunnel(response, tunnel)) => {
+            drop(permit);
+            shared.upgrades.fetch_add(1, Ordering::Relaxed);
+            let open = answering.another();
+            let span = tracing::debug_span!("request", request_id = request_id::text(&id));
+            tokio::spawn(async move {
+                // The drain deadline ends a tunnel like any request still open then.
+                tokio::select! {
+                    ended = tunnel.run() => match ended {
+                        Ok((up, down)) => tracing::debug!("an upgraded connection ended: {up} bytes up, {down} down"),
+                        Err(err) => tracing::debug!("an upgraded connection ended: {err}"),
+                    },
+                    _ = cut.wait_for(|cut| *cut) => {
+                        tracing::debug!("an upgraded connection was closed at the drain deadline");
+                    }
+                }
+                drop(open);
+            }.instrument(span));
+            response.map(Either::Left)
+        }
         Err(err) => {
+            permit.failed();
             shared.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("upstream request failed: {err}");
-            match err {
+            tracing::warn!(
+                request_id = request_id::text(&id),
+                "upstream request failed: {err}"
+            );
+            let mut answer = match err {
                 ForwardError::Timeout(_) => answer::upstream_timed_out(&err, grpc),
                 _ => answer::upstream_failed(&err, grpc),
-            }
-            .map(Either::Right)
+            };
+            answer.headers_mut().insert(REQUEST_ID, id.clone());
+            answer.map(Either::Right)
         }
     };
-    Ok(response.map(counted))
+    Ok(response.map(|body| counted(answering, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_fields_append_the_peer_and_quote_ipv6() {
+        let v4 = Peer::new("192.0.2.1".parse().unwrap());
+        let v6 = Peer::new("2001:db8::1".parse().unwrap());
+        assert_eq!(v6.rfc7239, "for=\"[2001:db8::1]\";proto=http");
+        let mut headers = http::HeaderMap::new();
+        forwarded(&mut headers, &v4, ForwardedFields::Both);
+        assert_eq!(headers["x-forwarded-for"], "192.0.2.1");
+        assert_eq!(headers["x-forwarded-proto"], "http");
+        assert_eq!(headers["forwarded"], "for=192.0.2.1;proto=http");
+        let mut headers = http::HeaderMap::new();
+        headers.append("x-forwarded-for", "203.0.113.7".parse().unwrap());
+        headers.append("x-forwarded-for", " ".parse().unwrap());
+        headers.append("x-forwarded-for", "10.0.0.5".parse().unwrap());
+        forwarded(&mut headers, &v6, ForwardedFields::XForwarded);
+        assert_eq!(
+            headers["x-forwarded-for"], "203.0.113.7, 10.0.0.5, 2001:db8::1",
+            "several lines one list, an empty one skipped"
+        );
+        assert!(headers.get("forwarded").is_none());
+    }
 }

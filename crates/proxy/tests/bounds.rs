@@ -299,6 +299,10 @@ async fn a_stalled_request_body_is_answered_408_and_frees_its_upstream_connectio
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(open.load(Ordering::SeqCst) <= 1, "{open:?}");
+    // Counted as the clients' fault, not the upstream's.
+    let refused = "spillway_requests_refused_total{reason=\"body_timeout\"}";
+    assert_eq!(metric(&running, refused).await, STALLED as u64);
+    assert_eq!(metric(&running, "spillway_upstream_errors_total").await, 0);
     running.proxy.shutdown().await;
 }
 

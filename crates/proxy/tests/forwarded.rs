@@ -5,7 +5,8 @@
 
 mod support;
 
-use support::{Upstream, proxy, send_raw};
+use spillway_proxy::ForwardedFields;
+use support::{Upstream, proxy, proxy_with, send_raw};
 
 const FILE: &str =
     "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 1000/s }\n";
@@ -34,6 +35,37 @@ async fn the_upstream_gets_the_received_list_with_the_peer_appended_and_the_prot
         "a hop before said https: kept"
     );
     running.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn rfc_7239_forwarded_is_appended_when_asked_and_nothing_when_off() {
+    let upstream = Upstream::start().await;
+    let both = proxy_with(FILE, &upstream.url(), |o| {
+        o.forwarded = ForwardedFields::Both
+    })
+    .await;
+    let answer = send_raw(
+        both.proxy.addr(),
+        b"GET /forwarded HTTP/1.1\r\nhost: app\r\nforwarded: for=203.0.113.7;proto=https\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        answer.body,
+        "xff=127.0.0.1\nxfp=http\nfwd=for=203.0.113.7;proto=https, for=127.0.0.1;proto=http"
+    );
+    both.proxy.shutdown().await;
+    let off = proxy_with(FILE, &upstream.url(), |o| {
+        o.forwarded = ForwardedFields::Off
+    })
+    .await;
+    let answer = send_raw(
+        off.proxy.addr(),
+        b"GET /forwarded HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 198.51.100.1\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(answer.body, "xff=198.51.100.1\nxfp=", "received, unchanged");
+    off.proxy.shutdown().await;
 }
 
 #[tokio::test]

@@ -134,9 +134,9 @@ async fn a_shadow_bucket_forwards_everything_and_metrics_show_virtual_drops() {
     let metrics = admin(&running, "/metrics").await;
     assert_eq!(metrics.status, StatusCode::OK);
     for line in [
-        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"allowed\"} 2",
-        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"shadow_dropped\"} 4",
-        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"dropped\"} 0",
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"allowed\",criticality=\"critical\"} 2",
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"shadow_dropped\",criticality=\"critical\"} 4",
+        "spillway_requests_total{service=\"api\",bucket=\"trial\",decision=\"dropped\",criticality=\"critical\"} 0",
         "spillway_rules_version 1",
         "spillway_control_plane_connected 0",
     ] {

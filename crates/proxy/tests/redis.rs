@@ -70,7 +70,7 @@ async fn an_exact_limit_holds_across_two_proxies_sharing_one_redis() {
     assert!(metrics.contains("spillway_circuit_state 0"), "{metrics}");
     assert!(
         metrics.contains(
-            "spillway_requests_total{service=\"api\",bucket=\"shared\",decision=\"dropped\"} 7"
+            "spillway_requests_total{service=\"api\",bucket=\"shared\",decision=\"dropped\",criticality=\"critical\"} 7"
         ),
         "proxy b dropped 7 of its 12: {metrics}"
     );

@@ -55,7 +55,9 @@ impl AppState {
         let header = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        Ok(self.auth.authenticate(&self.store, header).await?)
+        let user = self.auth.authenticate(&self.store, header).await?;
+        crate::trace::record_user(&user.name);
+        Ok(user)
     }
 
     async fn writer(&self, headers: &HeaderMap) -> Result<User, ApiError> {
@@ -90,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/rules:apply", axum::routing::post(apply))
         .route("/v1/audit", get(audit))
+        .route("/v1/whoami", get(whoami))
         .merge(access::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), needs_store));
     Router::new()
@@ -100,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
 
@@ -214,6 +218,27 @@ async fn list_rules(
     Ok(Json(Value::Array(
         rules.iter().map(|r| r.to_json()).collect(),
     )))
+}
+
+/// The caller as its token names it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct WhoamiAnswer {
+    name: String,
+    /// admin, viewer or service.
+    role: String,
+}
+
+#[utoipa::path(get, path = "/v1/whoami", security(("bearer" = [])), responses(
+    (status = 200, description = "The user the token belongs to: what `created_by` names for its changes (the configurator finds its own rules by it)", body = WhoamiAnswer),
+    (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
+))]
+async fn whoami(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let user = state.user(&headers).await?;
+    Ok(Json(json!({"name": user.name, "role": user.role.name()})))
 }
 
 fn rule_id(id: &str) -> Result<String, ApiError> {
@@ -615,10 +640,10 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Spillway rules service", description = "Rules (SPEC §2 buckets plus their service), audited, within a daily modification budget (S1-S4)."),
-    paths(healthz, readyz, metrics, openapi, list_rules, get_rule, create_rule, update_rule, delete_rule, apply, audit,
+    paths(healthz, readyz, metrics, openapi, list_rules, get_rule, create_rule, update_rule, delete_rule, apply, audit, whoami,
         access::list_users, access::create_user, access::update_user, access::delete_user,
         access::list_tokens, access::create_token, access::revoke_token, access::rotate_token),
-    components(schemas(Problem, RuleBody, MatchBody, RuleAnswer, ApplyAnswer, AuditAnswer,
+    components(schemas(Problem, RuleBody, MatchBody, RuleAnswer, ApplyAnswer, AuditAnswer, WhoamiAnswer,
         access::NewUserBody, access::RoleBody, access::NewTokenBody, access::RotateBody,
         access::UserAnswer, access::TokenAnswer, access::NewTokenAnswer, access::NewUserAnswer)),
     modifiers(&BearerAuth)

@@ -20,6 +20,7 @@ pub mod rule;
 pub mod server;
 pub mod store;
 pub mod time;
+pub mod trace;
 pub mod watch;
 
 pub use api::ApiDoc;

@@ -330,8 +330,16 @@ fn fifty_concurrent_writers_get_exactly_ten_changes(db: Db) {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 10);
-    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 40);
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 201).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        40,
+        "{statuses:?}"
+    );
     assert_eq!(service.rules().len(), 10);
     assert_eq!(service.version(), 10);
     let audit = service.audit();

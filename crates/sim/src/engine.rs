@@ -10,10 +10,11 @@
 //! core's `TokenBucket`. This file holds only the network, the clock and the load.
 //!
 //! How a tick's requests are decided (the only shortcut, and why it changes nothing):
-//! - drop-ratio: up to 32 arrivals, one `DropRatio::decide_with` call per request with the
-//!   simulation's seeded coin; above that, one binomial draw with the ratio `DropRatio::current`
-//!   returns. Each request is an independent coin against the same ratio, so the number dropped
-//!   is exactly Binomial(n, ratio).
+//! - drop-ratio: one `DropRatio::decide_with` call per request with the simulation's seeded
+//!   generator (the drop schedule's dither). With the coin instead (`drop-ratio-coin`), up to 32
+//!   arrivals are decided one by one and above that the number dropped is one binomial draw
+//!   with the ratio `DropRatio::current` returns: each request is an independent coin against
+//!   the same ratio, so the number dropped is exactly Binomial(n, ratio).
 //! - adaptive token bucket and central counter: one `decide(now, 1)` per request until the first
 //!   denial. Time does not move within a tick and a denial leaves the state unchanged, so every
 //!   later request of the same instant would be denied too: the calls are skipped, not guessed.
@@ -31,8 +32,9 @@ use rand_distr::{Binomial, Distribution, Exp, Poisson, StandardNormal};
 use spillway_core::algo::{
     AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket,
 };
-use spillway_core::clock::{NANOS_PER_SEC, Nanos};
+use spillway_core::clock::{NANOS_PER_SEC, Nanos, nanos};
 use spillway_core::counters::Snapshot;
+use spillway_core::criticality::{Criticality, TIERS};
 use spillway_core::surge;
 use spillway_loop::{
     HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot, ZoneCore, ZoneStep,
@@ -48,7 +50,7 @@ pub const TICK_NS: Nanos = 10_000_000;
 pub const TICKS_PER_SAMPLE: u64 = 10;
 /// Simulated time starts here (one hour), so interval numbers are never near zero.
 const EPOCH_NS: Nanos = 3_600 * NANOS_PER_SEC;
-/// Per-request decisions up to this many arrivals in a tick; a binomial draw above.
+/// The coin's per-request decisions up to this many arrivals in a tick; a binomial draw above.
 const COIN_LIMIT: u64 = 32;
 const SERVICE: &str = "api";
 const BUCKET: &str = "limited";
@@ -104,6 +106,10 @@ pub struct Trace {
     pub control_bytes: u64,
     /// Requests that paid a round trip, as (round trip in ms, requests).
     pub round_trips: Vec<(f64, u64)>,
+    /// Per criticality tier (`Criticality::ALL` order): offered and admitted within the
+    /// measured window, over the fleet; `None` for the central counter, whose store decides
+    /// requests after they left the host.
+    pub measured_tiers: Option<[(u64, u64); TIERS]>,
 }
 
 enum Limiter {
@@ -118,6 +124,8 @@ struct Host {
     region: usize,
     /// Part of the fleet's load.
     weight: f64,
+    /// The part of its requests that is `sheddable` (the rest is `critical`).
+    sheddable: f64,
     alive: bool,
     limiter: Limiter,
     /// The bucket's counters since the start, as the client's striped counters total them.
@@ -281,6 +289,9 @@ impl<'a> Engine<'a> {
             let delay_ticks = (rtt_ms / 2.0 * 1e6 / TICK_NS as f64).round() as usize;
             let limiter = match algorithm {
                 Algorithm::DropRatio => Limiter::Drop(DropRatio::new(Duration::from_secs(1))),
+                Algorithm::DropRatioCoin => {
+                    Limiter::Drop(DropRatio::with_coin(Duration::from_secs(1)))
+                }
                 Algorithm::AdaptiveTokenBucket => Limiter::Adaptive(Box::new(
                     AdaptiveTokenBucket::new(rate, DEFAULT_HISTORY_SECS)
                         .map_err(|e| SimError::Rules(e.to_string()))?,
@@ -303,10 +314,18 @@ impl<'a> Engine<'a> {
             core.start(start, &none);
             core.guard_tick(EPOCH_NS, &none);
             host_index.insert(id, i as u32);
+            // Half the hosts send twice the fleet's sheddable share, the others the rest, so the
+            // split has to come from the whole scope's load, not each host's own.
+            let sheddable = if i % 2 == 0 {
+                (2.0 * scenario.sheddable_share).min(1.0)
+            } else {
+                (2.0 * scenario.sheddable_share - 1.0).max(0.0)
+            };
             hosts.push(Host {
                 zone,
                 region,
                 weight,
+                sheddable,
                 alive: true,
                 limiter,
                 totals: Snapshot::default(),
@@ -361,6 +380,7 @@ impl<'a> Engine<'a> {
             })
             .collect();
         let mut measured = vec![(0u64, 0u64); self.hosts.len()];
+        let mut measured_tiers = [(0u64, 0u64); TIERS];
         let mut round_trips: HashMap<usize, (f64, u64)> = HashMap::new();
         let mut lost_region = false;
         let tick_s = TICK_NS as f64 / 1e9;
@@ -415,21 +435,38 @@ impl<'a> Engine<'a> {
                 if n == 0 {
                     continue;
                 }
+                // Requests per tier: all `critical` unless the host sends sheddable traffic.
+                let mut by_tier = [0u64; TIERS];
+                let sheddable = match self.hosts[i].sheddable {
+                    0.0 => 0,
+                    1.0 => n,
+                    p => Binomial::new(n, p).map_or(0, |b| b.sample(&mut self.rng)),
+                };
+                by_tier[Criticality::Sheddable.index()] = sheddable;
+                by_tier[Criticality::Critical.index()] = n - sheddable;
+                let mut allowed_by_tier = by_tier;
                 let allowed = match &self.hosts[i].limiter {
                     Limiter::Drop(d) => {
-                        if n <= COIN_LIMIT {
-                            (0..n)
-                                .filter(|_| d.decide_with(now, &mut self.coin).is_allow())
-                                .count() as u64
-                        } else {
-                            match d.current(now) {
-                                Some(r) if r != Ratio::ZERO => {
-                                    n - Binomial::new(n, r.as_f64())
-                                        .map_or(0, |b| b.sample(&mut self.rng))
-                                }
-                                _ => n,
+                        for tier in Criticality::ALL {
+                            let n = by_tier[tier.index()];
+                            if n == 0 {
+                                continue;
                             }
+                            allowed_by_tier[tier.index()] = if d.scheduled() || n <= COIN_LIMIT {
+                                (0..n)
+                                    .filter(|_| d.decide_with(now, tier, &mut self.coin).is_allow())
+                                    .count() as u64
+                            } else {
+                                match d.current_for(now, tier) {
+                                    Some(r) if r != Ratio::ZERO => {
+                                        n - Binomial::new(n, r.as_f64())
+                                            .map_or(0, |b| b.sample(&mut self.rng))
+                                    }
+                                    _ => n,
+                                }
+                            };
                         }
+                        allowed_by_tier.iter().sum()
                     }
                     Limiter::Adaptive(bucket) => (0..n)
                         .take_while(|_| bucket.decide(now, 1).is_allow())
@@ -443,9 +480,24 @@ impl<'a> Engine<'a> {
                         0
                     }
                 };
+                if !matches!(self.hosts[i].limiter, Limiter::Drop(_)) {
+                    // Limiters without tiers admit either tier alike.
+                    let shed = Criticality::Sheddable.index();
+                    allowed_by_tier[shed] = allowed * by_tier[shed] / n;
+                    allowed_by_tier[Criticality::Critical.index()] =
+                        allowed - allowed_by_tier[shed];
+                }
                 let host = &mut self.hosts[i];
                 host.totals.allowed += allowed;
                 host.totals.dropped += n - allowed;
+                for (t, (&n, &allowed)) in by_tier.iter().zip(&allowed_by_tier).enumerate() {
+                    host.totals.tiers[t].allowed += allowed;
+                    host.totals.tiers[t].dropped += n - allowed;
+                    if in_window {
+                        measured_tiers[t].0 += n;
+                        measured_tiers[t].1 += allowed;
+                    }
+                }
                 let sample = &mut samples[current];
                 sample.offered += n;
                 if !matches!(self.hosts[i].limiter, Limiter::Central) {
@@ -509,6 +561,7 @@ impl<'a> Engine<'a> {
             measured,
             control_bytes: self.control_bytes,
             round_trips,
+            measured_tiers: (self.algorithm != Algorithm::CentralCounter).then_some(measured_tiers),
         }
     }
 
@@ -748,10 +801,21 @@ impl<'a> Engine<'a> {
 fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
     for step in steps {
         match (&mut host.limiter, step) {
-            (Limiter::Drop(d), HostStep::DropRatio { ratio, ttl, .. }) => {
-                d.set_for(ratio, now, ttl)
-            }
-            (Limiter::Drop(d), HostStep::Surge { ratio, until, .. }) => d.set_surge(ratio, until),
+            (
+                Limiter::Drop(d),
+                HostStep::DropRatio {
+                    ratio, tiers, ttl, ..
+                },
+            ) => d.set_tiers(ratio, &tiers, now.saturating_add(nanos(ttl))),
+            (
+                Limiter::Drop(d),
+                HostStep::Surge {
+                    ratio,
+                    tiers,
+                    until,
+                    ..
+                },
+            ) => d.set_surge_tiers(ratio, &tiers, until),
             (Limiter::Adaptive(bucket), HostStep::Share { share, .. }) => {
                 bucket.set_share(now, share)
             }

@@ -20,7 +20,7 @@ pub mod output;
 pub mod scenario;
 
 pub use engine::{FleetSample, Network, Trace};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, TierDrops};
 pub use scenario::Scenario;
 
 /// Why a simulation could not run.
@@ -28,7 +28,9 @@ pub use scenario::Scenario;
 pub enum SimError {
     #[error("unknown scenario `{name}`; the scenarios are {}", scenario::NAMES.join(", "))]
     UnknownScenario { name: String },
-    #[error("unknown algorithm `{name}`; use drop-ratio, adaptive-token-bucket or central-counter")]
+    #[error(
+        "unknown algorithm `{name}`; use drop-ratio, adaptive-token-bucket, central-counter or drop-ratio-coin"
+    )]
     UnknownAlgorithm { name: String },
     #[error("a duration of {0} s is too short; simulate at least 5 s")]
     Duration(f64),
@@ -41,20 +43,33 @@ pub enum SimError {
 /// The algorithms compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
-    /// The control plane's drop ratio, applied by a coin on every host (G8).
+    /// The control plane's drop ratio, applied by each host's drop schedule (G8;
+    /// `spillway_core::algo::DropRatio`).
     DropRatio = 0,
     /// Each host refills at its share of the limit, shares from the controller (G10).
     AdaptiveTokenBucket = 1,
     /// One exact token bucket in a central store, one round trip per request (Redis per
     /// request).
     CentralCounter = 2,
+    /// Drop-ratio with an independent coin per request instead of the drop schedule: the
+    /// baseline the schedule replaced.
+    DropRatioCoin = 3,
 }
 
 impl Algorithm {
+    /// What `spillway sim` compares by default.
     pub const ALL: [Algorithm; 3] = [
         Algorithm::DropRatio,
         Algorithm::AdaptiveTokenBucket,
         Algorithm::CentralCounter,
+    ];
+
+    /// Every algorithm, also those only asked for by name.
+    pub const NAMED: [Algorithm; 4] = [
+        Algorithm::DropRatio,
+        Algorithm::AdaptiveTokenBucket,
+        Algorithm::CentralCounter,
+        Algorithm::DropRatioCoin,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,11 +77,12 @@ impl Algorithm {
             Algorithm::DropRatio => "drop-ratio",
             Algorithm::AdaptiveTokenBucket => "adaptive-token-bucket",
             Algorithm::CentralCounter => "central-counter",
+            Algorithm::DropRatioCoin => "drop-ratio-coin",
         }
     }
 
     pub fn from_name(name: &str) -> Result<Algorithm, SimError> {
-        Algorithm::ALL
+        Algorithm::NAMED
             .into_iter()
             .find(|a| a.name() == name)
             .ok_or_else(|| SimError::UnknownAlgorithm {

@@ -24,25 +24,54 @@ pub fn table(results: &[RunResult]) -> String {
             s.name, s.about, s.duration_s, first.seed
         );
     }
+    // New columns go last: scripts read the table by column (crates/cli/tests/sim.rs).
     out.push_str(
-        "| algorithm | enforcement delay | steady-state error | peak overshoot after 1 s | Jain fairness | wrongful drops | control-plane B/host/s | added latency p50 / p99 |\n",
+        "| algorithm | enforcement delay | steady-state error | peak overshoot after 1 s | Jain fairness | wrongful drops | control-plane B/host/s | added latency p50 / p99 | second after first |\n",
     );
-    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_owned(), f);
+    let percent = |v: f64| format!("{:.1}%", v * 100.0);
     for r in results {
         let m = &r.metrics;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.1} / {:.1} ms |",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.1} / {:.1} ms | {} |",
             r.algorithm.name(),
             opt(m.enforcement_delay_s, &|v| format!("{v:.1} s")),
-            opt(m.steady_error, &|v| format!("{:.1}%", v * 100.0)),
-            opt(m.peak_overshoot, &|v| format!("{:.1}%", v * 100.0)),
+            opt(m.steady_error, &percent),
+            opt(m.peak_overshoot, &percent),
             opt(m.jain, &|v| format!("{v:.3}")),
             m.wrongful_drops,
             m.control_bytes_per_host_s,
             m.round_trip_p50_ms,
             m.round_trip_p99_ms,
+            opt(m.second_after_first, &percent),
+        );
+    }
+    for r in results {
+        if let Some(t) = r.metrics.tier_drops {
+            let _ = writeln!(
+                out,
+                "\n{} by criticality over the measured window: {} of the requests dropped, {} of the critical ones, {} of the sheddable ones.",
+                r.algorithm.name(),
+                percent(t.all),
+                percent(t.critical),
+                percent(t.sheddable),
+            );
+        }
+    }
+    if let Some(first) = results.first() {
+        let n = &first.metrics.noise;
+        let _ = writeln!(
+            out,
+            "\nNoise band at the limit (3 standard deviations of Poisson arrivals): a 100 ms sample ±{}, 1 s (overshoots) ±{}, the measured window (steady-state error) ±{}{}.",
+            percent(n.sample_3sd),
+            percent(n.second_3sd),
+            percent(n.window_3sd),
+            opt(n.coin_jain, &|j| format!(
+                "; Jain's index of independent coins (binomial) at the ratio {}'s hosts saw: {j:.3}",
+                first.algorithm.name()
+            )),
         );
     }
     out

@@ -46,16 +46,20 @@ pub struct Scenario {
     /// Drop-ratio hosts correct a surge of their own between instructions, as the real client
     /// does (`spillway_core::surge`); off, they wait for the control plane.
     pub surge_guard: bool,
+    /// The part of the fleet's requests that is `sheddable`, the rest `critical` (SPEC §10):
+    /// half the hosts send twice this share, the other half the rest.
+    pub sheddable_share: f64,
 }
 
 /// The names of every scenario, in the order `--scenario all` runs them.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "surge-15x",
     "overload-1.5x",
     "many-callers",
     "host-burst",
     "control-plane-down",
     "region-loss",
+    "criticality",
 ];
 
 impl Scenario {
@@ -155,6 +159,22 @@ impl Scenario {
                 measure: (45.0, 70.0),
                 ..Scenario::base()
             },
+            // SPEC §10: the same 1.5x overload, 40% of it sheddable. The third to drop is 5/6 of
+            // the sheddable traffic, and no critical request.
+            "criticality" => Scenario {
+                name: "criticality",
+                about: "1.5x overload of which 40% is sheddable: 8K to 15K RPS, limit 10K/s",
+                hosts: 300,
+                limit_rps: 10_000.0,
+                duration_s: 60.0,
+                base_rps: 8_000.0,
+                step_rps: 15_000.0,
+                step_from_s: 20.0,
+                step_to_s: 60.0,
+                measure: (30.0, 60.0),
+                sheddable_share: 0.4,
+                ..Scenario::base()
+            },
             other => {
                 return Err(SimError::UnknownScenario {
                     name: other.to_owned(),
@@ -189,6 +209,7 @@ impl Scenario {
             region_loss: None,
             measure: (0.0, 0.0),
             surge_guard: true,
+            sheddable_share: 0.0,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The simulator's invariants on short scenarios (SPEC §6, MISSION G8-G11): bounds that the
 //! seeds' story promises, never exact figures.
 
-use spillway_sim::{Algorithm, RunResult, Scenario, run};
+use spillway_sim::{Algorithm, Network, RunResult, Scenario, run, run_on};
 
 fn sim(name: &str, seconds: f64, algorithm: Algorithm, seed: u64) -> RunResult {
     let scenario = Scenario::named(name, Some(seconds)).unwrap();
@@ -110,13 +110,17 @@ fn a_seed_gives_the_same_run_and_another_seed_another() {
 /// surge-15x on 300 hosts, its surge starting `phase` into a 1 s report interval, the hosts'
 /// surge guards off (the control plane alone) or on.
 fn surge_at_phase_guarded(phase: f64, guard: bool) -> RunResult {
+    surge_at_phase_on(phase, guard, 13, Network::default())
+}
+
+fn surge_at_phase_on(phase: f64, guard: bool, seed: u64, network: Network) -> RunResult {
     let mut scenario = Scenario::named("surge-15x", Some(40.0)).unwrap();
     scenario.hosts = 300;
     scenario.step_from_s = 20.0 + phase;
     scenario.step_to_s = 35.0;
     scenario.measure = (25.0, 35.0);
     scenario.surge_guard = guard;
-    run(&scenario, Algorithm::DropRatio, 13, &|_| {}).unwrap()
+    run_on(&scenario, Algorithm::DropRatio, network, seed, &|_| {}).unwrap()
 }
 
 /// The control plane alone: what the tail of an interval does.
@@ -164,14 +168,30 @@ fn a_surge_that_starts_mid_interval_is_cut_by_the_first_instruction_after_it() {
         "enforced {delay} s after a surge 0.4 s into its interval"
     );
     assert!(r.metrics.steady_error.unwrap() < 0.03, "{:?}", r.metrics);
-    // Whatever the phase, the surge is cut within two intervals of its start.
-    for phase in [0.0, 0.2, 0.4, 0.6, 0.74, 0.8, 0.95] {
-        let delay = surge_at_phase(phase).metrics.enforcement_delay_s.unwrap();
-        eprintln!("surge {phase:.2} into its interval: enforced after {delay:.1} s");
-        assert!(
-            delay <= 2.0,
-            "enforced {delay} s after a surge {phase} into its interval"
-        );
+    // Whatever the phase, the surge is cut within two intervals of its start, plus one 100 ms
+    // sample, when no control message is lost. On the default network (one message in 1,000
+    // lost) a lost report holds its interval for the zone's grace and leaves the instruction
+    // computed without it, which costs up to one more interval: at phase 0 and 0.2 over seeds
+    // 1-12, 1.1 to 2.4 s with the drop schedule and with the coin alike, depending on which
+    // seed loses a message then. The loss is what the other scenarios measure.
+    let lossless = Network {
+        loss: 0.0,
+        ..Network::default()
+    };
+    for seed in 1..=4 {
+        for phase in [0.0, 0.2, 0.4, 0.6, 0.74, 0.8, 0.95] {
+            let delay = surge_at_phase_on(phase, false, seed, lossless)
+                .metrics
+                .enforcement_delay_s
+                .unwrap();
+            eprintln!(
+                "seed {seed}, surge {phase:.2} into its interval: enforced after {delay:.1} s"
+            );
+            assert!(
+                delay <= 2.0 + 0.1 + 1e-9,
+                "seed {seed}: enforced {delay} s after a surge {phase} into its interval"
+            );
+        }
     }
 }
 

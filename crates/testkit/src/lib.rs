@@ -1,5 +1,6 @@
 //! Test support: private Redis, Sentinel, Cluster and PostgreSQL instances on free loopback ports,
-//! and an allocator that counts one thread's allocations ([`alloc`]).
+//! an allocator that counts one thread's allocations ([`alloc`]), and the programs a test needs on
+//! `PATH` ([`tools`]).
 //!
 //! Every instance lives in its own temporary folder, listens on `127.0.0.1` on a port picked
 //! free, and is killed and its folder removed when the value is dropped, so a test may crash or
@@ -22,6 +23,7 @@ mod process;
 mod redis;
 mod resp;
 mod sentinel;
+pub mod tools;
 
 pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::{Error, Result};

@@ -5,11 +5,15 @@ use std::future::Future;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use spillway_control::controller::{HISTORY_CHANNEL, HistorySink};
 use spillway_control::rules::DEFAULT_POLL;
 use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
 use spillway_core::config::{ConfigFile, Services};
+use spillway_rls::Rlqs;
+use spillway_rules::store::history::write_history_from;
+use spillway_tls::SanPolicy;
 
 use super::trust::{self, Place};
 use crate::args::{AggregatorArgs, ControllerArgs};
@@ -36,14 +40,38 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
                 "give --region and --zone, or a --tls-cert that names them".into(),
             ));
         };
+        if let Some(addr) = args.rlqs_listen {
+            trust::rlqs_listener(addr, transport.tls.is_some(), &args.tls)
+                .map_err(Failure::Usage)?;
+        }
+        // Bound before the aggregator starts, so a port in use stops the start.
+        let rlqs_listener = match args.rlqs_listen {
+            Some(addr) => Some(
+                spillway_net::bind(addr)
+                    .await
+                    .map_err(|err| Failure::Runtime(format!("--rlqs-listen: {err}")))?,
+            ),
+            None => None,
+        };
         let drain = args.drain_timeout;
+        let rlqs_tls = transport.tls.clone();
         let mut options = AggregatorOptions::new(args.listen, region, zone, args.controller);
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
+        // Envoy's RLQS: each stream a client of this zone (SPEC §8).
+        let rlqs = rlqs_listener.map(|(listener, addr)| {
+            let service = Rlqs::new(aggregator.local_clients())
+                .with_allowed_sans(SanPolicy::new(args.allow_client_san));
+            tracing::info!(%addr, "serving Envoy's rate limit quota service (RLQS v3)");
+            spillway_rls::serve_rlqs(listener, service, rlqs_tls)
+        });
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
+        if let Some(rlqs) = rlqs {
+            rlqs.shutdown().await;
+        }
         aggregator.shutdown_within(drain).await;
         Ok(())
     })
@@ -72,6 +100,9 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         };
         // Held for as long as the controller runs: dropping it stops following the store.
         let mut _watcher = None;
+        let mut history = None;
+        // With a store, the dashboard's recent changes: its audit log, read on each version.
+        let mut changes = None;
         let rules = match (&args.config, &args.database) {
             (Some(path), _) => FileRules::load(path).map_err(failure)?.watch(DEFAULT_POLL),
             (None, Some(url)) => {
@@ -92,6 +123,19 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                 let rules = spillway_rules::follow(&watcher, base)
                     .map_err(|e| failure(ControlError::from(e)))?;
                 _watcher = Some(watcher);
+                let store = spillway_rules::Store::connect(url).await.map_err(|e| {
+                    Failure::Usage(format!("cannot open the rules store {url}: {e}"))
+                })?;
+                changes = Some(spillway_node::follow_changes(store, rules.clone()));
+                history = Some(
+                    history_writer(
+                        url,
+                        &region,
+                        args.history_resolution,
+                        args.history_retention,
+                    )
+                    .await?,
+                );
                 rules
             }
             (None, None) => unreachable!("clap requires -c or --database"),
@@ -102,12 +146,38 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
+        options.history = history.as_ref().map(|(sink, _)| sink.clone());
+        options.changes = changes.as_ref().map(|(rx, _)| rx.clone());
         let controller = Controller::start(options).await.map_err(failure)?;
         super::stop_signal().await;
         tracing::info!("stopping: closing aggregator and peer streams");
         controller.shutdown_within(drain).await;
+        if let Some((_, task)) = changes {
+            task.abort();
+        }
+        if let Some((sink, writer)) = history {
+            // The controller's sender is gone with it; the writer stores what it holds and ends.
+            drop(sink);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+        }
         Ok(())
     })
+}
+
+/// The rules store the controller writes its region's history into (SPEC §9's `builtin:`
+/// source), through a writer task of its own.
+async fn history_writer(
+    url: &str,
+    region: &str,
+    resolution: std::time::Duration,
+    retention: std::time::Duration,
+) -> Result<(HistorySink, tokio::task::JoinHandle<()>), Failure> {
+    let store = spillway_rules::Store::connect(url)
+        .await
+        .map_err(|e| Failure::Usage(format!("cannot open the rules store {url}: {e}")))?;
+    let (slots, rx) = tokio::sync::mpsc::channel(HISTORY_CHANNEL);
+    let writer = tokio::spawn(write_history_from(store, region.to_owned(), rx, retention));
+    Ok((HistorySink { resolution, slots }, writer))
 }
 
 enum Failure {

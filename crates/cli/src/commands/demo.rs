@@ -9,7 +9,8 @@ use spillway_demo::DemoOptions;
 
 use crate::args::DemoArgs;
 
-/// Runs the demo for `--seconds`, prints the summary on stdout and exits 0.
+/// Runs the demo for `--seconds`, prints the dashboard's address when the fleet is up and the
+/// summary at the end on stdout, and exits 0.
 pub fn demo(args: DemoArgs) -> ExitCode {
     if args.seconds < 4 {
         eprintln!("spillway demo: --seconds must be at least 4 (a base load, then the surge)");
@@ -38,7 +39,14 @@ pub fn demo(args: DemoArgs) -> ExitCode {
     options.out = args.out;
     options.report_interval = Duration::from_millis(args.report_interval_ms.max(10));
     options.terminal = std::io::stderr().is_terminal();
-    match runtime.block_on(spillway_demo::run(options)) {
+    let run = async move {
+        let demo = spillway_demo::Demo::start(options).await?;
+        if let Some(admin) = demo.dashboard() {
+            println!("dashboard: http://{admin}/ (live while the demo runs)");
+        }
+        demo.run().await
+    };
+    match runtime.block_on(run) {
         Ok(summary) => {
             print!("{summary}");
             ExitCode::SUCCESS

@@ -9,23 +9,29 @@ use anyhow::Context;
 use spillway_client::Client;
 use spillway_client::control::{ControlOptions, LinkOptions};
 use spillway_core::config::{self, Config};
-use spillway_proxy::{Proxy, ProxyOptions};
+use spillway_proxy::{ForwardedFields, Proxy, ProxyOptions};
+use spillway_rls::{Rls, RlsOptions};
+use spillway_tls::SanPolicy;
 
 use super::trust::{self, Place};
-use crate::args::ProxyArgs;
+use crate::args::{ForwardedArg, LinkArgs, ProxyArgs};
 
 /// Runs the proxy until SIGTERM or SIGINT, then drains the requests in flight and exits 0.
 /// Bad configuration or usage exits 2, any other failure 1.
 pub fn proxy(args: ProxyArgs) -> ExitCode {
-    if args.database.is_some() && args.aggregator.is_some() {
+    if args.database.is_some() && args.link.aggregator.is_some() {
         eprintln!(
             "spillway proxy: give either --aggregator or --database: linked, the rules come down from the controller, so give --database to the controller instead"
         );
         return ExitCode::from(2);
     }
-    if args.aggregator.is_none() && args.tls.tls_cert.is_some() && args.admin.is_none() {
+    if args.link.aggregator.is_none()
+        && args.tls.tls_cert.is_some()
+        && args.admin.is_none()
+        && args.rls_listen.is_none()
+    {
         eprintln!(
-            "spillway proxy: --tls-cert secures the link to --aggregator and the --admin port; give one of them"
+            "spillway proxy: --tls-cert secures the link to --aggregator, the --admin port and --rls-listen; give one of them"
         );
         return ExitCode::from(2);
     }
@@ -50,14 +56,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
         eprintln!("spillway proxy: {message}");
         ExitCode::from(2)
     };
-    if args.aggregator.is_none() && (args.region.is_some() || args.host_id.is_some()) {
-        tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
-    }
-    let place = Place {
-        region: args.region.clone(),
-        zone: args.zone.clone(),
-        host: args.host_id.clone(),
-    };
+    let place = place_of(&args.link);
     // The sidecar's own --listen is the data plane's, any address: no loopback rule for it.
     let trust::Transport { tls, place, admin } = match trust::role(
         "proxy",
@@ -70,6 +69,12 @@ async fn run(args: ProxyArgs) -> ExitCode {
         Ok(transport) => transport,
         Err(message) => return usage(message),
     };
+    if let Some(addr) = args.rls_listen
+        && let Err(message) = trust::rls_listener(addr, tls.is_some(), &args.tls)
+    {
+        return usage(message);
+    }
+    let rls_tls = tls.clone();
     let (source, admin_auth) = (tls, admin);
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
@@ -81,6 +86,12 @@ async fn run(args: ProxyArgs) -> ExitCode {
     options.idle_timeout = args.idle_timeout;
     options.body_timeout = args.body_timeout.0;
     options.max_connections = args.max_connections.map(std::num::NonZeroUsize::get);
+    options.forwarded = match args.forwarded {
+        ForwardedArg::XForwarded => ForwardedFields::XForwarded,
+        ForwardedArg::Rfc7239 => ForwardedFields::Rfc7239,
+        ForwardedArg::Both => ForwardedFields::Both,
+        ForwardedArg::Off => ForwardedFields::Off,
+    };
     // Before the proxy derives its default --max-connections from it.
     match spillway_proxy::raise_fd_limit() {
         Ok(limit) => tracing::info!("file descriptor limit: {limit}"),
@@ -88,21 +99,10 @@ async fn run(args: ProxyArgs) -> ExitCode {
             "cannot raise the file descriptor limit to its hard limit ({err}); the soft limit stays"
         ),
     }
-    if let Some(aggregator) = args.aggregator {
-        let (Some(region), Some(zone)) = (place.region, place.zone) else {
-            return usage(
-                "--aggregator needs --region and --zone (or a --tls-cert that names them), for example --region eu-west --zone eu-west-1a".into(),
-            );
-        };
-        let host_id = place
-            .host
-            .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.port()));
-        let mut link = LinkOptions::new(aggregator, host_id, region, zone);
-        link.tls = source;
-        let mut control = ControlOptions::new(link);
-        control.state_dir = args.state_dir;
-        options.control = Some(control);
-    }
+    options.control = match control_options(args.link, place, source, args.listen.port()) {
+        Ok(control) => control,
+        Err(message) => return usage(message),
+    };
     // Following the store: the file gives identity, control and redis, and the services the
     // store does not name; the store's services replace the file's of the same name.
     let follow = match &args.database {
@@ -116,6 +116,17 @@ async fn run(args: ProxyArgs) -> ExitCode {
         None => None,
     };
     options.watch_file = follow.is_none();
+    // Bound before the proxy starts, so a port in use stops the start.
+    let rls_listener = match args.rls_listen {
+        Some(addr) => match spillway_net::bind(addr).await {
+            Ok(bound) => Some(bound),
+            Err(err) => {
+                eprintln!("spillway proxy: --rls-listen: {err}");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
     let proxy = match Proxy::start(options).await {
         Ok(proxy) => proxy,
         Err(err) => {
@@ -123,6 +134,16 @@ async fn run(args: ProxyArgs) -> ExitCode {
             return ExitCode::from(if err.is_usage() { 2 } else { 1 });
         }
     };
+    // Envoy's RLS, decided by the same engine as the proxied requests (SPEC §8).
+    let rls = rls_listener.map(|(listener, addr)| {
+        let options = RlsOptions {
+            response_headers: args.rls_response_headers,
+        };
+        let service = Rls::new(proxy.client().clone(), options)
+            .with_allowed_sans(SanPolicy::new(args.allow_client_san));
+        tracing::info!(%addr, "serving Envoy's rate limit service (RLS v3)");
+        spillway_rls::serve(listener, service, rls_tls)
+    });
     let following = follow.map(|(base, watcher)| {
         let client = proxy.client().clone();
         tokio::spawn(apply_store_rules(client, base, watcher))
@@ -131,6 +152,9 @@ async fn run(args: ProxyArgs) -> ExitCode {
     tracing::info!("stopping: no new connections, draining the requests in flight");
     if let Some(task) = following {
         task.abort();
+    }
+    if let Some(rls) = rls {
+        rls.shutdown().await;
     }
     proxy.shutdown().await;
     ExitCode::SUCCESS
@@ -178,6 +202,48 @@ async fn apply_store_rules(
         }
     })
     .await;
+}
+
+/// Where a host stands before its certificate is read (`--region`, `--zone`, `--host-id`),
+/// which only matters linked.
+pub(super) fn place_of(link: &LinkArgs) -> Place {
+    if link.aggregator.is_none()
+        && (link.region.is_some() || link.zone.is_some() || link.host_id.is_some())
+    {
+        tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
+    }
+    Place {
+        region: link.region.clone(),
+        zone: link.zone.clone(),
+        host: link.host_id.clone(),
+    }
+}
+
+/// The control-plane link of a host given `--aggregator` (`None` standalone): its place as the
+/// flags and the certificate agreed on, its TLS, and `port` for the default host id
+/// (HOSTNAME:PORT).
+pub(super) fn control_options(
+    link: LinkArgs,
+    place: Place,
+    tls: Option<Arc<spillway_tls::TlsSource>>,
+    port: u16,
+) -> Result<Option<ControlOptions>, String> {
+    let Some(aggregator) = link.aggregator else {
+        return Ok(None);
+    };
+    let (Some(region), Some(zone)) = (place.region, place.zone) else {
+        return Err(
+            "--aggregator needs --region and --zone (or a --tls-cert that names them), for example --region eu-west --zone eu-west-1a".into(),
+        );
+    };
+    let host_id = place
+        .host
+        .unwrap_or_else(|| format!("{}:{port}", hostname()));
+    let mut options = LinkOptions::new(aggregator, host_id, region, zone);
+    options.tls = tls;
+    let mut control = ControlOptions::new(options);
+    control.state_dir = link.state_dir;
+    Ok(Some(control))
 }
 
 /// One serving thread per core, or `TOKIO_WORKER_THREADS` of them when set (as for any tokio

@@ -115,6 +115,29 @@ pub fn control_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(
     plaintext_off_loopback(addr, tls, args, "--listen", "reports and instructions")
 }
 
+/// The RLS listener (SPEC §7, §8) without TLS binds loopback only, for an Envoy beside the
+/// process, unless `--insecure-plaintext`.
+pub fn rls_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
+    plaintext_off_loopback(addr, tls, args, "--rls-listen", "rate-limit decisions")
+}
+
+/// `spillway rls --listen`, the same rule as [`rls_listener`].
+pub fn rls_service_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
+    plaintext_off_loopback(addr, tls, args, "--listen", "rate-limit decisions")
+}
+
+/// The RLQS listener (SPEC §7, §8), likewise: loopback only without TLS, unless
+/// `--insecure-plaintext`.
+pub fn rlqs_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
+    plaintext_off_loopback(
+        addr,
+        tls,
+        args,
+        "--rlqs-listen",
+        "usage reports and quota assignments",
+    )
+}
+
 fn plaintext_off_loopback(
     addr: SocketAddr,
     tls: bool,

@@ -62,6 +62,8 @@ pub fn up(args: UpArgs) -> ExitCode {
             aggregator_listen: args.aggregator_listen,
             aggregator_admin: args.aggregator_admin,
             drain_timeout: args.drain_timeout,
+            history_resolution: args.history_resolution,
+            history_retention: args.history_retention,
         };
         let node = match Node::start(options).await {
             Ok(node) => node,

@@ -40,6 +40,22 @@ impl Proc {
         )
     }
 
+    /// Asks the process to stop (SIGTERM, as an orchestrator does) and waits at most 30 s for
+    /// it to exit: its exit status, or `None` when it had to be killed.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let asked = Instant::now();
+        while asked.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        None
+    }
+
     pub fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -85,7 +101,16 @@ pub fn keep_alive_upstream() -> u16 {
 
 /// One HTTP/1.1 request on a keep-alive connection; returns the status.
 pub fn request(reader: &mut BufReader<TcpStream>, path: &str) -> std::io::Result<u16> {
-    let head = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+    request_with(reader, path, "")
+}
+
+/// [`request`] with more header lines, each ending in CRLF.
+pub fn request_with(
+    reader: &mut BufReader<TcpStream>,
+    path: &str,
+    headers: &str,
+) -> std::io::Result<u16> {
+    let head = format!("GET {path} HTTP/1.1\r\nhost: test\r\n{headers}\r\n");
     reader.get_mut().write_all(head.as_bytes())?;
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -159,7 +184,20 @@ pub struct Load {
 }
 
 impl Load {
+    /// `rps` GETs of `/orders` a second.
     pub fn start(port: u16, rps: f64) -> Load {
+        Load::on_path(port, rps, "/orders")
+    }
+
+    /// `rps` GETs of `path` a second.
+    pub fn on_path(port: u16, rps: f64, path: &str) -> Load {
+        Load::with_headers(port, rps, path, "")
+    }
+
+    /// `rps` GETs of `path` a second with more header lines (each ending in CRLF).
+    pub fn with_headers(port: u16, rps: f64, path: &str, headers: &str) -> Load {
+        let path = path.to_owned();
+        let headers = headers.to_owned();
         let sent = Arc::new(AtomicU64::new(0));
         let limited = Arc::new(AtomicU64::new(0));
         let last_limited_ms = Arc::new(AtomicU64::new(0));
@@ -191,7 +229,7 @@ impl Load {
                     },
                 };
                 let mut conn = conn;
-                match request(&mut conn, "/orders") {
+                match request_with(&mut conn, &path, &headers) {
                     Ok(status) => {
                         s.fetch_add(1, Ordering::Relaxed);
                         if status == 429 {

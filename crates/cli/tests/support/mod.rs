@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fleet;
+pub mod up;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -140,18 +141,7 @@ impl Proxy {
 
     /// Sends SIGTERM and waits (10 s at most) for the exit status.
     pub fn terminate(mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(sent.success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        panic!("spillway proxy did not stop within 10 s of SIGTERM");
+        terminate(&mut self.child, Duration::from_secs(10))
     }
 }
 
@@ -160,4 +150,20 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `child` SIGTERM and waits at most `patience` for its exit status (killing it then).
+pub fn terminate(child: &mut Child, patience: Duration) -> ExitStatus {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    panic!("the process did not stop within {patience:?} of SIGTERM");
 }

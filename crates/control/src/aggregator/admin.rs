@@ -48,6 +48,11 @@ impl AdminView for Zone {
             gauge(state.core.hosts() as u64),
         );
         registry.register(
+            "spillway_aggregator_local_clients",
+            "Clients in this process with an open stream: Envoy instances on the RLQS listener (--rlqs-listen), each counted in spillway_aggregator_clients from its first report",
+            gauge(self.local.load(Ordering::Relaxed)),
+        );
+        registry.register(
             "spillway_rules_version",
             "Version of the rules the controller sends down",
             gauge(state.core.rules_version()),

@@ -8,6 +8,7 @@
 //! delay is the network's, not a sum of timers.
 
 mod admin;
+mod local;
 mod service;
 mod upstream;
 
@@ -25,7 +26,10 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::error::ControlError;
+use crate::intervals::IntervalSpans;
 use crate::trust::{self, Trust};
+
+pub use local::{InstructionsRx, LocalClient, LocalClients};
 
 /// Where an aggregator listens, and whom it reports to.
 #[derive(Debug, Clone)]
@@ -172,6 +176,11 @@ impl Aggregator {
         self.zone.connected.load(Ordering::Relaxed)
     }
 
+    /// Attaches clients that live in this process (an RLQS stream's Envoy instance, SPEC §8).
+    pub fn local_clients(&self) -> LocalClients {
+        LocalClients::new(self.zone.clone())
+    }
+
     /// Clients with an open stream.
     pub fn clients(&self) -> usize {
         self.zone.lock().core.hosts()
@@ -194,6 +203,8 @@ struct Zone {
     state: Mutex<ZoneState>,
     connected: AtomicBool,
     next_conn: AtomicU64,
+    /// In-process clients attached now ([`LocalClients`]: Envoy instances on RLQS).
+    local: AtomicU64,
     /// Who may report here, and the refusals counted.
     trust: Arc<Trust>,
     /// Where this aggregator is: its region and zone.
@@ -207,6 +218,8 @@ struct ZoneState {
     clients: HashMap<String, mpsc::Sender<Result<v1::Instructions, Status>>>,
     /// The stream to the controller, while open.
     upstream: Option<mpsc::Sender<v1::ZoneReport>>,
+    /// Each interval's span, from its first host report until the zone's sums go up.
+    spans: IntervalSpans,
 }
 
 impl Zone {
@@ -216,9 +229,11 @@ impl Zone {
                 core: ZoneCore::new(&options.region, &options.zone, now_ms()),
                 clients: HashMap::new(),
                 upstream: None,
+                spans: IntervalSpans::aggregator(&options.region, &options.zone),
             }),
             connected: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
+            local: AtomicU64::new(0),
             trust: Arc::new(Trust::new(options.tls.clone(), "aggregator")),
             region: options.region.clone(),
             zone: options.zone.clone(),
@@ -236,16 +251,27 @@ impl ZoneState {
     /// again to a client that missed them, and the hosts list to a controller that missed it.
     fn send(&mut self, steps: Vec<ZoneStep>) {
         self.warn_clamps();
+        // The interval the instructions of these steps belong to: (sequence, hosts, buckets,
+        // hosts that missed them).
+        let mut instructed: Option<(u64, u64, u64, u64)> = None;
         for step in steps {
             match step {
                 ZoneStep::Forward(report) => {
                     let Some(tx) = &self.upstream else { continue };
-                    if let Err(err) = tx.try_send(report) {
-                        self.core.forward_failed(&err.into_inner());
-                    }
+                    let (sequence, buckets) = (report.sequence, report.buckets.len() as u64);
+                    let unsent = match tx.try_send(report) {
+                        Ok(()) => 0,
+                        Err(err) => {
+                            self.core.forward_failed(&err.into_inner());
+                            1
+                        }
+                    };
+                    self.spans.on_left(sequence, 1, buckets, unsent);
                 }
                 ZoneStep::Send { host, instructions } => {
                     let carries_rules = instructions.rules.is_some();
+                    let (sequence, buckets) =
+                        (instructions.sequence, instructions.buckets.len() as u64);
                     let sent = self
                         .clients
                         .get(&host)
@@ -253,8 +279,19 @@ impl ZoneState {
                     if !sent && carries_rules {
                         self.core.send_failed(&host);
                     }
+                    let at = instructed.get_or_insert((sequence, 0, 0, 0));
+                    at.1 += 1;
+                    at.2 = at.2.max(buckets);
+                    at.3 += u64::from(!sent);
                 }
             }
+        }
+        // Without a controller the zone computes its own instructions: the interval leaves
+        // when they go to the hosts.
+        if self.upstream.is_none()
+            && let Some((sequence, hosts, buckets, unsent)) = instructed
+        {
+            self.spans.on_left(sequence, hosts, buckets, unsent);
         }
     }
 

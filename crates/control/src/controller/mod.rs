@@ -1,13 +1,17 @@
 //! The regional controller (G7): a thin driver of `spillway_loop::RegionCore` over real streams.
 //! Aggregators stream their zones' sums in ([`service`]), peer controllers exchange the sums of
 //! global buckets ([`peers`]), and the core's instructions go back down to every aggregator with
-//! the rules when they changed. What it computed shows on its admin listener ([`admin`]).
+//! the rules when they changed. What it computed shows on its admin listener ([`admin`]), with
+//! the few minutes of history and the zones' health its dashboard draws ([`record`]).
 //!
 //! Worked example: a global limit of 1,000/s, region A offering 900/s and region B 600/s: both
 //! controllers see 1,500/s and send a drop ratio of 1/3, so A admits 600/s and B 400/s.
 
 mod admin;
+mod changes;
+mod history;
 mod peers;
+mod record;
 mod service;
 
 use std::collections::HashMap;
@@ -16,14 +20,19 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spillway_link::{Backoff, Target, now_ms};
-use spillway_loop::{BucketKey, BucketView, HostView, RegionCore, RegionStep, RulesSnapshot};
+use spillway_loop::{
+    BucketKey, BucketView, HistoryBatch, HostView, Ledger, RegionCore, RegionStep, RulesSnapshot,
+};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use spillway_tls::{Expect, Role, TlsSource};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Status;
 
+pub use changes::RulesChange;
+
 use crate::error::ControlError;
+use crate::intervals::IntervalSpans;
 use crate::trust::{self, Trust};
 
 /// Where a controller listens, its peers and its rules.
@@ -43,7 +52,25 @@ pub struct ControllerOptions {
     /// peers, other regions' controllers; the peers dialled (`https://`) must prove they are
     /// other regions' controllers.
     pub tls: Option<Arc<TlsSource>>,
+    /// The rules store's latest changes, newest first, when the rules come from one: shown on
+    /// `/v1/rules/changes` and the dashboard.
+    pub changes: Option<watch::Receiver<Arc<Vec<RulesChange>>>>,
+    /// Where this region's traffic history goes, slot by slot, for the configurator.
+    pub history: Option<HistorySink>,
 }
+
+/// Where a controller hands its region's closed history slots (SPEC §9's `builtin:` source) and
+/// at what resolution: a bounded channel to a writer off the control loop. A full channel (a
+/// writer stuck on its store) loses slots, never delays an interval.
+#[derive(Debug, Clone)]
+pub struct HistorySink {
+    pub resolution: std::time::Duration,
+    pub slots: mpsc::Sender<HistoryBatch>,
+}
+
+/// Slots the channel to the history writer holds: at a resolution of a second, a minute of a
+/// writer that does not keep up.
+pub const HISTORY_CHANNEL: usize = 64;
 
 impl ControllerOptions {
     pub fn new(
@@ -60,6 +87,8 @@ impl ControllerOptions {
             backoff: Backoff::default(),
             rules,
             tls: None,
+            changes: None,
+            history: None,
         }
     }
 }
@@ -116,11 +145,24 @@ impl Controller {
             .collect::<Result<Vec<_>, _>>()?;
         let (listener, addr) = spillway_net::bind(options.listen).await?;
         let (stop, stop_rx) = watch::channel(false);
-        let region = Arc::new(Region::new(
-            &options.region,
-            options.rules.borrow().clone(),
-            Arc::new(Trust::new(options.tls.clone(), "controller")),
-        ));
+        let mut region = Region {
+            peers_configured: options.peers.len(),
+            changes: options.changes.clone(),
+            ..Region::new(
+                &options.region,
+                options.rules.borrow().clone(),
+                Arc::new(Trust::new(options.tls.clone(), "controller")),
+            )
+        };
+        if let Some(sink) = &options.history {
+            let state = region.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            state.history = Some(HistoryOut {
+                ledger: Ledger::new(sink.resolution),
+                slots: sink.slots.clone(),
+                lost: 0,
+            });
+        }
+        let region = Arc::new(region);
         let mut tasks = Vec::new();
         let admin = spillway_net::admin::start_if(
             options.admin,
@@ -209,27 +251,67 @@ struct Region {
     next_conn: AtomicU64,
     /// Who may stream here, and the refusals counted.
     trust: Arc<Trust>,
+    /// How many peers this controller dials (`--peer`).
+    peers_configured: usize,
+    /// The rules store's latest changes, when the rules come from one.
+    changes: Option<watch::Receiver<Arc<Vec<RulesChange>>>>,
 }
 
 struct RegionState {
     core: RegionCore,
+    /// What the dashboard shows beside the core's view.
+    record: record::Record,
     /// Each aggregator's stream, by connection.
     zones: HashMap<u64, mpsc::Sender<Result<v1::ZoneInstructions, Status>>>,
     /// Each peer's stream, by connection (the ones it opened and the ones this side opened).
     peers: HashMap<u64, mpsc::Sender<Result<v1::RegionSums, Status>>>,
+    /// The region's traffic history on its way to the rules store, when it has one.
+    history: Option<HistoryOut>,
+    /// Each interval's span, from its first zone report until its instructions go down.
+    spans: IntervalSpans,
+}
+
+/// The history's slots as they fill, and the channel closed ones leave by.
+struct HistoryOut {
+    ledger: Ledger,
+    slots: mpsc::Sender<HistoryBatch>,
+    /// Slots the writer could not take.
+    lost: u64,
+}
+
+impl HistoryOut {
+    fn flush(&mut self, now_ms: u64) {
+        for batch in self.ledger.take_closed(now_ms) {
+            if self.slots.try_send(batch).is_err() {
+                self.lost += 1;
+                if self.lost.is_power_of_two() {
+                    tracing::warn!(
+                        lost = self.lost,
+                        "history: the writer is not keeping up; slots are lost, control is not"
+                    );
+                }
+            }
+        }
+    }
 }
 
 impl Region {
     fn new(region: &str, rules: Arc<RulesSnapshot>, trust: Arc<Trust>) -> Self {
+        let now = now_ms();
         Self {
             region: region.to_owned(),
             state: Mutex::new(RegionState {
-                core: RegionCore::new(region, rules, now_ms()),
+                record: record::Record::new(rules.version, now),
+                core: RegionCore::new(region, rules, now),
                 zones: HashMap::new(),
                 peers: HashMap::new(),
+                history: None,
+                spans: IntervalSpans::controller(region),
             }),
             next_conn: AtomicU64::new(1),
             trust,
+            peers_configured: 0,
+            changes: None,
         }
     }
 
@@ -241,8 +323,12 @@ impl Region {
 impl RegionState {
     /// Sends what the core asks for. An aggregator or peer too slow to take one message per
     /// interval misses this one; the core sends the rules again to an aggregator that missed
-    /// them.
+    /// them. The record learns what went down, and samples the interval the core computed.
     fn send(&mut self, steps: Vec<RegionStep>) {
+        let now = now_ms();
+        let mut computed = None;
+        // (zones sent to, the most buckets one zone got, zones that missed them)
+        let mut fanout = (0u64, 0u64, 0u64);
         for step in steps {
             match step {
                 RegionStep::Announce(sums) => {
@@ -258,15 +344,29 @@ impl RegionState {
                         .instructions
                         .as_ref()
                         .is_some_and(|i| i.rules.is_some());
+                    if let Some(i) = &instructions.instructions {
+                        computed = Some(i.sequence);
+                        fanout.1 = fanout.1.max(i.buckets.len() as u64);
+                    }
                     let sent = self
                         .zones
                         .get(&member)
                         .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
+                    fanout.0 += 1;
+                    fanout.2 += u64::from(!sent);
+                    self.record.on_instructions(member, sent, now);
                     if !sent && carries_rules {
                         self.core.send_failed(member);
                     }
                 }
             }
+        }
+        if let Some(sequence) = computed {
+            self.spans.on_left(sequence, fanout.0, fanout.1, fanout.2);
+        }
+        self.record.after_steps(&self.core, computed, now);
+        if let Some(history) = &mut self.history {
+            history.flush(now);
         }
     }
 }

@@ -63,8 +63,15 @@ impl v1::controller_server::Controller for Service {
                                 let _ = tx.try_send(Err(status));
                                 break;
                             }
-                            let mut state = region.lock();
-                            let steps = state.core.on_zone_report(conn, report, now_ms());
+                            let mut guard = region.lock();
+                            let state = &mut *guard;
+                            let now = now_ms();
+                            state.record.on_zone_report(&state.core, conn, &report, now);
+                            if let Some(history) = &mut state.history {
+                                history.ledger.on_zone_report(&report, now);
+                            }
+                            state.spans.on_report(report.sequence);
+                            let steps = state.core.on_zone_report(conn, report, now);
                             state.send(steps);
                         }
                         _ => break,
@@ -74,7 +81,9 @@ impl v1::controller_server::Controller for Service {
             }
             let mut state = region.lock();
             state.zones.remove(&conn);
-            let steps = state.core.leave(conn, now_ms());
+            let now = now_ms();
+            state.record.on_leave(conn, now);
+            let steps = state.core.leave(conn, now);
             state.send(steps);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -156,8 +165,11 @@ fn zone_claims(report: &v1::ZoneReport, zone: &str, region: &str) -> Result<(), 
 impl Region {
     /// A peer's sums, from either side's stream.
     pub(super) fn on_peer_sums(&self, sums: v1::RegionSums) {
-        let mut state = self.lock();
-        let steps = state.core.on_peer_sums(sums, now_ms());
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let now = now_ms();
+        state.record.on_peer_sums(&state.core, &sums, now);
+        let steps = state.core.on_peer_sums(sums, now);
         state.send(steps);
     }
 }
@@ -191,7 +203,10 @@ pub(super) async fn follow_rules(
                 }
                 let snapshot = rules.borrow_and_update().clone();
                 tracing::info!(version = snapshot.version, "sending new rules down");
-                region.lock().core.set_rules(snapshot, now_ms());
+                let mut state = region.lock();
+                let now = now_ms();
+                state.record.on_rules(snapshot.version, now);
+                state.core.set_rules(snapshot, now);
             }
             _ = stop.changed() => return,
         }

@@ -188,7 +188,7 @@ impl HostLimiters for SimClient {
         Snapshot {
             allowed,
             dropped: (b.offered.floor() as u64).saturating_sub(allowed),
-            shadow_dropped: 0,
+            ..Snapshot::default()
         }
     }
 

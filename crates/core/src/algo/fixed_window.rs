@@ -6,7 +6,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{ParamError, Rate, deny_after, deny_never};
+use std::time::Duration;
+
+use super::{ParamError, Quota, Rate, deny_after, deny_never};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -88,6 +90,16 @@ impl FixedWindow {
                 Ok(_) => return Verdict::Allow,
                 Err(seen) => current = seen,
             }
+        }
+    }
+
+    /// Units left in the window of `now`, and the time until it ends: at 100 per minute with 30
+    /// used at 45 s, 70 left and a reset in 15 s.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        let next = (now / self.period + 1).saturating_mul(self.period);
+        Quota {
+            remaining: self.count.saturating_sub(self.used(now)),
+            reset: Duration::from_nanos(next.saturating_sub(now)),
         }
     }
 

@@ -8,7 +8,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{ParamError, Rate, deny_after, deny_never};
+use std::time::Duration;
+
+use super::{ParamError, Quota, Rate, deny_after, deny_never};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -101,6 +103,23 @@ impl Meter {
         self.interval
     }
 
+    /// What the meter still admits at `now` in units of cost 1, and when it is idle (full) again:
+    /// the debt in front of `now`. A token bucket of 10 at 1 per 100 ms that just took 4 has 6
+    /// left and is full again in 400 ms; a leaky bucket without burst and an empty queue admits 1.
+    pub(crate) fn quota(&self, now: Nanos) -> Quota {
+        let debt = self.tat.load(Ordering::Relaxed).saturating_sub(now);
+        let room = self.tolerance.checked_sub(debt);
+        let remaining = match (self.check, room) {
+            (_, None) => 0,
+            (Check::AfterCharge, Some(room)) => room / self.interval,
+            (Check::BeforeCharge, Some(room)) => room / self.interval + 1,
+        };
+        Quota {
+            remaining,
+            reset: Duration::from_nanos(debt),
+        }
+    }
+
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -144,6 +163,11 @@ impl Gcra {
     /// The maximum burst in units.
     pub fn burst(&self) -> u64 {
         self.meter.capacity()
+    }
+
+    /// Units left at `now` and the time until the burst is whole again.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        self.meter.quota(now)
     }
 }
 

@@ -7,7 +7,7 @@
 //! token bucket (see [`super::gcra`]), with the tolerance checked before charging.
 
 use super::gcra::{Check, Meter};
-use super::{ParamError, Rate};
+use super::{ParamError, Quota, Rate};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -44,6 +44,11 @@ impl LeakyBucket {
     /// Nanoseconds of drain per unit of cost.
     pub fn interval_ns(&self) -> Nanos {
         self.meter.interval()
+    }
+
+    /// Requests of cost 1 still admitted at `now`, and the time until the queue has drained.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        self.meter.quota(now)
     }
 }
 

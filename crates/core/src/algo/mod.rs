@@ -24,7 +24,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 pub use adaptive::{AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, MAX_HISTORY_SECS, Share};
-pub use drop_ratio::{DropRatio, Ratio};
+pub use drop_ratio::{DropRatio, Ratio, TierRatios, tier_ratios, uniform};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
@@ -33,6 +33,7 @@ pub use sliding_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
 
 use crate::clock::{Nanos, nanos};
+use crate::criticality::Criticality;
 use crate::decision::{NEVER, Verdict};
 
 /// Why algorithm parameters were refused. Each names the offending value.
@@ -58,6 +59,19 @@ pub enum ParamError {
     CountTooLarge { count: u64, max: u64 },
     #[error("history of {secs}s is out of range; use 1 to {max}s", max = MAX_HISTORY_SECS)]
     HistoryOutOfRange { secs: u64 },
+}
+
+/// What a limiter can still admit, read right after a decision: Envoy's `limit_remaining` and
+/// `duration_until_reset`, and the `ratelimit` headers' remaining and reset.
+///
+/// `remaining` is in units of cost 1; `reset` is when the whole limit is free again: the end of
+/// a fixed window, the time a meter (token bucket, GCRA, leaky bucket) takes to refill, the time
+/// the newest entry of a sliding log takes to leave it. A request over the limit is told a
+/// retry-after no longer than `reset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quota {
+    pub remaining: u64,
+    pub reset: Duration,
 }
 
 /// A limit as plain numbers: `count` units per `period`, both non-zero.
@@ -231,9 +245,16 @@ impl Limiter {
         })
     }
 
-    /// Decides a request of `cost` units at `now`.
+    /// Decides a request of `cost` units at `now`, of the default tier.
     #[inline]
     pub fn decide(&self, now: Nanos, cost: u64) -> Verdict {
+        self.decide_tier(now, cost, Criticality::default())
+    }
+
+    /// Decides a request of `cost` units and criticality `tier` at `now`: a drop-ratio bucket
+    /// drops at the tier's ratio; every other algorithm ignores the tier.
+    #[inline]
+    pub fn decide_tier(&self, now: Nanos, cost: u64, tier: Criticality) -> Verdict {
         match self {
             Limiter::TokenBucket(a) => a.decide(now, cost),
             Limiter::LeakyBucket(a) => a.decide(now, cost),
@@ -242,7 +263,35 @@ impl Limiter {
             Limiter::SlidingWindowCounter(a) => a.decide(now, cost),
             Limiter::Gcra(a) => a.decide(now, cost),
             Limiter::AdaptiveTokenBucket(a) => a.decide(now, cost),
-            Limiter::DropRatio(a) => a.decide(now),
+            Limiter::DropRatio(a) => a.decide(now, tier),
+        }
+    }
+
+    /// What the limiter still admits at `now` (see [`Quota`]); `rate` is the limit it was built
+    /// for, which the control-plane algorithms need: a drop-ratio bucket keeps no count, so it
+    /// reports the share of the limit its instruction still admits (`count x (1 - ratio)`) and the
+    /// limit's period; an adaptive token bucket its tokens and the period. Allocates nothing; the
+    /// sliding log and the adaptive bucket take their own lock, as their decisions do.
+    pub fn quota(&self, now: Nanos, rate: Rate) -> Quota {
+        match self {
+            Limiter::TokenBucket(a) => a.quota(now),
+            Limiter::LeakyBucket(a) => a.quota(now),
+            Limiter::FixedWindow(a) => a.quota(now),
+            Limiter::SlidingWindowLog(a) => a.quota(now),
+            Limiter::SlidingWindowCounter(a) => a.quota(now),
+            Limiter::Gcra(a) => a.quota(now),
+            Limiter::AdaptiveTokenBucket(a) => Quota {
+                remaining: a.tokens(now),
+                reset: rate.period(),
+            },
+            Limiter::DropRatio(a) => {
+                let ratio = a.current(now).unwrap_or(Ratio::ZERO);
+                let kept = u128::from(rate.count()) * u128::from(Ratio::SCALE - ratio.raw());
+                Quota {
+                    remaining: u64::try_from(kept >> 32).unwrap_or(u64::MAX),
+                    reset: rate.period(),
+                }
+            }
         }
     }
 

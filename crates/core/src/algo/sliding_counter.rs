@@ -8,7 +8,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::fixed_window::MAX_SKEW_WINDOWS;
-use super::{ParamError, Rate, deny_after, deny_never};
+use std::time::Duration;
+
+use super::{ParamError, Quota, Rate, deny_after, deny_never};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -108,6 +110,41 @@ impl SlidingWindowCounter {
             {
                 return Verdict::Allow;
             }
+        }
+    }
+
+    /// Units the estimate still admits at `now`, and the time until it has faded to nothing: the
+    /// current window's count weighs until the end of the next window. At 10/s with 10 in the
+    /// previous second and 5 in this one, at 1.5 s: 10 x 0.5 + 5 = 10 used, 0 left, reset in
+    /// 1.5 s.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        let p = self.period;
+        let window = now / p;
+        let offset = now % p;
+        let current = self.slots[(window & 1) as usize].load(Ordering::Relaxed);
+        let cur = if tag(current) == window as u32 {
+            used(current)
+        } else {
+            0
+        };
+        let other = self.slots[((window + 1) & 1) as usize].load(Ordering::Relaxed);
+        let prev = if tag(other) == (window as u32).wrapping_sub(1) {
+            used(other)
+        } else {
+            0
+        };
+        let estimate = u128::from(prev) * u128::from(p - offset) + u128::from(cur) * u128::from(p);
+        let room = (u128::from(self.count) * u128::from(p)).saturating_sub(estimate);
+        let reset = if cur > 0 {
+            p - offset + p
+        } else if prev > 0 {
+            p - offset
+        } else {
+            0
+        };
+        Quota {
+            remaining: u64::try_from(room / u128::from(p)).unwrap_or(u64::MAX),
+            reset: Duration::from_nanos(reset),
         }
     }
 

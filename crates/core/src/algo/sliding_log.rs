@@ -8,7 +8,9 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 
-use super::{Rate, deny_after, deny_never};
+use std::time::Duration;
+
+use super::{Quota, Rate, deny_after, deny_never};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -92,6 +94,30 @@ impl SlidingWindowLog {
             .filter(|(t, _)| t.saturating_add(self.period) > now)
             .map(|(_, c)| c)
             .sum()
+    }
+
+    /// Units left in the window ending at `now`, and the time until the newest entry has left it
+    /// (when the whole count is free again).
+    ///
+    /// Read right after a decision, which evicted what had left the window, this costs O(1): the
+    /// log's total less the oldest entries that left since (the log is sorted by time), never a
+    /// walk over a log that can hold `count` entries.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut used = log.total;
+        for &(t, c) in &log.entries {
+            if t.saturating_add(self.period) > now {
+                break;
+            }
+            used -= c;
+        }
+        let reset = log.entries.back().map_or(0, |&(t, _)| {
+            t.saturating_add(self.period).saturating_sub(now)
+        });
+        Quota {
+            remaining: self.count.saturating_sub(used),
+            reset: Duration::from_nanos(reset),
+        }
     }
 
     /// Entries stored now, to check that memory stays bounded by the count.

@@ -4,7 +4,7 @@
 //! atomic word where "tokens and last refill time" would need two updated together.
 
 use super::gcra::{Check, Meter};
-use super::{ParamError, Rate};
+use super::{ParamError, Quota, Rate};
 use crate::clock::Nanos;
 use crate::decision::Verdict;
 
@@ -52,6 +52,11 @@ impl TokenBucket {
     /// Nanoseconds for one token to return.
     pub fn interval_ns(&self) -> Nanos {
         self.meter.interval()
+    }
+
+    /// Tokens left at `now` and the time until the bucket is full again.
+    pub fn quota(&self, now: Nanos) -> Quota {
+        self.meter.quota(now)
     }
 }
 

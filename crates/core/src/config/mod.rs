@@ -33,10 +33,12 @@ mod warnings;
 use std::path::Path;
 
 pub use error::ConfigError;
+pub(crate) use error::did_you_mean;
 pub use model::{
-    Algorithm, BucketFile, ConfigFile, Control, Cost, CostHeader, FailurePolicy, Identity,
-    MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source, Sources,
-    StateStore,
+    Algorithm, BucketFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile, Control, Cost,
+    CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile, FailurePolicy,
+    Identity, MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source,
+    Sources, StateStore,
 };
 pub use positions::Position;
 pub use secret::redact_url;
@@ -65,7 +67,11 @@ pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
     let warnings = std::str::from_utf8(&bytes)
         .ok()
         .and_then(|text| positions::Positions::index(text).ok())
-        .map(|positions| warnings::identity(&config.identity, &positions, &file_name))
+        .map(|positions| {
+            let mut all = warnings::identity(&config.identity, &positions, &file_name);
+            all.extend(warnings::descriptors(&config, &positions, &file_name));
+            all
+        })
         .unwrap_or_default();
     Ok((config, warnings))
 }
@@ -85,16 +91,23 @@ pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
             "the file holds no configuration; it starts with `version: 1`".to_owned(),
         ));
     }
-    let file: ConfigFile = yaml_serde::from_str(text).map_err(|err| {
+    let file: DocumentFile = yaml_serde::from_str(text).map_err(|err| {
         let (position, message) = error::from_yaml(&err, &positions);
         invalid(position, message)
     })?;
-    validate::validate(file, &positions).map_err(|e| invalid(e.position, e.message))
+    let (file, concurrency) = file.split();
+    let mut config =
+        validate::validate(file, &positions).map_err(|e| invalid(e.position, e.message))?;
+    config.concurrency = concurrency
+        .map(|c| validate::concurrency(c, &positions))
+        .transpose()
+        .map_err(|e| invalid(e.position, e.message))?;
+    Ok(config)
 }
 
 /// Keeps a position inside the text: parsers report an error at the end of the stream one line
 /// past the last one when the file does not end with a newline.
-fn clamp(position: Position, text: &str) -> Position {
+pub(crate) fn clamp(position: Position, text: &str) -> Position {
     let lines: Vec<&str> = text.split('\n').collect();
     let line = position.line.clamp(1, lines.len());
     let width = lines[line - 1].chars().count() + 1;
@@ -108,8 +121,13 @@ fn clamp(position: Position, text: &str) -> Position {
 
 /// Like [`load_str`], for bytes that may not be UTF-8 text.
 pub fn load_bytes(bytes: &[u8], file_name: &str) -> Result<Config, ConfigError> {
+    load_str(utf8(bytes, file_name)?, file_name)
+}
+
+/// The text of a file, or where it stops being UTF-8.
+pub(crate) fn utf8<'a>(bytes: &'a [u8], file_name: &str) -> Result<&'a str, ConfigError> {
     match std::str::from_utf8(bytes) {
-        Ok(text) => load_str(text, file_name),
+        Ok(text) => Ok(text),
         Err(err) => {
             let valid = String::from_utf8_lossy(&bytes[..err.valid_up_to()]);
             let line = valid.matches('\n').count() + 1;
@@ -128,6 +146,6 @@ pub fn load_bytes(bytes: &[u8], file_name: &str) -> Result<Config, ConfigError> 
 
 /// The JSON Schema of the configuration file, generated from the [`model`] types.
 pub fn json_schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(ConfigFile))
+    serde_json::to_value(schemars::schema_for!(DocumentFile))
         .expect("a generated schema is always representable as JSON")
 }

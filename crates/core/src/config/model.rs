@@ -48,6 +48,99 @@ pub struct ConfigFile {
     pub redis: Option<RedisFile>,
 }
 
+/// The whole file as written: the sections the rules are made of ([`ConfigFile`], which the
+/// control plane and the rules store carry) and those that stay with the process that reads
+/// the file (`concurrency`). What `spillway schema` describes.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Spillway configuration")]
+pub struct DocumentFile {
+    /// The file format's version; this build reads `1`.
+    #[schemars(range(min = 1, max = 1))]
+    pub version: u32,
+    /// Where request attributes come from.
+    #[serde(default)]
+    pub identity: Identity,
+    /// The control loop's timing.
+    #[serde(default)]
+    pub control: Control,
+    /// The protected (destination) services, by name, each with its buckets.
+    #[serde(default)]
+    pub services: Services,
+    /// The Redis that `store: redis` buckets count in.
+    #[serde(default)]
+    pub redis: Option<RedisFile>,
+    /// An adaptive limit on the requests in flight to the proxy's upstream (SPEC §10); none
+    /// when absent.
+    #[serde(default)]
+    pub concurrency: Option<ConcurrencyFile>,
+}
+
+impl DocumentFile {
+    /// The rules' sections, and the concurrency section apart.
+    pub fn split(self) -> (ConfigFile, Option<ConcurrencyFile>) {
+        let rules = ConfigFile {
+            version: self.version,
+            identity: self.identity,
+            control: self.control,
+            services: self.services,
+            redis: self.redis,
+        };
+        (rules, self.concurrency)
+    }
+}
+
+/// `concurrency: { algorithm: gradient, min_limit: 4, max_limit: 1000, initial_limit: 20 }`, or
+/// `concurrency: { algorithm: fixed, limit: 100 }`: how many requests the proxy lets be in flight
+/// to its upstream at once; one more is answered `503` (gRPC `RESOURCE_EXHAUSTED`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyFile {
+    /// `gradient` (the default: the limit follows the ratio of the long-term to the short-term
+    /// round trip), `vegas` (keeps the estimated queue at the upstream small) or `fixed`.
+    #[serde(default = "default_concurrency_algorithm")]
+    pub algorithm: ConcurrencyAlgorithm,
+    /// For `fixed` only, and required there: the requests in flight at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub limit: Option<u32>,
+    /// The adaptive limit never goes below this. Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub min_limit: Option<u32>,
+    /// The adaptive limit never goes above this. Default 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_limit: Option<u32>,
+    /// Where the adaptive limit starts. Default 20 (within the bounds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub initial_limit: Option<u32>,
+}
+
+/// The algorithm of a `concurrency:` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConcurrencyAlgorithm {
+    Gradient,
+    Vegas,
+    Fixed,
+}
+
+fn default_concurrency_algorithm() -> ConcurrencyAlgorithm {
+    ConcurrencyAlgorithm::Gradient
+}
+
+impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
+    fn from(a: ConcurrencyAlgorithm) -> Self {
+        match a {
+            ConcurrencyAlgorithm::Gradient => Self::Gradient,
+            ConcurrencyAlgorithm::Vegas => Self::Vegas,
+            ConcurrencyAlgorithm::Fixed => Self::Fixed,
+        }
+    }
+}
+
 /// Where each request attribute is read from (SPEC §2, §3a). Each value is a list of sources
 /// separated by commas; the first one present in the request wins.
 ///
@@ -78,6 +171,15 @@ pub struct Identity {
     /// and `x-forwarded-for: 203.0.113.7, 10.0.0.5`, 0 gives 10.0.0.9, 1 gives 10.0.0.5 and 2
     /// gives 203.0.113.7. Default 1 (one load balancer).
     pub xff_trusted_hops: u32,
+    /// The request's criticality tier (SPEC §10): `critical_plus`, `critical` (the default, also
+    /// for a request without it or with a value that names no tier), `sheddable_plus` or
+    /// `sheddable`, in any case. Default `header:rpc-criticality`. Where a drop-ratio bucket must
+    /// drop a share of its traffic, the lowest tiers absorb it first.
+    pub criticality: Sources,
+    /// Whether the criticality header comes from a trusted hop, which may raise a request above
+    /// the default tier. Default false: a client may lower its own tier (mark its prefetches
+    /// `sheddable`) but a `critical_plus` it writes itself counts as `critical`.
+    pub criticality_trusted: bool,
 }
 
 /// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
@@ -94,6 +196,8 @@ impl Default for Identity {
             api_key: header("x-api-key"),
             ip: Sources(vec![Source::Peer]),
             xff_trusted_hops: DEFAULT_XFF_TRUSTED_HOPS,
+            criticality: header("rpc-criticality"),
+            criticality_trusted: false,
         }
     }
 }
@@ -444,6 +548,44 @@ pub struct MatchFile {
     pub api_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
+    /// An Envoy rate-limit descriptor (SPEC §8): the bucket answers Envoy's RLS requests of this
+    /// domain whose descriptor it is the most specific match for, and no HTTP request. Takes no
+    /// other key of `match`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descriptor: Option<DescriptorFile>,
+}
+
+/// `descriptor: { domain: rl, entries: [ {key: foo}, {key: bar, value: banned} ] }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorFile {
+    /// The RLS request's `domain`.
+    pub domain: String,
+    /// The descriptor's entries, in order; a request descriptor matches with as many entries.
+    pub entries: Vec<DescriptorEntryFile>,
+    /// `limit` (the default: the bucket's limit decides), `unlimited` (OK, never counted),
+    /// `allow` (OK with no limit) or `over-limit` (always over; the limit gives only its unit).
+    #[serde(default, skip_serializing_if = "is_limit_answer")]
+    pub answer: DescriptorAnswer,
+    /// Buckets of this service that this one replaces when a request matches both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<String>,
+}
+
+pub use crate::descriptor::Answer as DescriptorAnswer;
+
+fn is_limit_answer(answer: &DescriptorAnswer) -> bool {
+    *answer == DescriptorAnswer::Limit
+}
+
+/// One entry: a key, and a value that is exact, ends in `*` (a prefix), or is left out (any
+/// value, each counted apart).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorEntryFile {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 /// Where a bucket's limit holds (G3).

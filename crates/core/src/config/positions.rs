@@ -20,7 +20,7 @@ pub struct Position {
 impl Position {
     pub const START: Position = Position { line: 1, column: 1 };
 
-    fn from_marker(marker: Marker) -> Self {
+    pub(crate) fn from_marker(marker: Marker) -> Self {
         Position {
             line: marker.line().max(1),
             column: marker.col() + 1,

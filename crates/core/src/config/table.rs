@@ -1,6 +1,7 @@
 //! The compiled buckets as a plain-text table, as `spillway check` prints them.
 
 use super::validate::{Bucket, Config};
+use crate::descriptor::{Answer, DescriptorSpec};
 use crate::pattern::MatchSpec;
 
 const HEADERS: [&str; 11] = [
@@ -36,12 +37,38 @@ pub fn describe_match(spec: &MatchSpec) -> String {
     }
 }
 
+/// `descriptor edge: remote_address=10.1.* answer=allow replaces=per-ip`: the domain and entries,
+/// then how the bucket answers and what it replaces when they are not the defaults.
+fn describe_descriptor(descriptor: &DescriptorSpec) -> String {
+    let mut text = format!("descriptor {descriptor}");
+    if descriptor.answer != Answer::Limit {
+        text.push_str(" answer=");
+        text.push_str(descriptor.answer.name());
+    }
+    if !descriptor.replaces.is_empty() {
+        text.push_str(" replaces=");
+        text.push_str(&descriptor.replaces.join(","));
+    }
+    text
+}
+
 fn row(service: &str, bucket: &Bucket) -> [String; 11] {
+    let descriptor = bucket.descriptor.as_ref();
+    // An `unlimited` or `allow` descriptor bucket answers without its limit.
+    let limitless =
+        descriptor.is_some_and(|d| matches!(d.answer, Answer::Unlimited | Answer::Allow));
     [
         service.to_owned(),
         bucket.name.clone(),
-        describe_match(&bucket.match_spec),
-        bucket.limit.to_string(),
+        match descriptor {
+            Some(d) => describe_descriptor(d),
+            None => describe_match(&bucket.match_spec),
+        },
+        if limitless {
+            "-".to_owned()
+        } else {
+            bucket.limit.to_string()
+        },
         bucket.burst.map_or("-".to_owned(), |b| b.to_string()),
         bucket.scope.to_string(),
         bucket.mode.to_string(),
@@ -50,7 +77,11 @@ fn row(service: &str, bucket: &Bucket) -> [String; 11] {
             Some(n) => format!("{} (batch {n})", bucket.store),
             None => bucket.store.to_string(),
         },
-        bucket.cost.to_string(),
+        // Envoy's request carries a descriptor's cost.
+        match descriptor {
+            Some(_) => "hits_addend".to_owned(),
+            None => bucket.cost.to_string(),
+        },
         bucket.on_store_failure.to_string(),
     ]
 }

@@ -10,11 +10,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{
-    Algorithm, BucketFile, ConfigFile, Control, Cost, FailurePolicy, Identity, MIN_PEER_MULTIPLE,
-    MatchFile, Mode, RedisFile, Scope, SentinelFile, Source, Sources, StateStore, is_header_name,
+    Algorithm, BucketFile, ConfigFile, Control, Cost, DescriptorFile, FailurePolicy, Identity,
+    MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, Scope, SentinelFile, Source, Sources,
+    StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
 use super::secret::{redact_url, url_has_password};
+use crate::descriptor::{DescriptorSpec, EntrySpec, EntryValue};
 use crate::limit::{Limit, format_duration};
 use crate::pattern::{MatchSpec, Pattern, Subject, SubjectKind, SubjectValue};
 
@@ -34,6 +36,9 @@ pub struct Config {
     /// In file order.
     pub services: Vec<Service>,
     pub redis: Option<Redis>,
+    /// The proxy's in-flight limit on its upstream (SPEC §10), when the file has one. It stays
+    /// with the process that read the file: the rules a control plane sends carry none.
+    pub concurrency: Option<crate::concurrency::Settings>,
 }
 
 impl Config {
@@ -59,8 +64,11 @@ pub struct Service {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bucket {
     pub name: String,
-    /// What the compiled matcher needs.
+    /// What the compiled matcher needs. Empty for a descriptor bucket, which HTTP requests never
+    /// match.
     pub match_spec: MatchSpec,
+    /// `Some` for a descriptor bucket (SPEC §8): it answers Envoy's RLS requests only.
+    pub descriptor: Option<DescriptorSpec>,
     pub limit: Limit,
     /// `Some` exactly for algorithms with a burst; defaults to the limit's count, so a
     /// token bucket of 5000/s holds 5000 tokens.
@@ -172,7 +180,7 @@ impl Checker<'_> {
     }
 }
 
-fn is_name(name: &str) -> bool {
+pub(crate) fn is_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
         && bytes.all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -203,6 +211,8 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
     }
     check_plausibility(&check, &file.control)?;
     let mut services = Vec::with_capacity(file.services.0.len());
+    // Descriptor buckets by their descriptor, across services: a domain's descriptor has one.
+    let mut descriptors: HashMap<String, (String, String, usize)> = HashMap::new();
     for (name, service) in file.services.0 {
         let path = child("services", &name);
         if !is_name(&name) {
@@ -216,8 +226,13 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         let buckets_path = child(&path, "buckets");
         let mut buckets: Vec<Bucket> = Vec::with_capacity(service.buckets.len());
         let mut names: HashMap<String, usize> = HashMap::new();
+        let mut pending_replaces: Vec<(usize, String)> = Vec::new();
         let mut rules: HashMap<(&'static str, String, String), usize> = HashMap::new();
         for (index, bucket) in service.buckets.into_iter().enumerate() {
+            let replaces_path = child(
+                &child(&child(&item(&buckets_path, index), "match"), "descriptor"),
+                "replaces",
+            );
             let bucket_path = item(&buckets_path, index);
             let bucket = check_bucket(&check, &bucket_path, bucket, file.redis.is_some())?;
             let name_path = child(&bucket_path, "name");
@@ -232,6 +247,23 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
                 ));
             }
             names.insert(bucket.name.clone(), index);
+            if let Some(spec) = &bucket.descriptor {
+                let key = spec.to_string();
+                let at = check.positions.key(&child(&bucket_path, "match"));
+                if let Some((other_service, other, line)) = descriptors.get(&key) {
+                    return Err(Located {
+                        position: at,
+                        message: format!(
+                            "bucket \"{}\" matches the same descriptor ({key}) as bucket \"{other}\" of service \"{other_service}\" (line {line}); one descriptor has one bucket, so merge them or add an entry to one",
+                            bucket.name
+                        ),
+                    });
+                }
+                descriptors.insert(key, (name.clone(), bucket.name.clone(), at.line));
+                pending_replaces.push((index, replaces_path));
+                buckets.push(bucket);
+                continue;
+            }
             let rule = rule_key(&bucket.match_spec);
             if let Some(&first) = rules.get(&rule) {
                 let other = &buckets[first];
@@ -251,6 +283,32 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
             rules.insert(rule, index);
             buckets.push(bucket);
         }
+        for (index, path) in pending_replaces {
+            let bucket = &buckets[index];
+            let Some(spec) = &bucket.descriptor else {
+                continue;
+            };
+            for (i, replaced) in spec.replaces.iter().enumerate() {
+                let target = buckets.iter().find(|b| *b.name == **replaced);
+                let problem = match target {
+                    None => Some(format!(
+                        "bucket \"{}\" replaces \"{replaced}\", which is no bucket of service \"{name}\"; name a descriptor bucket of the same service",
+                        bucket.name
+                    )),
+                    Some(t) if t.name == bucket.name => Some(format!(
+                        "bucket \"{}\" replaces itself; name another descriptor bucket of service \"{name}\"",
+                        bucket.name
+                    )),
+                    Some(t) if t.descriptor.is_none() => Some(format!(
+                        "bucket \"{replaced}\" matches HTTP requests, not Envoy descriptors, so no descriptor bucket can replace it"
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(message) = problem {
+                    return Err(check.at_value(&item(&path, i), message));
+                }
+            }
+        }
         services.push(Service { name, buckets });
     }
     let redis = file
@@ -263,6 +321,100 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         control: file.control,
         services,
         redis,
+        concurrency: None,
+    })
+}
+
+/// A `concurrency:` section: `fixed` takes `limit` and nothing else, the adaptive algorithms
+/// `min_limit <= initial_limit <= max_limit` and no `limit`; no limit is 0.
+pub(crate) fn concurrency(
+    file: super::ConcurrencyFile,
+    positions: &Positions,
+) -> Result<crate::concurrency::Settings, Located> {
+    use crate::concurrency::{
+        AlgorithmName, DEFAULT_INITIAL_LIMIT, DEFAULT_MAX_LIMIT, DEFAULT_MIN_LIMIT, LIMIT_CEILING,
+        Settings,
+    };
+    let check = Checker { positions };
+    let algorithm = AlgorithmName::from(file.algorithm);
+    for (key, value) in [
+        ("limit", file.limit),
+        ("min_limit", file.min_limit),
+        ("max_limit", file.max_limit),
+        ("initial_limit", file.initial_limit),
+    ] {
+        let path = format!("concurrency.{key}");
+        match value {
+            Some(0) => {
+                return Err(check.at_value(
+                    &path,
+                    format!("{key} 0 admits no request at all; the least is 1 in flight"),
+                ));
+            }
+            Some(n) if n > LIMIT_CEILING => {
+                return Err(check.at_value(
+                    &path,
+                    format!("{key} {n} is more than {LIMIT_CEILING} requests in flight; leave the section out for no limit"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if algorithm == AlgorithmName::Fixed {
+        let Some(limit) = file.limit else {
+            return Err(check.at_key(
+                "concurrency",
+                "algorithm fixed needs `limit`, the requests in flight to the upstream at most, like `limit: 100`; or pick gradient or vegas, which find it",
+            ));
+        };
+        for (key, value) in [
+            ("min_limit", file.min_limit),
+            ("max_limit", file.max_limit),
+            ("initial_limit", file.initial_limit),
+        ] {
+            if value.is_some() {
+                return Err(check.at_key(
+                    &format!("concurrency.{key}"),
+                    format!("a fixed limit does not move, so it takes no {key}; write only `limit`, or pick gradient or vegas"),
+                ));
+            }
+        }
+        return Ok(Settings::fixed(limit));
+    }
+    if file.limit.is_some() {
+        return Err(check.at_key(
+            "concurrency.limit",
+            format!("`limit` is for algorithm fixed; {algorithm} moves its limit between min_limit and max_limit, starting at initial_limit"),
+        ));
+    }
+    let min = file.min_limit.unwrap_or(DEFAULT_MIN_LIMIT);
+    let max = file.max_limit.unwrap_or(DEFAULT_MAX_LIMIT.max(min));
+    if min > max {
+        let at = if file.max_limit.is_some() {
+            "concurrency.max_limit"
+        } else {
+            "concurrency.min_limit"
+        };
+        return Err(check.at_value(
+            at,
+            format!("min_limit ({min}) is above max_limit ({max}); the limit moves between them, so min_limit <= max_limit"),
+        ));
+    }
+    let initial = match file.initial_limit {
+        Some(n) if !(min..=max).contains(&n) => {
+            return Err(check.at_value(
+                "concurrency.initial_limit",
+                format!("initial_limit {n} is outside [{min}, {max}] (min_limit, max_limit); start the limit between them"),
+            ));
+        }
+        Some(n) => n,
+        None => DEFAULT_INITIAL_LIMIT.clamp(min, max),
+    };
+    Ok(Settings {
+        algorithm,
+        min_limit: min,
+        max_limit: max,
+        initial_limit: initial,
     })
 }
 
@@ -291,13 +443,14 @@ fn check_plausibility(check: &Checker<'_>, control: &Control) -> Result<(), Loca
 
 fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Located> {
     let defaults = Identity::default();
-    let keys: [(&str, &Sources, &Sources); 6] = [
+    let keys: [(&str, &Sources, &Sources); 7] = [
         ("caller", &identity.caller, &defaults.caller),
         ("procedure", &identity.procedure, &defaults.procedure),
         ("user", &identity.user, &defaults.user),
         ("org", &identity.org, &defaults.org),
         ("api_key", &identity.api_key, &defaults.api_key),
         ("ip", &identity.ip, &defaults.ip),
+        ("criticality", &identity.criticality, &defaults.criticality),
     ];
     for (key, sources, default) in keys {
         for source in &sources.0 {
@@ -340,6 +493,12 @@ fn check_bucket(
         ));
     }
     let match_spec = check_match(check, &child(path, "match"), &bucket.match_)?;
+    let descriptor = bucket
+        .match_
+        .descriptor
+        .as_ref()
+        .map(|d| check_descriptor(check, &child(&child(path, "match"), "descriptor"), d))
+        .transpose()?;
     let algorithm = bucket.algorithm;
     let written = |key: &str| check.positions.contains(&child(path, key));
     let algorithm_name = if written("algorithm") {
@@ -398,6 +557,14 @@ fn check_bucket(
     if let Some(batch) = bucket.batch {
         check_batch(check, path, &bucket, batch, store, &algorithm_name)?;
     }
+    // The rules the control plane sends down write every default out (`cost: 1`), so only a
+    // cost other than the default is refused.
+    if descriptor.is_some() && written("cost") && bucket.cost != Cost::default() {
+        return Err(check.at_key(
+            &child(path, "cost"),
+            "a descriptor bucket's cost is the hits_addend of Envoy's request (1 when it sends none); leave `cost` out",
+        ));
+    }
     if let Cost::Header(cost) = &bucket.cost
         && !is_header_name(&cost.header)
     {
@@ -419,6 +586,7 @@ fn check_bucket(
     Ok(Bucket {
         name: bucket.name,
         match_spec,
+        descriptor,
         limit: bucket.limit,
         burst: algorithm
             .takes_burst()
@@ -487,6 +655,25 @@ fn check_batch(
 }
 
 fn check_match(check: &Checker<'_>, path: &str, spec: &MatchFile) -> Result<MatchSpec, Located> {
+    if spec.descriptor.is_some() {
+        let others = [
+            ("caller", spec.caller.is_some()),
+            ("procedure", spec.procedure.is_some()),
+            ("user", spec.user.is_some()),
+            ("org", spec.org.is_some()),
+            ("api_key", spec.api_key.is_some()),
+            ("ip", spec.ip.is_some()),
+        ];
+        if let Some((key, _)) = others.iter().find(|(_, present)| *present) {
+            return Err(check.at_key(
+                &child(path, key),
+                format!(
+                    "a descriptor bucket matches Envoy descriptors, never HTTP requests, so it takes no `{key}`; put the attribute in the descriptor's entries (as Envoy's rate limit actions send it), or make an HTTP bucket of its own"
+                ),
+            ));
+        }
+        return Ok(MatchSpec::default());
+    }
     let keyed: [(&str, &Option<String>); 6] = [
         ("caller", &spec.caller),
         ("procedure", &spec.procedure),
@@ -539,6 +726,81 @@ fn check_match(check: &Checker<'_>, path: &str, spec: &MatchFile) -> Result<Matc
             kind,
             value: SubjectValue::new(value),
         }),
+    })
+}
+
+fn check_descriptor(
+    check: &Checker<'_>,
+    path: &str,
+    descriptor: &DescriptorFile,
+) -> Result<DescriptorSpec, Located> {
+    if descriptor.domain.trim().is_empty() {
+        return Err(check.at_value(
+            &child(path, "domain"),
+            "the descriptor's domain is empty; write the domain Envoy's rate limit filter sends, like `domain: rl`",
+        ));
+    }
+    let entries_path = child(path, "entries");
+    if descriptor.entries.is_empty() {
+        return Err(check.at_value(
+            &entries_path,
+            "a descriptor needs at least one entry, like `entries: [ {key: remote_address} ]`",
+        ));
+    }
+    let mut entries = Vec::with_capacity(descriptor.entries.len());
+    for (i, entry) in descriptor.entries.iter().enumerate() {
+        let entry_path = item(&entries_path, i);
+        if entry.key.is_empty() {
+            return Err(check.at_value(
+                &child(&entry_path, "key"),
+                "the entry's key is empty; write the key Envoy sends, like `key: remote_address`",
+            ));
+        }
+        if entry.key == crate::descriptor::CRITICALITY_KEY {
+            return Err(check.at_value(
+                &child(&entry_path, "key"),
+                "the key `criticality` names a request's tier (SPEC §10) and is never matched: a descriptor that carries it is matched without it, so leave it out of the bucket's entries",
+            ));
+        }
+        if let Some(value) = &entry.value {
+            let at = child(&entry_path, "value");
+            if value.is_empty() {
+                return Err(check.at_value(
+                    &at,
+                    "the entry's value is empty; leave `value` out to match any value (each counted apart)",
+                ));
+            }
+            if value.trim_end_matches('*').contains('*') || value.ends_with("**") {
+                return Err(check.at_value(
+                    &at,
+                    format!(
+                        "value \"{value}\": a `*` may only end a value (a prefix, like \"shady*\"), as in envoyproxy/ratelimit"
+                    ),
+                ));
+            }
+        }
+        entries.push(EntrySpec {
+            key: entry.key.as_str().into(),
+            value: EntryValue::new(entry.value.as_deref()),
+        });
+    }
+    for (i, name) in descriptor.replaces.iter().enumerate() {
+        if !is_name(name) {
+            return Err(check.at_value(
+                &item(&child(path, "replaces"), i),
+                format!("\"{name}\" is no bucket name; name a descriptor bucket of this service"),
+            ));
+        }
+    }
+    Ok(DescriptorSpec {
+        domain: descriptor.domain.as_str().into(),
+        entries: entries.into(),
+        answer: descriptor.answer,
+        replaces: descriptor
+            .replaces
+            .iter()
+            .map(|n| n.as_str().into())
+            .collect(),
     })
 }
 

@@ -3,8 +3,9 @@
 
 use std::fmt;
 
-use super::model::{Identity, Source};
-use super::positions::{Position, Positions};
+use super::model::{Algorithm, Identity, Source};
+use super::positions::{Position, Positions, child, item};
+use super::validate::Config;
 
 /// One warning, placed like a configuration error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +27,8 @@ impl fmt::Display for Warning {
 
 /// The warnings about the `identity` section: a header named as the source of `procedure` or
 /// `caller`, which decides the bucket a request falls in and which a client writes itself unless
-/// a trusted hop sets it (SPEC §3a), and an `xff_trusted_hops` that nothing reads.
+/// a trusted hop sets it (SPEC §3a), a criticality header trusted to raise a request's tier
+/// (SPEC §10), and an `xff_trusted_hops` that nothing reads.
 pub(crate) fn identity(identity: &Identity, positions: &Positions, file: &str) -> Vec<Warning> {
     let mut warnings = Vec::new();
     let mut warn = |key: &str, message: String| {
@@ -63,6 +65,16 @@ pub(crate) fn identity(identity: &Identity, positions: &Positions, file: &str) -
             ),
         );
     }
+    if identity.criticality_trusted
+        && let Some(name) = header(&identity.criticality)
+    {
+        warn(
+            "criticality_trusted",
+            format!(
+                "`criticality_trusted: true` lets header `{name}` raise a request above `critical`: any client that sends `{name}: critical_plus` then outranks everyone else's traffic when a bucket must drop. Trust it only when a hop in front of the proxy sets it on every request and drops the client's"
+            ),
+        );
+    }
     let reads_xff = identity
         .ip
         .0
@@ -76,6 +88,36 @@ pub(crate) fn identity(identity: &Identity, positions: &Positions, file: &str) -
                 identity.ip
             ),
         );
+    }
+    warnings
+}
+
+/// A descriptor bucket that counts each value of an entry apart (an entry without a value, or a
+/// wildcard) on a control-plane algorithm: `drop-ratio` and `adaptive-token-bucket` keep one
+/// count for the whole bucket, so every value shares one limit, which is not what
+/// envoyproxy/ratelimit's per-value limits mean (docs/configuration.md).
+pub(crate) fn descriptors(config: &Config, positions: &Positions, file: &str) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    for service in &config.services {
+        let buckets = child(&child("services", &service.name), "buckets");
+        for (index, bucket) in service.buckets.iter().enumerate() {
+            let per_value = bucket.descriptor.as_ref().is_some_and(|d| d.is_per_value());
+            let shared = matches!(
+                bucket.algorithm,
+                Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket
+            );
+            if per_value && shared {
+                warnings.push(Warning {
+                    file: file.to_owned(),
+                    position: positions.value(&child(&item(&buckets, index), "match")),
+                    message: format!(
+                        "bucket \"{}\" counts each value of its descriptor apart, but {} keeps one count for the whole bucket: every value shares one limit. Use a local algorithm (fixed-window, the default of envoyproxy/ratelimit, or token-bucket, sliding-window-counter, gcra) for a limit per value",
+                        bucket.name,
+                        bucket.algorithm.name()
+                    ),
+                });
+            }
+        }
     }
     warnings
 }

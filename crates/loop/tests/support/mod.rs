@@ -159,7 +159,7 @@ impl Load {
         Snapshot {
             allowed,
             dropped: (self.offered.floor() as u64).saturating_sub(allowed),
-            shadow_dropped: 0,
+            ..Snapshot::default()
         }
     }
 }

@@ -52,7 +52,31 @@ async fn answer(
         let _ = arrived.send(());
         release.notified().await;
     }
-    let body = request.into_body().collect().await.map(|b| b.to_bytes());
+    let collected = request.into_body().collect().await;
+    if path == "/trailers" {
+        // What arrived: the body, and the trailer fields by name, sorted.
+        let Ok(collected) = collected else {
+            return Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(
+                "body failed",
+            )))));
+        };
+        let mut names: Vec<String> = collected
+            .trailers()
+            .map(|t| {
+                t.iter()
+                    .map(|(n, v)| format!("{n}={}", v.to_str().unwrap_or("?")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let text = format!(
+            "body={}\ntrailers={}",
+            String::from_utf8_lossy(&collected.to_bytes()),
+            names.join(",")
+        );
+        return Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))));
+    }
+    let body = collected.map(|b| b.to_bytes());
     if grpc {
         // Echo the request message back, then trailers: a unary gRPC call. A method named
         // `.../Stream` answers the message three times, like a server-streaming call.
@@ -81,12 +105,26 @@ async fn answer(
                 .collect::<Vec<_>>()
                 .join(" | ")
         };
-        let text = format!(
+        let mut text = format!(
             "xff={}\nxfp={}",
             lines("x-forwarded-for"),
             lines("x-forwarded-proto")
         );
+        if request_headers.contains_key("forwarded") {
+            text.push_str(&format!("\nfwd={}", lines("forwarded")));
+        }
         return Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))));
+    }
+    if path == "/request-id" {
+        // The request ids the upstream received, each line as received.
+        let ids: Vec<String> = request_headers
+            .get_all("x-request-id")
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        return Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(
+            ids.join(" | "),
+        )))));
     }
     let text = format!("upstream saw {path}");
     Ok(Response::new(BodyExt::boxed(Full::new(Bytes::from(text)))))

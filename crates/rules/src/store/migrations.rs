@@ -10,12 +10,17 @@ use sqlx::AnyPool;
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
 
-const MIGRATIONS: [(i64, &str, &str); 2] = [
+const MIGRATIONS: [(i64, &str, &str); 3] = [
     (1, "rules", include_str!("../../migrations/0001_rules.sql")),
     (
         2,
         "tokens",
         include_str!("../../migrations/0002_tokens.sql"),
+    ),
+    (
+        3,
+        "history",
+        include_str!("../../migrations/0003_history.sql"),
     ),
 ];
 

@@ -10,11 +10,13 @@
 //! tokens), `budget` (the daily
 //! modification budget), `rules` (reading and changing one rule), `planner` (the pure diff of
 //! an apply) and `apply` (carrying it out), `audit` (the audit log); `liveness` (whether the
-//! database answers, as a probe in the background last found).
+//! database answers, as a probe in the background last found); `history` (the controllers'
+//! traffic history for the configurator).
 
 mod apply;
 mod audit;
 mod budget;
+pub mod history;
 pub mod liveness;
 mod migrations;
 mod planner;
@@ -45,9 +47,13 @@ use audit::Audit;
 /// The PostgreSQL channel every commit is announced on, with the new version as payload (S4).
 pub const CHANNEL: &str = "spillway_rules";
 
-/// How long a PostgreSQL call waits for a pooled connection before it fails: a database that is
-/// unreachable answers the request with 503 in a second, not after sqlx's default of 30 s.
-pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a PostgreSQL call waits for a pooled connection before it fails. Writers hold their
+/// connection while they queue on the writers' lock, so a burst of them (fifty at once, each
+/// checking its token first) keeps the rest waiting for several seconds on a busy machine; with
+/// one second, some of that burst got 503 for a database that was up. A database that is down
+/// does not make anyone wait this long: the liveness probe finds it within
+/// `PROBE_EVERY + PROBE_TIMEOUT` and every waiting request is answered 503 then.
+pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The same for SQLite, where a wait is for the file's write lock, which writers queue on (as
 /// its busy timeout makes them), never for a server that is gone.
 const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,408 @@
+//! `spillway configure apply`: a plan rolled out shadow-first through the rules API as a `service`
+//! user (SPEC §9). Wiring only: what to do is `spillway_configure::rollout`'s decision.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{Value, json};
+use spillway_configure::CurrentLimits;
+use spillway_configure::rollout::{self, RolloutSettings, Seen, ShadowRule, Step, limit_text};
+use spillway_configure::time::{format_duration_ms, parse_millis};
+use spillway_rules::client::{RulesClient, RulesResponse};
+
+use super::configure::{Output, PlanArgs, Planned, client, failure, planned, usage};
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// How long a new bucket runs in shadow before it may be promoted to enforce.
+    #[arg(long, default_value = "24h", value_parser = duration)]
+    pub validate_for: Duration,
+    /// The share of its offered requests a shadow bucket may have dropped over its window and
+    /// still be promoted (0.001 is 0.1%).
+    #[arg(long, value_name = "R", default_value_t = 0.001)]
+    pub max_virtual_drop: f64,
+    /// Promote the shadow buckets whose validation is over and passed (once); without it they
+    /// are reported as due.
+    #[arg(long)]
+    pub promote: bool,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// The rules of `GET /v1/rules`, and of them the shadow buckets this user created.
+fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, String> {
+    let mut out = Vec::new();
+    for rule in rules.as_array().into_iter().flatten() {
+        if rule["created_by"] != me || rule["mode"] != "shadow" || !rule["expires_at"].is_null() {
+            continue;
+        }
+        let text = |key: &str| rule[key].as_str().unwrap_or_default().to_owned();
+        let limit = spillway_core::limit::Limit::parse(&text("limit"))
+            .map_err(|e| format!("rule {}/{}: {e}", text("service"), text("name")))?;
+        let since_ms = parse_millis(&text("updated_at"))
+            .map_err(|e| format!("rule {}/{}: updated_at: {e}", text("service"), text("name")))?;
+        out.push((
+            ShadowRule {
+                id: text("id"),
+                version: rule["version"].as_i64().unwrap_or_default(),
+                service: text("service"),
+                bucket: text("name"),
+                limit_rps: limit.per_second(),
+                since_ms,
+            },
+            rule.clone(),
+        ));
+    }
+    Ok(out)
+}
+
+/// The rule as the API takes it back: its bucket and service, without what the service adds.
+fn writable(rule: &Value) -> Value {
+    let mut rule = rule.clone();
+    if let Some(map) = rule.as_object_mut() {
+        for key in [
+            "id",
+            "version",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "reason",
+        ] {
+            map.remove(key);
+        }
+    }
+    rule
+}
+
+/// One line of the report.
+struct Done {
+    action: &'static str,
+    service: String,
+    bucket: String,
+    limit_rps: Option<f64>,
+    detail: String,
+}
+
+pub fn apply(args: &ApplyArgs) -> ExitCode {
+    match apply_once(args, args.promote) {
+        Ok(run) if run.failed > 0 => failure(format!(
+            "{} of {} steps could not be taken",
+            run.failed,
+            run.actions.len()
+        )),
+        Ok(_) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// What one run did: each step's action, and how many steps the rules service refused.
+pub(super) struct RunDone {
+    pub actions: Vec<&'static str>,
+    pub failed: usize,
+    /// How long until the first shadow bucket's validation window is over, if one is open.
+    pub next_due: Option<Duration>,
+}
+
+/// Plans and rolls out once, printing the steps; `Err` when it could not run at all.
+pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, ExitCode> {
+    let Some(server) = args.plan.server.as_deref() else {
+        return Err(usage(
+            "apply changes the rules through the rules API: give --server URL and a service \
+             user's --token (not -c FILE)",
+        ));
+    };
+    if !(0.0..=1.0).contains(&args.max_virtual_drop) {
+        return Err(usage(format!(
+            "--max-virtual-drop {}: write a share from 0 to 1, like 0.001 for 0.1%",
+            args.max_virtual_drop
+        )));
+    }
+    if args.validate_for.is_zero() {
+        return Err(usage("--validate-for: give a duration like 24h or 30s"));
+    }
+    let client = client(&args.plan)?;
+    let me = match client.get("/v1/whoami").and_then(RulesResponse::ok) {
+        Ok(answer) => answer.body,
+        Err(err) => return Err(failure(format!("{server}: who the token is: {err}"))),
+    };
+    let name = me["name"].as_str().unwrap_or_default().to_owned();
+    if me["role"] != "service" {
+        return Err(usage(format!(
+            "the token is {name}'s, a{} {} user: apply changes rules as a service user, with \
+             its own budget in the audit log (spillway rules admin create NAME --role service)",
+            if me["role"] == "admin" { "n" } else { "" },
+            me["role"].as_str().unwrap_or("unknown")
+        )));
+    }
+    let rules = match client.get("/v1/rules").and_then(RulesResponse::ok) {
+        Ok(answer) => answer.body,
+        Err(err) => return Err(failure(format!("the current limits: {err}"))),
+    };
+    let shadows = shadows_of(&rules, &name).map_err(|err| failure(format!("{server}: {err}")))?;
+    let Planned {
+        plan,
+        mut source,
+        began,
+        ..
+    } = planned(&args.plan, || {
+        CurrentLimits::from_rules(&rules).map_err(|e| failure(format!("{server}: {e}")))
+    })?;
+    for warning in &plan.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let settings = RolloutSettings {
+        validate_for_ms: i64::try_from(args.validate_for.as_millis()).unwrap_or(i64::MAX),
+        max_virtual_drop: args.max_virtual_drop,
+        promote,
+    };
+    let rules_only: Vec<ShadowRule> = shadows.iter().map(|(r, _)| r.clone()).collect();
+    let now = now_ms();
+    let written = match source.written_until() {
+        Ok(written) => written.map(|w| w.min(now)),
+        Err(err) => return Err(failure(format!("{}: {err}", source.describe()))),
+    };
+    let mut source_error = None;
+    let steps = rollout::steps(
+        &plan.proposals,
+        &rules_only,
+        settings,
+        now,
+        written,
+        |rule, from_ms, until_ms| match source.seen(&rule.service, &rule.bucket, from_ms, until_ms)
+        {
+            Ok(seen) => seen.map(|(offered, would_drop)| Seen {
+                offered,
+                would_drop,
+            }),
+            Err(err) => {
+                source_error.get_or_insert(err.to_string());
+                None
+            }
+        },
+    );
+    if let Some(err) = source_error {
+        return Err(failure(format!("{}: {err}", source.describe())));
+    }
+    let window = format_duration_ms(settings.validate_for_ms);
+    let mut failed = 0;
+    let mut done = Vec::new();
+    for step in &steps {
+        let result = carry_out(&client, step, &shadows, &window);
+        let (detail, ok) = match result {
+            Ok(detail) => (detail, true),
+            Err(err) => (format!("not applied: {err}"), false),
+        };
+        if !ok {
+            failed += 1;
+            eprintln!("spillway configure apply: {detail}");
+        }
+        let (service, bucket, limit_rps) = match step {
+            Step::Create {
+                service,
+                bucket,
+                limit_rps,
+                ..
+            } => (service.clone(), bucket.clone(), Some(*limit_rps)),
+            Step::Skip {
+                service, bucket, ..
+            } => (service.clone(), bucket.clone(), None),
+            Step::Retune { rule, limit_rps } => {
+                (rule.service.clone(), rule.bucket.clone(), Some(*limit_rps))
+            }
+            Step::Validating { rule, .. }
+            | Step::Promote { rule, .. }
+            | Step::Due { rule, .. }
+            | Step::Hold { rule, .. } => (
+                rule.service.clone(),
+                rule.bucket.clone(),
+                Some(rule.limit_rps),
+            ),
+        };
+        done.push(Done {
+            action: step.action(),
+            service,
+            bucket,
+            limit_rps,
+            detail,
+        });
+    }
+    let text = match args.plan.output {
+        Output::Table => table(&done),
+        Output::Json => {
+            let steps: Vec<Value> = done
+                .iter()
+                .map(|d| {
+                    json!({"action": d.action, "service": d.service, "bucket": d.bucket,
+                           "limit_rps": d.limit_rps, "detail": d.detail})
+                })
+                .collect();
+            serde_json::to_string_pretty(&json!({ "steps": steps })).unwrap_or_default() + "\n"
+        }
+    };
+    {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    }
+    eprintln!(
+        "planned {} series from {} and took {} steps as {name} in {:.1}s",
+        plan.series,
+        source.describe(),
+        done.len(),
+        began.elapsed().as_secs_f64()
+    );
+    let next_due = steps
+        .iter()
+        .filter_map(|step| match step {
+            Step::Validating { left_ms, .. } => u64::try_from(*left_ms).ok(),
+            _ => None,
+        })
+        .min()
+        .map(Duration::from_millis);
+    Ok(RunDone {
+        actions: done.iter().map(|d| d.action).collect(),
+        failed,
+        next_due,
+    })
+}
+
+/// Does what `step` says through the rules API; what happened, in words.
+fn carry_out(
+    client: &RulesClient,
+    step: &Step,
+    shadows: &[(ShadowRule, Value)],
+    window: &str,
+) -> Result<String, String> {
+    let rule_of = |rule: &ShadowRule| {
+        shadows
+            .iter()
+            .find(|(r, _)| r.id == rule.id)
+            .map(|(_, v)| v.clone())
+            .unwrap_or(Value::Null)
+    };
+    let put = |rule: &ShadowRule, body: Value| {
+        client
+            .send(
+                "PUT",
+                &format!("/v1/rules/{}", rule.id),
+                Some(&body.to_string()),
+                Some(&format!("\"{}\"", rule.version)),
+            )
+            .and_then(RulesResponse::ok)
+            .map_err(|e| format!("{}/{}: {e}", rule.service, rule.bucket))
+    };
+    match step {
+        Step::Create {
+            service,
+            bucket,
+            limit_rps,
+            pair,
+        } => {
+            let mut body = json!({
+                "service": service,
+                "name": bucket,
+                "limit": limit_text(*limit_rps),
+                "mode": "shadow",
+                "reason": format!("spillway configure apply: a new bucket, in shadow for {window} before it enforces"),
+            });
+            if let Some((caller, procedure)) = pair {
+                body["match"] = json!({"caller": caller, "procedure": procedure});
+            }
+            client
+                .post("/v1/rules", &body.to_string())
+                .and_then(RulesResponse::ok)
+                .map_err(|e| format!("{service}/{bucket}: {e}"))?;
+            Ok(format!(
+                "created in shadow at {}; validated for {window}",
+                limit_text(*limit_rps)
+            ))
+        }
+        Step::Retune { rule, limit_rps } => {
+            let mut body = writable(&rule_of(rule));
+            body["limit"] = json!(limit_text(*limit_rps));
+            body["reason"] = json!(format!(
+                "spillway configure apply: the proposal moved from {}; still in shadow, validated for {window} again",
+                limit_text(rule.limit_rps)
+            ));
+            put(rule, body)?;
+            Ok(format!(
+                "still in shadow, its limit now {} (was {}); validated for {window} again",
+                limit_text(*limit_rps),
+                limit_text(rule.limit_rps)
+            ))
+        }
+        Step::Promote { rule, share } => {
+            let mut body = writable(&rule_of(rule));
+            body["mode"] = json!("enforce");
+            body["reason"] = json!(format!(
+                "spillway configure apply: validated for {window}, would have dropped {:.3}% (promoted)",
+                share * 100.0
+            ));
+            put(rule, body)?;
+            Ok(format!(
+                "promoted to enforce: would have dropped {:.3}% over {window}",
+                share * 100.0
+            ))
+        }
+        Step::Due { share, .. } => Ok(format!(
+            "validated (would have dropped {:.3}% over {window}): promote with --promote",
+            share * 100.0
+        )),
+        Step::Validating { left_ms, .. } => Ok(format!(
+            "in shadow, {} of its validation left",
+            format_duration_ms(((*left_ms + 999) / 1000) * 1000)
+        )),
+        Step::Hold { reason, .. } => Ok(format!("held in shadow: {reason}")),
+        Step::Skip { reason, .. } => Ok(reason.clone()),
+    }
+}
+
+fn table(done: &[Done]) -> String {
+    let rows: Vec<[String; 5]> = done
+        .iter()
+        .map(|d| {
+            [
+                d.action.to_owned(),
+                d.service.clone(),
+                d.bucket.clone(),
+                d.limit_rps.map_or("-".to_owned(), limit_text),
+                d.detail.clone(),
+            ]
+        })
+        .collect();
+    let head = ["ACTION", "SERVICE", "BUCKET", "LIMIT", "DETAIL"].map(str::to_owned);
+    let mut widths = head.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&head).chain(&rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let held = done.iter().filter(|d| d.action == "hold").count();
+    out.push_str(&format!("{} steps; {held} held\n", done.len()));
+    out
+}

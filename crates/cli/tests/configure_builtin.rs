@@ -1,0 +1,426 @@
+//! The configurator on the built-in history, with real processes: `spillway up` serving paced
+//! load writes its controller's history into its SQLite store at a resolution of a second, and
+//! `spillway configure plan --source builtin:` proposes from it; `spillway configure apply`
+//! rolls a new bucket out in shadow through the rules API as a service user, holds it while it
+//! would drop traffic, retunes it, promotes it, and the proxy enforces it. Bad input is refused.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::fleet::{Load, Proc, wait_for};
+use support::up::{up, user};
+use support::{SPILLWAY, free_port};
+
+/// `spillway configure ARGS...`: (exit code, stdout, stderr).
+pub fn configure(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(SPILLWAY)
+        .arg("configure")
+        .args(args)
+        .output()
+        .expect("spillway configure runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The end of a lookback that takes in the minute now running.
+pub fn until_next_minute() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    (now + 60).to_string()
+}
+
+const CONFIG: &str = "version: 1\ncontrol:\n  report_interval: 250ms\nservices:\n  api:\n    buckets:\n      - { name: orders, match: {procedure: /orders}, limit: 1000/s }\n      - { name: other, match: {procedure: /other}, limit: 1000/s }\n";
+
+#[test]
+fn spillway_up_writes_its_history_and_a_builtin_plan_proposes_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), CONFIG);
+    let load = Load::on_path(up.listen, 40.0, "/orders");
+    let config = dir.path().join("spillway.yaml");
+    let source = format!("builtin:{}", up.db);
+    let until = until_next_minute();
+    let plan = || {
+        configure(&[
+            "plan",
+            "--source",
+            &source,
+            "-c",
+            config.to_str().unwrap(),
+            "--lookback",
+            "1h",
+            "--until",
+            &until,
+            "--min-coverage",
+            "0",
+            "--quantile",
+            "1",
+            "--output",
+            "json",
+        ])
+    };
+    let parsed = |(code, out, err): (i32, String, String)| {
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let peak = |plan: &Value, bucket: &str| {
+        plan["proposals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["bucket"] == bucket)
+            .and_then(|p| p["evidence"]["peak_rps"].as_f64())
+    };
+    // Before the first slot is over the store has no series: exit 1, saying what to check.
+    let (code, _, err) = plan();
+    if code != 0 {
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("does a controller run with --database"),
+            "{err}"
+        );
+    }
+    // A few seconds of 40/s, in slots of a second, each written once it is over.
+    wait_for(
+        Duration::from_secs(20),
+        "history of api/orders over 20/s",
+        || {
+            let (code, out, err) = plan();
+            code == 0 && peak(&parsed((code, out, err)), "orders").is_some_and(|p| p > 20.0)
+        },
+    );
+    drop(load);
+    let plan = parsed(plan());
+    let orders = peak(&plan, "orders").unwrap();
+    assert!(orders < 60.0, "about 40/s, not more: {orders}");
+    assert_eq!(peak(&plan, "other"), Some(0.0), "heard from, no traffic");
+}
+
+#[test]
+fn a_history_resolution_that_does_not_divide_a_minute_is_refused() {
+    for bad in ["7s", "1500ms", "2m", "1h"] {
+        let out = Command::new(SPILLWAY)
+            .args([
+                "controller",
+                "--listen",
+                "127.0.0.1:0",
+                "--region",
+                "r1",
+                "--database",
+                "sqlite:///nonexistent/rules.db",
+                "--history-resolution",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--history-resolution") && err.contains("divide a minute"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+/// The rules service's rule `service/name`, if it has one.
+fn rule(rules: u16, token: &str, name: &str) -> Option<Value> {
+    let client = spillway_rules::client::RulesClient::new(
+        &format!("http://127.0.0.1:{rules}"),
+        Some(token.to_owned()),
+    );
+    let list = client.get("/v1/rules").unwrap().body;
+    list.as_array()?.iter().find(|r| r["name"] == name).cloned()
+}
+
+/// The proxy's count of `decision` for api/guard, over every criticality tier.
+fn guard(admin: u16, decision: &str) -> f64 {
+    let body = support::fleet::admin_get(admin, "/metrics");
+    let with = format!("bucket=\"guard\",decision=\"{decision}\"");
+    body.lines()
+        .filter(|l| l.starts_with("spillway_requests_total") && l.contains(&with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn apply_creates_in_shadow_holds_what_would_drop_and_promotes_what_fits_and_the_proxy_enforces_it()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), CONFIG);
+    let token = user(&up.db, "robot", "service");
+    let quotas = dir.path().join("quotas.yaml");
+    let source = format!("builtin:{}", up.db);
+    let server = format!("http://127.0.0.1:{}", up.rules);
+    let apply = |limit: &str, promote: bool| {
+        std::fs::write(
+            &quotas,
+            format!("quotas:\n  - {{service: api, bucket: guard, limit: {limit}}}\n"),
+        )
+        .unwrap();
+        let mut args = vec![
+            "apply",
+            "--source",
+            &source,
+            "--server",
+            &server,
+            "--token",
+            &token,
+            "--policy",
+            "fixed",
+            "--quota-file",
+            quotas.to_str().unwrap(),
+            "--lookback",
+            "1h",
+            "--min-coverage",
+            "0",
+            "--validate-for",
+            "6s",
+            "--max-virtual-drop",
+            "0.01",
+        ];
+        if promote {
+            args.push("--promote");
+        }
+        let (code, out, err) = configure(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        out
+    };
+    // Once the window and its history are over (the history of a slot is written about 3 s
+    // after it), the step that decides.
+    let decided = |limit: &str| {
+        let start = std::time::Instant::now();
+        loop {
+            let out = apply(limit, true);
+            if !out.contains("validating") || start.elapsed() > Duration::from_secs(20) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // Paced load on a path no bucket in force matches: only the new bucket, of the whole
+    // service, counts it.
+    let load = Load::on_path(up.listen, 20.0, "/x");
+
+    // A bucket with no limit yet: created in shadow, by the service user, and run by the proxy.
+    let out = apply("5/s", false);
+    assert!(
+        out.contains("create  api      guard   5/s    created in shadow"),
+        "{out}"
+    );
+    let created = rule(up.rules, &token, "guard").expect("the rule is in the store");
+    assert_eq!(created["mode"], "shadow");
+    assert_eq!(created["limit"], "5/s");
+    assert_eq!(created["created_by"], "robot");
+    wait_for(
+        Duration::from_secs(10),
+        "the proxy counts virtual drops of api/guard",
+        || guard(up.admin, "shadow_dropped") > 10.0,
+    );
+    assert_eq!(load.counts().1, 0, "a shadow bucket drops nothing");
+
+    // Still in its window: validating. After it: held, since 5/s would drop most of 20/s.
+    let out = apply("5/s", true);
+    assert!(out.contains("validating"), "{out}");
+    let out = decided("5/s");
+    assert!(
+        out.contains("hold") && out.contains("would have dropped"),
+        "{out}"
+    );
+    assert!(out.contains("1 steps; 1 held"), "{out}");
+    assert_eq!(
+        rule(up.rules, &token, "guard").unwrap()["mode"],
+        "shadow",
+        "held in shadow"
+    );
+
+    // A proposal that fits: the shadow bucket takes it and a new window, then is promoted.
+    let out = apply("40/s", true);
+    assert!(out.contains("retune") && out.contains("40/s"), "{out}");
+    let retuned = rule(up.rules, &token, "guard").unwrap();
+    assert_eq!(
+        (retuned["mode"].as_str(), retuned["limit"].as_str()),
+        (Some("shadow"), Some("40/s"))
+    );
+    let out = decided("40/s");
+    assert!(
+        out.contains("promote") && out.contains("promoted to enforce"),
+        "{out}"
+    );
+    assert_eq!(rule(up.rules, &token, "guard").unwrap()["mode"], "enforce");
+    assert_eq!(load.counts().1, 0, "nothing was dropped on the way");
+    drop(load);
+
+    // The proxy enforces it: three times its limit gets 429s.
+    wait_for(
+        Duration::from_secs(10),
+        "the proxy runs api/guard in enforce mode",
+        || {
+            let before = guard(up.admin, "shadow_dropped");
+            let surge = Load::on_path(up.listen, 120.0, "/x");
+            std::thread::sleep(Duration::from_secs(2));
+            let (_, limited) = surge.counts();
+            drop(surge);
+            limited > 20 && guard(up.admin, "shadow_dropped") == before
+        },
+    );
+    // Nothing left to do: a promoted bucket is no longer the configurator's to validate.
+    let out = apply("40/s", true);
+    assert!(out.contains("0 steps; 0 held"), "{out}");
+}
+
+#[test]
+fn apply_refuses_a_token_that_is_not_a_service_users_and_a_file_instead_of_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), CONFIG);
+    let admin = user(&up.db, "ops", "admin");
+    let server = format!("http://127.0.0.1:{}", up.rules);
+    let source = format!("builtin:{}", up.db);
+    let (code, out, err) = configure(&[
+        "apply", "--source", &source, "--server", &server, "--token", &admin,
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("ops's, an admin user: apply changes rules as a service user"),
+        "{err}"
+    );
+    let config = dir.path().join("spillway.yaml");
+    let (code, _, err) = configure(&["apply", "--source", &source, "-c", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("give --server URL"), "{err}");
+    let (code, _, err) = configure(&[
+        "apply",
+        "--source",
+        &source,
+        "--server",
+        &server,
+        "--token",
+        &admin,
+        "--max-virtual-drop",
+        "1.5",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--max-virtual-drop 1.5: write a share from 0 to 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_admin_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), CONFIG);
+    let token = user(&up.db, "robot", "service");
+    let admin_token = user(&up.db, "ops", "admin");
+    let quotas = dir.path().join("quotas.yaml");
+    std::fs::write(
+        &quotas,
+        "quotas:\n  - {service: api, bucket: guard, limit: 40/s}\n",
+    )
+    .unwrap();
+    let load = Load::on_path(up.listen, 10.0, "/x");
+    let admin = free_port();
+    let source = format!("builtin:{}", up.db);
+    let mut run = Proc::spawn_logged(
+        &[
+            "configure",
+            "run",
+            "--every",
+            "1h",
+            "--admin",
+            &format!("127.0.0.1:{admin}"),
+            "--source",
+            &source,
+            "--server",
+            &format!("http://127.0.0.1:{}", up.rules),
+            "--token",
+            &token,
+            "--policy",
+            "fixed",
+            "--quota-file",
+            quotas.to_str().unwrap(),
+            "--lookback",
+            "1h",
+            "--min-coverage",
+            "0",
+            "--validate-for",
+            "6s",
+        ],
+        &dir.path().join("run.log"),
+    );
+    let metric = |name: &str, with: &str| {
+        support::fleet::metric(&support::fleet::admin_get(admin, "/metrics"), name, with)
+    };
+    let steps = |action: &str| {
+        metric(
+            "spillway_configurator_proposals_total",
+            &format!("action=\"{action}\""),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "the first run creates api/guard in shadow",
+        || steps("create") == 1.0,
+    );
+    assert_eq!(rule(up.rules, &token, "guard").unwrap()["mode"], "shadow");
+    let last = metric("spillway_configurator_last_run_timestamp_seconds", "").unwrap();
+    assert!(last > 1.7e9, "a Unix time: {last}");
+
+    // An operator's change wakes a run at once, not in an hour.
+    let runs = || metric("spillway_configurator_runs_total", "result=\"ok\"").unwrap_or(0.0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = runs();
+    let operator = spillway_rules::client::RulesClient::new(
+        &format!("http://127.0.0.1:{}", up.rules),
+        Some(admin_token),
+    );
+    let answer = operator
+        .post(
+            "/v1/rules",
+            r#"{"service": "api", "name": "b2", "match": {"procedure": "/b2"}, "limit": "10/s"}"#,
+        )
+        .unwrap();
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    wait_for(Duration::from_secs(5), "a run woken by the change", || {
+        runs() > before
+    });
+
+    // The window's end wakes the run that promotes it.
+    wait_for(Duration::from_secs(15), "api/guard promoted by run", || {
+        steps("promote") == 1.0
+    });
+    assert_eq!(rule(up.rules, &token, "guard").unwrap()["mode"], "enforce");
+    assert_eq!(metric("spillway_configurator_held_total", "").unwrap(), 0.0);
+    assert_eq!(load.counts().1, 0, "nothing dropped on the way");
+
+    // SIGTERM ends it cleanly.
+    let pid = run.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = run.0.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "stopped on SIGTERM with 0"
+    );
+    run.kill();
+}

@@ -1,0 +1,215 @@
+//! The built-in history source, `builtin:DATABASE_URL` (SPEC §9): what the controllers with
+//! `--database` wrote into the rules store, each its own region's counts per bucket per
+//! `--history-resolution`, read back as per-minute rates with the regions summed.
+//!
+//! A minute's rate in a region is its counts over the seconds of the minute the region was heard
+//! from (a controller that started mid-minute gives the rate of the part it saw); a region heard
+//! from without a row for the bucket had no traffic for it; a minute no region was heard from is
+//! a gap. Every bucket is summed over regions, so a global bucket's series is its global load
+//! (and a region-scoped bucket's series the sum of its regions': `--per-region` is not there
+//! yet).
+//!
+//! The store is async; this source drives a runtime of its own so that it can stay behind the
+//! blocking [`HistorySource`] trait.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use spillway_rules::Store;
+use spillway_rules::store::history::HistoryTotals;
+
+use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Window};
+
+/// The rules store's history; see the module's documentation.
+pub struct BuiltinSource {
+    runtime: tokio::runtime::Runtime,
+    store: Store,
+    /// The URL without its credentials, for messages.
+    shown: String,
+    /// The series of the window read so far, and that window.
+    listed: Option<(Window, VecDeque<(String, String)>)>,
+    /// Seconds each region was heard from in each minute (Unix minutes) of the window.
+    coverage: BTreeMap<i64, HashMap<String, f64>>,
+}
+
+/// `postgres://user:secret@host/db` as `postgres://host/db`.
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) if !rest.starts_with('/') => format!("{scheme}://{host}"),
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+impl BuiltinSource {
+    /// Opens the rules store at `url` (`sqlite://PATH` or `postgres://...`).
+    pub fn open(url: &str) -> Result<Self, SourceError> {
+        let shown = without_credentials(url);
+        if spillway_rules::store::normalize(url).is_err() {
+            return Err(SourceError::Usage(format!(
+                "--source builtin:{shown}: write builtin:sqlite://PATH or \
+                 builtin:postgres://USER@HOST/DB, the rules store the controllers write to"
+            )));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| SourceError::Usage(format!("cannot start a runtime: {e}")))?;
+        let store =
+            runtime
+                .block_on(Store::connect(url))
+                .map_err(|e| SourceError::Unreachable {
+                    what: "the rules store",
+                    url: shown.clone(),
+                    detail: e.to_string(),
+                })?;
+        Ok(BuiltinSource {
+            runtime,
+            store,
+            shown,
+            listed: None,
+            coverage: BTreeMap::new(),
+        })
+    }
+
+    fn failed(&self, err: spillway_rules::StoreError) -> SourceError {
+        SourceError::Unreachable {
+            what: "the rules store",
+            url: self.shown.clone(),
+            detail: err.to_string(),
+        }
+    }
+
+    /// One bucket's counts over `[from_ms, until_ms)`, regions summed: what a shadow bucket's
+    /// validation window saw (offered, admitted, and what it would have dropped).
+    pub fn totals(
+        &self,
+        service: &str,
+        bucket: &str,
+        from_ms: i64,
+        until_ms: i64,
+    ) -> Result<HistoryTotals, SourceError> {
+        self.runtime
+            .block_on(
+                self.store
+                    .history_totals(service, bucket, from_ms, until_ms),
+            )
+            .map_err(|e| self.failed(e))
+    }
+
+    fn list(&mut self, window: Window) -> Result<(), SourceError> {
+        let (from, until) = (window.start * 1000, window.end * 1000);
+        let series = self
+            .runtime
+            .block_on(self.store.history_series(from, until))
+            .map_err(|e| self.failed(e))?;
+        let coverage = self
+            .runtime
+            .block_on(self.store.history_coverage(from, until))
+            .map_err(|e| self.failed(e))?;
+        self.coverage.clear();
+        for (region, minute, seconds) in coverage {
+            if seconds > 0.0 {
+                *self
+                    .coverage
+                    .entry(minute)
+                    .or_default()
+                    .entry(region)
+                    .or_default() += seconds;
+            }
+        }
+        self.listed = Some((window, series.into()));
+        Ok(())
+    }
+}
+
+impl HistorySource for BuiltinSource {
+    fn next_series(
+        &mut self,
+        window: Window,
+        points: &mut Vec<Point>,
+    ) -> Result<Option<SeriesKey>, SourceError> {
+        points.clear();
+        if self.listed.as_ref().is_none_or(|(w, _)| *w != window) {
+            self.list(window)?;
+        }
+        let Some((service, bucket)) = self.listed.as_mut().and_then(|(_, s)| s.pop_front()) else {
+            return Ok(None);
+        };
+        let minutes = self
+            .runtime
+            .block_on(self.store.history_minutes(
+                &service,
+                &bucket,
+                window.start * 1000,
+                window.end * 1000,
+            ))
+            .map_err(|e| self.failed(e))?;
+        let mut offered: HashMap<(i64, &str), u64> = HashMap::new();
+        for m in &minutes {
+            offered.insert((m.minute, m.region.as_str()), m.offered);
+        }
+        for (&minute, regions) in &self.coverage {
+            let at = (minute + 1) * MINUTE;
+            if !window.contains(at) {
+                continue;
+            }
+            let rps: f64 = regions
+                .iter()
+                .map(|(region, seconds)| {
+                    offered
+                        .get(&(minute, region.as_str()))
+                        .copied()
+                        .unwrap_or(0) as f64
+                        / seconds
+                })
+                .sum();
+            points.push(Point { at, rps });
+        }
+        Ok(Some(SeriesKey::bucket(&service, &bucket)))
+    }
+
+    fn describe(&self) -> String {
+        format!("the rules store's history at {}", self.shown)
+    }
+
+    fn seen(
+        &mut self,
+        service: &str,
+        bucket: &str,
+        from_ms: i64,
+        until_ms: i64,
+    ) -> Result<Option<(f64, f64)>, SourceError> {
+        let totals = self.totals(service, bucket, from_ms, until_ms)?;
+        Ok(Some((totals.offered as f64, totals.shadow_dropped as f64)))
+    }
+
+    fn written_until(&mut self) -> Result<Option<i64>, SourceError> {
+        self.runtime
+            .block_on(self.store.history_written_until())
+            .map_err(|e| self.failed(e))
+    }
+
+    fn when_empty(&self) -> &'static str {
+        "does a controller run with --database on this store, and has a slot of its \
+         --history-resolution ended since its proxies had traffic?"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn messages_never_show_a_password() {
+        assert_eq!(
+            without_credentials("postgres://spw:secret@db:5432/rules"),
+            "postgres://db:5432/rules"
+        );
+        assert_eq!(
+            without_credentials("sqlite:///var/lib/rules.db"),
+            "sqlite:///var/lib/rules.db"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! The limits in force, from a configuration file or the rules service's rules, reduced to what
+//! a plan compares with: per bucket, its rate and whether it is one exact (caller, procedure).
+
+use serde_json::Value;
+use spillway_core::config::Config;
+use spillway_core::limit::Limit;
+use spillway_core::pattern::{MatchSpec, Pattern, SubjectValue};
+
+/// One bucket in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurrentBucket {
+    pub service: String,
+    pub bucket: String,
+    /// Set when the bucket matches exactly one caller and one procedure (and no subject): the
+    /// bucket a (caller, procedure) series of a `--query` is about.
+    pub pair: Option<(String, String)>,
+    /// `Some(kind)` for a bucket with a limit per subject value (`user: "*"`): its limit is per
+    /// user, its history the bucket's total, so no policy compares the two.
+    pub per_subject: Option<String>,
+    pub limit_rps: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CurrentLimits {
+    pub buckets: Vec<CurrentBucket>,
+}
+
+fn pair_of(spec: &MatchSpec) -> Option<(String, String)> {
+    match (&spec.caller, &spec.procedure, &spec.subject) {
+        (Some(Pattern::Exact(c)), Some(Pattern::Exact(p)), None) => {
+            Some((c.to_string(), p.to_string()))
+        }
+        _ => None,
+    }
+}
+
+impl CurrentLimits {
+    /// The buckets of a validated configuration file.
+    pub fn from_config(config: &Config) -> Self {
+        let buckets = config
+            .buckets()
+            .map(|(service, bucket)| CurrentBucket {
+                service: service.name.clone(),
+                bucket: bucket.name.clone(),
+                pair: pair_of(&bucket.match_spec),
+                per_subject: bucket
+                    .match_spec
+                    .subject
+                    .as_ref()
+                    .filter(|s| s.value == SubjectValue::Each)
+                    .map(|s| s.kind.key().to_owned()),
+                limit_rps: bucket.limit.per_second(),
+            })
+            .collect();
+        CurrentLimits { buckets }
+    }
+
+    /// The rules of `GET /v1/rules` (SPEC §4). Incident overrides (rules with `expires_at`) are
+    /// temporary and left out: a plan is about the standing limits.
+    pub fn from_rules(rules: &Value) -> Result<Self, String> {
+        let list = rules
+            .as_array()
+            .ok_or("the rules service's list of rules is not a JSON array")?;
+        let mut buckets = Vec::with_capacity(list.len());
+        for rule in list {
+            if !rule["expires_at"].is_null() {
+                continue;
+            }
+            let text = |key: &str| rule[key].as_str().map(str::to_owned);
+            let (Some(service), Some(bucket), Some(limit)) =
+                (text("service"), text("name"), text("limit"))
+            else {
+                return Err(format!(
+                    "a rule without service, name or limit: {}",
+                    rule.to_string().chars().take(200).collect::<String>()
+                ));
+            };
+            let limit =
+                Limit::parse(&limit).map_err(|e| format!("rule {service}/{bucket}: {e}"))?;
+            let matching = &rule["match"];
+            let field = |key: &str| matching[key].as_str();
+            let pair = match (field("caller"), field("procedure")) {
+                (Some(c), Some(p))
+                    if !c.contains('*')
+                        && !p.contains('*')
+                        && matching.as_object().is_some_and(|m| m.len() == 2) =>
+                {
+                    Some((c.to_owned(), p.to_owned()))
+                }
+                _ => None,
+            };
+            let per_subject = ["user", "org", "api_key", "ip"]
+                .into_iter()
+                .find(|k| field(k) == Some("*"))
+                .map(str::to_owned);
+            buckets.push(CurrentBucket {
+                service,
+                bucket,
+                pair,
+                per_subject,
+                limit_rps: limit.per_second(),
+            });
+        }
+        Ok(CurrentLimits { buckets })
+    }
+
+    pub fn get(&self, service: &str, bucket: &str) -> Option<&CurrentBucket> {
+        self.buckets
+            .iter()
+            .find(|b| b.service == service && b.bucket == bucket)
+    }
+
+    /// The bucket of exactly this (caller, procedure) in `service`.
+    pub fn find_pair(
+        &self,
+        service: &str,
+        caller: &str,
+        procedure: &str,
+    ) -> Option<&CurrentBucket> {
+        self.buckets.iter().find(|b| {
+            b.service == service
+                && b.pair
+                    .as_ref()
+                    .is_some_and(|(c, p)| c == caller && p == procedure)
+        })
+    }
+}
+
+/// The name of a new bucket for a (caller, procedure) pair: `gw-v1-orders` for `gw` and
+/// `/v1/orders`, in the characters bucket names allow.
+pub fn pair_bucket_name(caller: &str, procedure: &str) -> String {
+    let mut name = String::with_capacity(caller.len() + procedure.len() + 1);
+    for c in format!("{caller}-{procedure}").chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+            c
+        } else {
+            '-'
+        };
+        if !(c == '-' && name.ends_with('-')) {
+            name.push(c);
+        }
+    }
+    let name = name
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .trim_end_matches('-');
+    if name.is_empty() {
+        "pair".to_owned()
+    } else {
+        name.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_names() {
+        assert_eq!(pair_bucket_name("gw", "/v1/orders"), "gw-v1-orders");
+        assert_eq!(pair_bucket_name("-", "/"), "pair");
+        assert_eq!(pair_bucket_name("web.app", "GET /a b"), "web.app-GET-a-b");
+    }
+
+    #[test]
+    fn from_config_and_rules() {
+        let yaml = "version: 1\nservices:\n  api:\n    buckets:\n      - name: gw-a\n        match: {caller: gw, procedure: /a}\n        limit: 600/min\n      - name: users\n        match: {user: \"*\"}\n        limit: 5/s\n";
+        let config = spillway_core::config::load_str(yaml, "c.yaml").unwrap();
+        let c = CurrentLimits::from_config(&config);
+        assert_eq!(c.get("api", "gw-a").unwrap().limit_rps, 10.0);
+        assert!(c.find_pair("api", "gw", "/a").is_some());
+        assert_eq!(
+            c.get("api", "users").unwrap().per_subject.as_deref(),
+            Some("user")
+        );
+        let rules = serde_json::json!([
+            {"service": "api", "name": "gw-a", "match": {"caller": "gw", "procedure": "/a"}, "limit": "100/s"},
+            {"service": "api", "name": "tmp", "match": {}, "limit": "1/s", "expires_at": "2030-01-01T00:00:00Z"}
+        ]);
+        let r = CurrentLimits::from_rules(&rules).unwrap();
+        assert_eq!(r.buckets.len(), 1);
+        assert_eq!(r.find_pair("api", "gw", "/a").unwrap().limit_rps, 100.0);
+        assert!(CurrentLimits::from_rules(&serde_json::json!({"a": 1})).is_err());
+    }
+}

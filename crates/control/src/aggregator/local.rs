@@ -1,0 +1,121 @@
+//! Clients of the zone in the aggregator's own process: an Envoy instance on the RLQS listener
+//! (SPEC §8) is a host of the zone like a sidecar, but it speaks Envoy's protocol, so whoever
+//! serves that protocol reports for it here and takes its instructions from here, with no
+//! control-plane stream between them. The zone's core cannot tell the two kinds of host apart.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use spillway_link::now_ms;
+use spillway_proto::v1;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::Zone;
+
+/// Instructions for one client, as the zone sends them to a stream: a client too slow to take
+/// one set per interval misses that set.
+pub type InstructionsRx = mpsc::Receiver<Result<v1::Instructions, Status>>;
+
+/// Attaches in-process clients to a running aggregator ([`super::Aggregator::local_clients`]).
+#[derive(Clone)]
+pub struct LocalClients {
+    zone: Arc<Zone>,
+}
+
+impl std::fmt::Debug for LocalClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalClients")
+            .field("region", &self.zone.region)
+            .field("zone", &self.zone.zone)
+            .finish()
+    }
+}
+
+impl LocalClients {
+    pub(super) fn new(zone: Arc<Zone>) -> Self {
+        Self { zone }
+    }
+
+    /// The aggregator's region.
+    pub fn region(&self) -> &str {
+        &self.zone.region
+    }
+
+    /// The aggregator's zone.
+    pub fn zone(&self) -> &str {
+        &self.zone.zone
+    }
+
+    /// The rules the zone runs now (`None` before the controller sent any), so a client that
+    /// joins can run them at once rather than an interval later.
+    pub fn rules(&self) -> Option<v1::Rules> {
+        self.zone.lock().core.rules().cloned()
+    }
+
+    /// A client reporting as `host`, and where its instructions arrive. It leaves the zone when
+    /// the [`LocalClient`] is dropped, as a stream's host does when its stream ends.
+    pub fn attach(&self, host: impl Into<String>) -> (LocalClient, InstructionsRx) {
+        let (tx, rx) = mpsc::channel(8);
+        self.zone.local.fetch_add(1, Ordering::Relaxed);
+        let client = LocalClient {
+            zone: self.zone.clone(),
+            host: host.into(),
+            conn: self.zone.next_conn.fetch_add(1, Ordering::Relaxed),
+            tx,
+        };
+        (client, rx)
+    }
+}
+
+/// One in-process client of the zone (see [`LocalClients::attach`]).
+pub struct LocalClient {
+    zone: Arc<Zone>,
+    host: String,
+    conn: u64,
+    tx: mpsc::Sender<Result<v1::Instructions, Status>>,
+}
+
+impl std::fmt::Debug for LocalClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalClient")
+            .field("host", &self.host)
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
+
+impl LocalClient {
+    /// The host id its reports carry.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Counts `report` in the zone as a report of this client's host (its host id, region and
+    /// zone are set to this client's).
+    pub fn report(&self, mut report: v1::Report) {
+        report.host_id.clone_from(&self.host);
+        report.region.clone_from(&self.zone.region);
+        report.zone.clone_from(&self.zone.zone);
+        let mut state = self.zone.lock();
+        state.clients.insert(self.host.clone(), self.tx.clone());
+        let steps = state.core.on_report(now_ms(), self.conn, report);
+        state.send(steps);
+    }
+}
+
+impl Drop for LocalClient {
+    fn drop(&mut self) {
+        self.zone.local.fetch_sub(1, Ordering::Relaxed);
+        let mut state = self.zone.lock();
+        if state
+            .clients
+            .get(&self.host)
+            .is_some_and(|t| t.same_channel(&self.tx))
+        {
+            state.clients.remove(&self.host);
+        }
+        let steps = state.core.on_stream_end(now_ms(), &self.host, self.conn);
+        state.send(steps);
+    }
+}

@@ -1,0 +1,923 @@
+//! One Envoy instance on the RLQS stream (SPEC §8) as a host of the zone, sans-IO: its usage
+//! reports become the offered load the host side of the loop reports ([`HostCore`]), and the
+//! instructions the zone sends it become assignments Envoy enforces by itself.
+//!
+//! Envoy enforces a `token_bucket` or a `blanket_rule` per bucket id; it cannot drop a fraction
+//! of requests. So a drop-ratio bucket's ratio `r` becomes a token bucket at the rate the host
+//! would admit, `(1 - r) x` the instance's offered rate: three instances offering 100/s against
+//! a 150/s limit are told `r = 0.5` and each gets 50 tokens a second. `r = 0` is `ALLOW_ALL`,
+//! `r = 1` is `DENY_ALL`. An adaptive token bucket's share becomes a token bucket at that share
+//! of its limit. A bucket the control plane does not compute (a local algorithm) is a token
+//! bucket at its own limit per instance, what a sidecar enforces for it; `unlimited` and `allow`
+//! answers and shadow buckets are `ALLOW_ALL`, `over-limit` is `DENY_ALL`. A `store: redis`
+//! bucket is exact only through Redis, which Envoy's RLQS filter does not call: over RLQS it is
+//! `ALLOW_ALL` (use RLS, `ShouldRateLimit`, for those).
+//!
+//! Usage arrives in lumps (one report per `reporting_interval`, not aligned with the loop's),
+//! so each report sets a rate, and the host's counters grow at that rate between reports: the
+//! loop's intervals see a steady load, not a report in one and none in the next. A bucket id
+//! that goes unreported for three of its own report periods (at least 3 s) counts no load.
+//!
+//! Before the zone has rules (an aggregator whose controller has not spoken yet) an instance
+//! answers nothing, and Envoy applies its `no_assignment_behavior`.
+//!
+//! Envoy reads TTLs and fill intervals as whole seconds; an assignment lives for three report
+//! intervals of the loop (3 s at 1 s) and every assignment is sent again each interval, so a
+//! stream whose zone loses its controller lets its assignments lapse, as a host's instructions
+//! expire (G9); Envoy then applies its `expired_assignment_behavior`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    rate_limit_quota_response::{
+        BucketAction,
+        bucket_action::{self, AbandonAction, QuotaAssignmentAction},
+    },
+};
+use envoy_types::pb::envoy::r#type::v3::{
+    RateLimitStrategy, TokenBucket,
+    rate_limit_strategy::{BlanketRule, Strategy},
+};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use spillway_core::algo::{Kind, Ratio};
+use spillway_core::clock::{Nanos, nanos};
+use spillway_core::config::{self, Config, StateStore};
+use spillway_core::counters::Snapshot;
+use spillway_core::decision::{BucketId as RulesBucket, Mode};
+use spillway_core::descriptor::{Answer, DescriptorMatcher, Entries};
+use spillway_core::limit::Limit;
+use spillway_loop::{BucketKey, HostCore, HostId, HostStep, HostTime, LinkRules};
+use spillway_proto::v1;
+
+/// Bucket ids one stream may hold: an Envoy whose matcher makes one per user id would grow an
+/// aggregator's memory without bound.
+pub const MAX_BUCKETS: usize = 10_000;
+
+/// The longest fill interval of a token bucket for a rate under one a second.
+const MAX_FILL_SECS: u32 = 60;
+
+/// What Envoy is told for one bucket id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `blanket_rule: ALLOW_ALL`.
+    Allow,
+    /// `blanket_rule: DENY_ALL`.
+    Deny,
+    /// `token_bucket`: `per_fill` tokens every `fill_secs` seconds, holding at most `per_fill`.
+    Tokens { per_fill: u32, fill_secs: u32 },
+    /// `abandon_action`: the bucket is gone from the rules.
+    Abandon,
+}
+
+impl Action {
+    /// The token bucket that admits `rps` requests a second, in whole seconds.
+    pub fn tokens(rps: f64) -> Action {
+        if rps.is_nan() || rps <= 0.0 {
+            return Action::Deny;
+        }
+        if rps >= 1.0 {
+            let per_fill = rps.round().min(f64::from(u32::MAX)) as u32;
+            return Action::Tokens {
+                per_fill,
+                fill_secs: 1,
+            };
+        }
+        let fill_secs = (1.0 / rps).ceil().min(f64::from(MAX_FILL_SECS)) as u32;
+        Action::Tokens {
+            per_fill: 1,
+            fill_secs,
+        }
+    }
+
+    /// The token bucket of a limit: `count` tokens per `period` when the period is whole
+    /// seconds (`1000/h` is 1000 tokens every 3600 s), else the limit's rate per second.
+    fn of_limit(limit: Limit) -> Action {
+        let period = limit.period;
+        if period.subsec_nanos() == 0
+            && let Ok(fill_secs) = u32::try_from(period.as_secs())
+            && fill_secs > 0
+            && let Ok(per_fill) = u32::try_from(limit.count.get())
+        {
+            return Action::Tokens {
+                per_fill,
+                fill_secs,
+            };
+        }
+        Action::tokens(limit.per_second())
+    }
+
+    /// The tokens a second this action admits (`None`: everything).
+    pub fn rate(self) -> Option<f64> {
+        match self {
+            Action::Allow | Action::Abandon => None,
+            Action::Deny => Some(0.0),
+            Action::Tokens {
+                per_fill,
+                fill_secs,
+            } => Some(f64::from(per_fill) / f64::from(fill_secs)),
+        }
+    }
+}
+
+/// A usage report Spillway cannot count: the client's fault, answered `INVALID_ARGUMENT`
+/// (`RESOURCE_EXHAUSTED` for [`BadUsage::TooManyBuckets`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadUsage {
+    #[error("the report's domain is empty: give the domain the descriptor buckets name")]
+    EmptyDomain,
+    #[error("the stream reported domain {first:?} first and now {now:?}: one stream, one domain")]
+    DomainChanged { first: String, now: String },
+    #[error("the report has no bucket_quota_usages")]
+    NoUsage,
+    #[error("bucket_quota_usages[{0}] has no bucket_id, or a bucket_id with no entries")]
+    NoBucketId(usize),
+    #[error("bucket_quota_usages[{0}].bucket_id has an empty key or value")]
+    EmptyEntry(usize),
+    #[error("bucket_quota_usages[{0}].time_elapsed is missing or not above zero")]
+    NoTimeElapsed(usize),
+    #[error("the stream holds {MAX_BUCKETS} bucket ids already; a new one was refused")]
+    TooManyBuckets,
+}
+
+/// How a rules bucket is decided over RLQS.
+#[derive(Debug, Clone, Copy)]
+enum Plan {
+    /// By the control plane: the host core's bucket at this position.
+    Control(usize),
+    /// The same assignment whatever the load.
+    Fixed(Action),
+}
+
+/// What the last instruction said of a control-plane bucket.
+#[derive(Debug, Clone, Copy)]
+struct Steer {
+    kind: Kind,
+    limit_rps: f64,
+    /// A drop ratio and when it expires on the limiters' clock.
+    ratio: Option<(Ratio, Nanos)>,
+    /// An adaptive share of the limit and when it expires.
+    share: Option<(Ratio, Nanos)>,
+}
+
+/// One bucket id Envoy reported.
+#[derive(Debug)]
+struct Subscribed {
+    id: BucketId,
+    /// The rules bucket that decides it (its position in the rules), if any.
+    bucket: Option<usize>,
+    allowed_rps: f64,
+    denied_rps: f64,
+    /// When it was last reported, and after when its rates no longer count.
+    stale_at: Nanos,
+    sent: Option<Action>,
+    /// Its bucket left the rules: it is told [`Action::Abandon`] once, then forgotten.
+    abandoned: bool,
+}
+
+/// One Envoy instance's stream, as a host of the zone.
+#[derive(Debug)]
+pub struct Instance {
+    core: HostCore,
+    own: Config,
+    plans: Vec<Plan>,
+    matcher: DescriptorMatcher,
+    steer: Vec<Steer>,
+    /// Per host-core bucket: allowed and denied requests counted so far (fractions kept).
+    counted: Vec<(f64, f64)>,
+    counted_at: Nanos,
+    envoy: BTreeMap<Vec<(String, String)>, Subscribed>,
+    domain: Option<String>,
+}
+
+/// A bucket id's entries in key order, as a descriptor's (a protobuf map has no order).
+struct Sorted<'a>(&'a [(String, String)]);
+
+impl Entries for Sorted<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn key(&self, index: usize) -> &str {
+        &self.0[index].0
+    }
+    fn value(&self, index: usize) -> &str {
+        &self.0[index].1
+    }
+}
+
+/// Rules with no services: what an instance runs until the zone has rules.
+fn no_rules() -> Config {
+    config::load_str("version: 1\nservices: {}\n", "rlqs").expect("an empty file is valid")
+}
+
+impl Instance {
+    /// Envoy instance `id`, running `rules` (the zone's, when it has them) from `now`.
+    pub fn new(id: HostId, rules: Option<&v1::Rules>, now: HostTime) -> Self {
+        let own = no_rules();
+        let (version, config) = match rules.map(|r| (r.version, Self::config_of(&own, r))) {
+            Some((version, Ok(config))) => (version, config),
+            Some((version, Err(err))) => {
+                tracing::error!(
+                    version,
+                    "RLQS: the zone's rules do not run here, starting without: {err}"
+                );
+                (0, own.clone())
+            }
+            None => (0, own.clone()),
+        };
+        let core = HostCore::new(id, &config, version);
+        let mut instance = Self {
+            core,
+            own,
+            plans: Vec::new(),
+            matcher: DescriptorMatcher::compile([]),
+            steer: Vec::new(),
+            counted: Vec::new(),
+            counted_at: now.clock,
+            envoy: BTreeMap::new(),
+            domain: None,
+        };
+        instance.run(&config, &Self::redis_buckets(rules), HashMap::new());
+        instance.core.start(now, &instance.snapshot());
+        instance
+    }
+
+    /// The rules of `message` as this instance runs them: a `store: redis` bucket counts here
+    /// as a local one of the same shape, so that descriptors match exactly as they would by RLS,
+    /// and its plan is `ALLOW_ALL` ([`Instance::run`]).
+    fn config_of(own: &Config, message: &v1::Rules) -> Result<Config, String> {
+        let mut rules = LinkRules::decode(message).map_err(|e| e.to_string())?;
+        for (_, service) in &mut rules.services.0 {
+            for bucket in &mut service.buckets {
+                if bucket.store == Some(StateStore::Redis) {
+                    bucket.store = Some(StateStore::Local);
+                    bucket.batch = None;
+                }
+            }
+        }
+        let config = rules
+            .with_own(own, &format!("rules version {}", message.version))
+            .map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    /// Which rules buckets were `store: redis` in `message` (they were made local to run).
+    fn redis_buckets(message: Option<&v1::Rules>) -> Vec<(String, String)> {
+        let Some(rules) = message.and_then(|m| LinkRules::decode(m).ok()) else {
+            return Vec::new();
+        };
+        rules
+            .services
+            .0
+            .iter()
+            .flat_map(|(name, s)| {
+                s.buckets
+                    .iter()
+                    .filter(|b| b.store == Some(StateStore::Redis))
+                    .map(move |b| (name.clone(), b.name.clone()))
+            })
+            .collect()
+    }
+
+    /// Runs `config` (`redis`: its buckets that were `store: redis`): the plans, the matcher,
+    /// the control-plane buckets' steering and counts (kept, by bucket, from `old`). Every
+    /// bucket id is matched again: one whose bucket is gone is abandoned.
+    fn run(
+        &mut self,
+        config: &Config,
+        redis: &[(String, String)],
+        mut old: HashMap<BucketKey, (Steer, (f64, f64))>,
+    ) {
+        let keys: Vec<BucketKey> = self.core.buckets().cloned().collect();
+        let mut plans = Vec::new();
+        for (service, bucket) in config.buckets() {
+            let was_redis = redis
+                .iter()
+                .any(|(s, b)| *s == service.name && *b == bucket.name);
+            let answer = bucket
+                .descriptor
+                .as_ref()
+                .map_or(Answer::Limit, |d| d.answer);
+            let position = keys
+                .iter()
+                .position(|k| k.service == service.name && k.bucket == bucket.name);
+            let plan = match (answer, position) {
+                (Answer::Unlimited | Answer::Allow, _) => Plan::Fixed(Action::Allow),
+                (Answer::OverLimit, _) => Plan::Fixed(Action::Deny),
+                _ if bucket.mode == Mode::Shadow || was_redis => Plan::Fixed(Action::Allow),
+                (Answer::Limit, Some(p)) => Plan::Control(p),
+                (Answer::Limit, None) => Plan::Fixed(Action::of_limit(bucket.limit)),
+            };
+            plans.push(plan);
+        }
+        self.steer.clear();
+        self.counted.clear();
+        for key in &keys {
+            let (_, bucket) = config
+                .buckets()
+                .find(|(s, b)| s.name == key.service && b.name == key.bucket)
+                .expect("the host core's buckets are the rules'");
+            let (kept, counted) = old
+                .remove(key)
+                .filter(|(s, _)| s.kind == bucket.algorithm)
+                .map_or((None, (0.0, 0.0)), |(s, c)| (Some(s), c));
+            self.steer.push(Steer {
+                kind: bucket.algorithm,
+                limit_rps: bucket.limit.per_second(),
+                ratio: kept.and_then(|s| s.ratio),
+                share: kept.and_then(|s| s.share),
+            });
+            self.counted.push(counted);
+        }
+        self.plans = plans;
+        self.matcher =
+            DescriptorMatcher::compile(config.buckets().enumerate().filter_map(|(i, (_, b))| {
+                let id = RulesBucket(u32::try_from(i).ok()?);
+                b.descriptor.as_ref().map(|d| (id, d))
+            }));
+        let Some(domain) = self.domain.as_deref() else {
+            return;
+        };
+        for (entries, s) in &mut self.envoy {
+            let bucket = self
+                .matcher
+                .find(domain, &Sorted(entries))
+                .map(|id| id.index());
+            s.abandoned = s.bucket.is_some() && bucket.is_none();
+            s.bucket = bucket;
+        }
+    }
+
+    /// Each control-plane bucket's steering and counts, by bucket, for [`Instance::run`].
+    fn keep(&self) -> HashMap<BucketKey, (Steer, (f64, f64))> {
+        self.core
+            .buckets()
+            .cloned()
+            .zip(self.steer.iter().copied().zip(self.counted.iter().copied()))
+            .collect()
+    }
+
+    /// Counts what every bucket id's rates add from the last call to `now`.
+    fn integrate(&mut self, now: Nanos) {
+        let dt = now.saturating_sub(self.counted_at) as f64 / 1e9;
+        self.counted_at = now;
+        for s in self.envoy.values() {
+            let Some(Plan::Control(p)) = s.bucket.and_then(|b| self.plans.get(b).copied()) else {
+                continue;
+            };
+            if now >= s.stale_at {
+                continue;
+            }
+            let c = &mut self.counted[p];
+            c.0 += s.allowed_rps * dt;
+            c.1 += s.denied_rps * dt;
+        }
+    }
+
+    /// The host core's counters, in its buckets' order.
+    fn snapshot(&self) -> Vec<Snapshot> {
+        self.counted
+            .iter()
+            .map(|&(allowed, denied)| Snapshot {
+                allowed: allowed as u64,
+                dropped: denied as u64,
+                ..Snapshot::default()
+            })
+            .collect()
+    }
+
+    /// When [`Instance::on_deadline`] is due, Unix milliseconds.
+    pub fn deadline(&self) -> u64 {
+        self.core.deadline()
+    }
+
+    /// The report interval in force.
+    pub fn interval(&self) -> Duration {
+        self.core.interval().duration()
+    }
+
+    /// The deadline passed: the report for the zone, if one is due, with every assignment
+    /// again (so none lapses while the zone is healthy).
+    pub fn on_deadline(&mut self, now: HostTime) -> (Option<v1::Report>, Vec<BucketAction>) {
+        self.integrate(now.clock);
+        let report = self.core.on_deadline(now, &self.snapshot());
+        let actions = match report {
+            Some(_) => self.assignments(now.clock, true),
+            None => Vec::new(),
+        };
+        (report, actions)
+    }
+
+    /// A usage report: counts it and answers the bucket ids whose assignment changed (a new
+    /// bucket id always gets one).
+    pub fn on_usage(
+        &mut self,
+        now: HostTime,
+        reports: &RateLimitQuotaUsageReports,
+    ) -> Result<Vec<BucketAction>, BadUsage> {
+        if reports.domain.is_empty() {
+            return Err(BadUsage::EmptyDomain);
+        }
+        match &self.domain {
+            Some(first) if *first != reports.domain => {
+                return Err(BadUsage::DomainChanged {
+                    first: first.clone(),
+                    now: reports.domain.clone(),
+                });
+            }
+            Some(_) => {}
+            None => self.domain = Some(reports.domain.clone()),
+        }
+        if reports.bucket_quota_usages.is_empty() {
+            return Err(BadUsage::NoUsage);
+        }
+        let mut parsed = Vec::with_capacity(reports.bucket_quota_usages.len());
+        for (i, usage) in reports.bucket_quota_usages.iter().enumerate() {
+            let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
+                return Err(BadUsage::NoBucketId(i));
+            };
+            if id.bucket.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
+                return Err(BadUsage::EmptyEntry(i));
+            }
+            let elapsed = usage
+                .time_elapsed
+                .as_ref()
+                .map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
+                .filter(|&s| s > 0.0)
+                .ok_or(BadUsage::NoTimeElapsed(i))?;
+            let mut entries: Vec<(String, String)> = id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            entries.sort();
+            parsed.push((entries, id, elapsed, usage));
+        }
+        // Count up to now at the old rates before the new ones apply.
+        self.integrate(now.clock);
+        for (entries, id, elapsed, usage) in parsed {
+            if !self.envoy.contains_key(&entries) {
+                if self.envoy.len() >= MAX_BUCKETS {
+                    return Err(BadUsage::TooManyBuckets);
+                }
+                let bucket = self
+                    .matcher
+                    .find(&reports.domain, &Sorted(&entries))
+                    .map(|b| b.index());
+                self.envoy.insert(
+                    entries.clone(),
+                    Subscribed {
+                        id: id.clone(),
+                        bucket,
+                        allowed_rps: 0.0,
+                        denied_rps: 0.0,
+                        stale_at: 0,
+                        sent: None,
+                        abandoned: false,
+                    },
+                );
+            }
+            let s = self.envoy.get_mut(&entries).expect("inserted above");
+            s.allowed_rps = usage.num_requests_allowed as f64 / elapsed;
+            s.denied_rps = usage.num_requests_denied as f64 / elapsed;
+            s.stale_at = now.clock.saturating_add(nanos(
+                Duration::from_secs_f64(elapsed * 3.0).max(Duration::from_secs(3)),
+            ));
+        }
+        Ok(self.assignments(now.clock, false))
+    }
+
+    /// Instructions from the zone: the rules they carry (when new) and each bucket's ratio or
+    /// share; answers the bucket ids whose assignment changed.
+    pub fn on_instructions(
+        &mut self,
+        now: HostTime,
+        instructions: v1::Instructions,
+    ) -> Vec<BucketAction> {
+        let steps = self.core.on_instructions(now, instructions);
+        self.apply(now, steps);
+        self.assignments(now.clock, false)
+    }
+
+    fn apply(&mut self, now: HostTime, steps: Vec<HostStep>) {
+        for step in steps {
+            match step {
+                HostStep::Rules { version, rules } => {
+                    let more = match Self::config_of(&self.own, &rules) {
+                        Ok(config) => {
+                            tracing::info!(version, "RLQS: rules from the control plane applied");
+                            self.integrate(now.clock);
+                            let old = self.keep();
+                            let more = self.core.rules_applied(now, version, &config);
+                            self.run(&config, &Self::redis_buckets(Some(&rules)), old);
+                            more
+                        }
+                        Err(err) => {
+                            tracing::error!(
+                                version,
+                                "RLQS: rules from the control plane refused, keeping version {}: {err}",
+                                self.core.rules_version()
+                            );
+                            self.core.rules_refused(now)
+                        }
+                    };
+                    self.apply(now, more);
+                }
+                // An Envoy instance has no tiers: its share follows the bucket's ratio.
+                HostStep::DropRatio {
+                    bucket, ratio, ttl, ..
+                } => {
+                    if let Some(s) = self.steer.get_mut(bucket) {
+                        s.ratio = Some((ratio, now.clock.saturating_add(nanos(ttl))));
+                    }
+                }
+                HostStep::Share { bucket, share } => {
+                    if let Some(s) = self.steer.get_mut(bucket) {
+                        let ttl = 3 * self.core.interval().duration();
+                        s.share = Some((share, now.clock.saturating_add(nanos(ttl))));
+                    }
+                }
+                HostStep::ShareExpired { bucket } => {
+                    if let Some(s) = self.steer.get_mut(bucket) {
+                        s.share = None;
+                    }
+                }
+                // The surge guard needs a count every 50 ms; Envoy reports once a second or
+                // less, so between instructions the instruction's own ratio holds.
+                HostStep::Surge { .. } => {}
+            }
+        }
+    }
+
+    /// What bucket id `s` is told at `now`.
+    fn action(&self, s: &Subscribed, now: Nanos) -> Action {
+        if s.abandoned {
+            return Action::Abandon;
+        }
+        let Some(bucket) = s.bucket else {
+            // Unmatched: OK, as an RLS descriptor that matches no bucket.
+            return Action::Allow;
+        };
+        match self.plans.get(bucket) {
+            None => Action::Allow,
+            Some(Plan::Fixed(action)) => *action,
+            Some(Plan::Control(p)) => {
+                let steer = self.steer[*p];
+                let live = |v: Option<(Ratio, Nanos)>| v.filter(|&(_, until)| now < until);
+                match steer.kind {
+                    Kind::AdaptiveTokenBucket => {
+                        let share = live(steer.share).map_or(1.0, |(s, _)| s.as_f64());
+                        Action::tokens(steer.limit_rps * share)
+                    }
+                    _ => {
+                        let ratio = live(steer.ratio).map_or(0.0, |(r, _)| r.as_f64());
+                        let offered = if now < s.stale_at {
+                            s.allowed_rps + s.denied_rps
+                        } else {
+                            0.0
+                        };
+                        if ratio <= 0.0 || offered <= 0.0 {
+                            Action::Allow
+                        } else if ratio >= 1.0 {
+                            Action::Deny
+                        } else {
+                            Action::tokens((1.0 - ratio) * offered)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The assignments to send: every bucket id's with `all`, else those that changed.
+    fn assignments(&mut self, now: Nanos, all: bool) -> Vec<BucketAction> {
+        // Before the zone's first rules nothing is known of any bucket id: Envoy applies its
+        // own `no_assignment_behavior` until they come (within an interval of the link).
+        if self.core.rules_version() == 0 {
+            return Vec::new();
+        }
+        let ttl = self.ttl();
+        let actions: Vec<(Vec<(String, String)>, Action)> = self
+            .envoy
+            .iter()
+            .map(|(k, s)| (k.clone(), self.action(s, now)))
+            .collect();
+        let mut out = Vec::new();
+        for (key, action) in actions {
+            let s = self.envoy.get_mut(&key).expect("listed above");
+            if all || s.sent != Some(action) {
+                s.sent = Some(action);
+                out.push(bucket_action(s.id.clone(), action, ttl));
+            }
+        }
+        // An abandoned bucket id is forgotten: Envoy drops it and reports it again as new.
+        self.envoy.retain(|_, s| !s.abandoned);
+        out
+    }
+
+    /// An assignment's time to live: three report intervals, in whole seconds.
+    fn ttl(&self) -> Duration {
+        let secs = (3 * self.core.interval().ms()).div_ceil(1000).max(2);
+        Duration::from_secs(secs)
+    }
+
+    /// Bucket ids held.
+    pub fn buckets(&self) -> usize {
+        self.envoy.len()
+    }
+}
+
+/// `action` for bucket id `id`, in Envoy's message.
+pub fn bucket_action(id: BucketId, action: Action, ttl: Duration) -> BucketAction {
+    let strategy = |strategy| QuotaAssignmentAction {
+        assignment_time_to_live: Some(PbDuration {
+            seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(strategy),
+        }),
+    };
+    let action = match action {
+        Action::Allow => bucket_action::BucketAction::QuotaAssignmentAction(strategy(
+            Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        )),
+        Action::Deny => bucket_action::BucketAction::QuotaAssignmentAction(strategy(
+            Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        )),
+        Action::Tokens {
+            per_fill,
+            fill_secs,
+        } => bucket_action::BucketAction::QuotaAssignmentAction(strategy(Strategy::TokenBucket(
+            TokenBucket {
+                max_tokens: per_fill,
+                tokens_per_fill: Some(UInt32Value { value: per_fill }),
+                fill_interval: Some(PbDuration {
+                    seconds: i64::from(fill_secs),
+                    nanos: 0,
+                }),
+            },
+        ))),
+        Action::Abandon => bucket_action::BucketAction::AbandonAction(AbandonAction {}),
+    };
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(action),
+    }
+}
+
+/// A response of `actions`, or `None` when there is nothing to say (Envoy requires at least one
+/// action per response).
+pub fn response(actions: Vec<BucketAction>) -> Option<RateLimitQuotaResponse> {
+    (!actions.is_empty()).then_some(RateLimitQuotaResponse {
+        bucket_action: actions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_loop::RulesSnapshot;
+
+    const RULES: &str = "version: 1\ncontrol:\n  report_interval: 500ms\nservices:\n  edge:\n    buckets:\n      - name: checkout\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: checkout} ] } }\n        limit: 150/s\n      - name: search\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: search} ] } }\n        limit: 40/s\n        algorithm: fixed-window\n";
+
+    /// The tests' Unix time at their time 0, in milliseconds.
+    const BASE_MS: u64 = 1_700_000_000_000;
+
+    fn at(ms: u64) -> HostTime {
+        HostTime {
+            clock: ms * 1_000_000,
+            unix_ns: (BASE_MS + ms) * 1_000_000,
+        }
+    }
+
+    fn id() -> HostId {
+        HostId {
+            host_id: "envoy-1".into(),
+            region: "r1".into(),
+            zone: "z1".into(),
+        }
+    }
+
+    #[test]
+    fn the_zones_rules_run_at_once() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let own = no_rules();
+        Instance::config_of(&own, &message).unwrap();
+        let instance = Instance::new(id(), Some(&message), at(0));
+        assert_eq!(instance.core.rules_version(), 3);
+        assert_eq!(instance.plans.len(), 2);
+    }
+
+    fn usage(routes: &[String], allowed: u64, denied: u64) -> RateLimitQuotaUsageReports {
+        use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+        RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: routes
+                .iter()
+                .map(|r| BucketQuotaUsage {
+                    bucket_id: Some(BucketId {
+                        bucket: [("route".to_owned(), r.clone())].into(),
+                    }),
+                    time_elapsed: Some(PbDuration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    num_requests_allowed: allowed,
+                    num_requests_denied: denied,
+                })
+                .collect(),
+        }
+    }
+
+    fn instruction(ratio: f64) -> v1::Instructions {
+        v1::Instructions {
+            issued_at_ms: 0,
+            ttl_ms: 3_000,
+            interval_ms: 500,
+            sequence: 1,
+            buckets: vec![v1::BucketInstruction {
+                service: "edge".into(),
+                bucket: "checkout".into(),
+                drop_ratio: Ratio::from_f64(ratio).raw(),
+                share: None,
+                scope_offered_rps: 300.0,
+                scope_hosts: 3,
+                tier_drop_ratio: Vec::new(),
+            }],
+            rules_version: 3,
+            rules: None,
+        }
+    }
+
+    fn told(actions: &[BucketAction]) -> Vec<(String, Option<f64>)> {
+        actions
+            .iter()
+            .map(|a| {
+                let route = a.bucket_id.as_ref().unwrap().bucket["route"].clone();
+                let rate = match a.bucket_action.as_ref().unwrap() {
+                    bucket_action::BucketAction::QuotaAssignmentAction(q) => {
+                        match q
+                            .rate_limit_strategy
+                            .as_ref()
+                            .unwrap()
+                            .strategy
+                            .as_ref()
+                            .unwrap()
+                        {
+                            Strategy::BlanketRule(0) => None,
+                            Strategy::BlanketRule(_) => Some(0.0),
+                            Strategy::TokenBucket(t) => Some(
+                                f64::from(t.tokens_per_fill.unwrap().value)
+                                    / t.fill_interval.unwrap().seconds as f64,
+                            ),
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    bucket_action::BucketAction::AbandonAction(_) => Some(-1.0),
+                };
+                (route, rate)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_drop_ratio_becomes_the_share_of_the_offered_rate_the_instance_may_admit() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let mut instance = Instance::new(id(), Some(&message), at(0));
+        let routes = [
+            "checkout".to_owned(),
+            "search".to_owned(),
+            "other".to_owned(),
+        ];
+        // New bucket ids are answered at once: no instruction yet, so the drop-ratio bucket is
+        // ALLOW_ALL; the local fixed window its own 40/s; the unmatched one ALLOW_ALL.
+        let first = instance
+            .on_usage(at(1_000), &usage(&routes, 100, 0))
+            .unwrap();
+        assert_eq!(
+            told(&first),
+            [
+                ("checkout".to_owned(), None),
+                ("other".to_owned(), None),
+                ("search".to_owned(), Some(40.0))
+            ]
+        );
+        // Unchanged assignments are not sent again on a usage report.
+        assert!(
+            instance
+                .on_usage(at(1_500), &usage(&routes, 100, 0))
+                .unwrap()
+                .is_empty()
+        );
+        // r = 1/2 of an instance offering 100/s: 50 tokens a second.
+        let half = instance.on_instructions(at(1_600), instruction(0.5));
+        assert_eq!(told(&half), [("checkout".to_owned(), Some(50.0))]);
+        // Envoy enforces it: 50 allowed, 50 denied, still 100/s offered, nothing changes.
+        assert!(
+            instance
+                .on_usage(at(2_600), &usage(&routes, 50, 50))
+                .unwrap()
+                .is_empty()
+        );
+        // The extremes are blanket rules.
+        assert_eq!(
+            told(&instance.on_instructions(at(2_700), instruction(1.0))),
+            [("checkout".to_owned(), Some(0.0))]
+        );
+        assert_eq!(
+            told(&instance.on_instructions(at(2_800), instruction(0.0))),
+            [("checkout".to_owned(), None)]
+        );
+        // The instance's counts follow its rates between reports: a whole interval of 500 ms
+        // at 100/s counts 50 offered, whenever the usage reports came.
+        let mut reports = Vec::new();
+        while reports.len() < 3 {
+            let due = at(instance.deadline() - BASE_MS);
+            if let (Some(report), _) = instance.on_deadline(due) {
+                reports.push(report);
+            }
+        }
+        let offered = &reports[2].buckets[0];
+        assert_eq!((offered.bucket.as_str(), offered.offered), ("checkout", 50));
+        assert_eq!(offered.allowed, 25);
+    }
+
+    #[test]
+    fn an_instruction_expires_into_allow_all() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let mut instance = Instance::new(id(), Some(&message), at(0));
+        let routes = ["checkout".to_owned()];
+        instance.on_usage(at(100), &usage(&routes, 100, 0)).unwrap();
+        instance.on_instructions(at(200), instruction(0.5));
+        // Past the instruction's 3 s TTL with no new one, the next report finds it lapsed.
+        let later = instance
+            .on_usage(at(3_300), &usage(&routes, 50, 50))
+            .unwrap();
+        assert_eq!(told(&later), [("checkout".to_owned(), None)]);
+    }
+
+    #[test]
+    fn a_stream_holds_a_bounded_number_of_bucket_ids() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let mut instance = Instance::new(id(), Some(&message), at(0));
+        let routes: Vec<String> = (0..MAX_BUCKETS).map(|i| format!("r{i}")).collect();
+        instance.on_usage(at(100), &usage(&routes, 1, 0)).unwrap();
+        assert_eq!(instance.buckets(), MAX_BUCKETS);
+        let one_more = instance.on_usage(at(200), &usage(&["new".to_owned()], 1, 0));
+        assert_eq!(one_more, Err(BadUsage::TooManyBuckets));
+        assert_eq!(instance.buckets(), MAX_BUCKETS);
+    }
+
+    #[test]
+    fn token_buckets_are_in_whole_seconds() {
+        assert_eq!(
+            Action::tokens(50.4),
+            Action::Tokens {
+                per_fill: 50,
+                fill_secs: 1
+            }
+        );
+        assert_eq!(
+            Action::tokens(0.25),
+            Action::Tokens {
+                per_fill: 1,
+                fill_secs: 4
+            }
+        );
+        assert_eq!(
+            Action::tokens(0.001),
+            Action::Tokens {
+                per_fill: 1,
+                fill_secs: 60
+            }
+        );
+        assert_eq!(Action::tokens(0.0), Action::Deny);
+        assert_eq!(Action::tokens(f64::NAN), Action::Deny);
+        let per_hour = Limit::parse("1000/h").unwrap();
+        assert_eq!(
+            Action::of_limit(per_hour),
+            Action::Tokens {
+                per_fill: 1000,
+                fill_secs: 3600
+            }
+        );
+        let per_100ms = Limit::parse("5 per 100ms").unwrap();
+        assert_eq!(
+            Action::of_limit(per_100ms),
+            Action::Tokens {
+                per_fill: 50,
+                fill_secs: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! The gRPC side: the tonic service and its listener, in plaintext (h2c, for an Envoy on the
+//! same host) or mutual TLS with the process's certificate files.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use spillway_client::Client;
+use spillway_tls::server::{Acceptor, ClientAuth, OnReject, PeerInfo, incoming};
+use spillway_tls::{SanPolicy, TlsSource};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::Server;
+use tonic::transport::server::Router;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use crate::decide::{BadRequest, RlsOptions, decide};
+use crate::pb;
+use crate::rlqs::Rlqs;
+
+/// `RateLimitService` answered from `client`, the engine the process decides everything else
+/// with (the sidecar's own, whose rules reload and follow the control plane).
+#[derive(Clone)]
+pub struct Rls {
+    client: Arc<Client>,
+    options: RlsOptions,
+    allow: SanPolicy,
+}
+
+impl Rls {
+    pub fn new(client: Arc<Client>, options: RlsOptions) -> Self {
+        Self {
+            client,
+            options,
+            allow: SanPolicy::default(),
+        }
+    }
+
+    /// Answers only clients whose certificate has a URI SAN that `allow` matches (Envoy's mesh
+    /// identities, `--allow-client-san`, SPEC §7); others get `PERMISSION_DENIED`. Needs mutual
+    /// TLS: without a client certificate every call is refused. An empty policy admits every
+    /// client the listener admits.
+    pub fn with_allowed_sans(mut self, allow: SanPolicy) -> Self {
+        self.allow = allow;
+        self
+    }
+
+    /// Why the peer of `request` may not call, if it may not.
+    fn refusal<T>(&self, request: &Request<T>) -> Option<Status> {
+        refusal(&self.allow, request, "RLS call")
+    }
+}
+
+/// Why the peer of `request` may not call under `allow` (`--allow-client-san`), if it may not.
+/// `what` names the call in the debug line: Envoy calls once per request, so a warning per
+/// refusal would flood the log; Envoy counts the failed calls itself.
+pub(crate) fn refusal<T>(allow: &SanPolicy, request: &Request<T>, what: &str) -> Option<Status> {
+    if allow.is_empty() {
+        return None;
+    }
+    let Some(peer) = request.extensions().get::<PeerInfo>() else {
+        return Some(Status::permission_denied(
+            "this listener admits clients by certificate (--allow-client-san), and the connection has none",
+        ));
+    };
+    if peer.allowed_by(allow) {
+        return None;
+    }
+    let sans = if peer.uris.is_empty() {
+        "none".to_owned()
+    } else {
+        peer.uris.join(", ")
+    };
+    tracing::debug!(peer = %peer.name(), "{what} refused: no URI SAN matches --allow-client-san");
+    Some(Status::permission_denied(format!(
+        "the client certificate's URI SANs ({sans}) match no --allow-client-san pattern"
+    )))
+}
+
+impl From<BadRequest> for Status {
+    fn from(err: BadRequest) -> Self {
+        Status::invalid_argument(err.to_string())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<pb::RateLimitRequest>,
+    ) -> Result<Response<pb::RateLimitResponse>, Status> {
+        if let Some(refusal) = self.refusal(&request) {
+            return Err(refusal);
+        }
+        let request = request.into_inner();
+        match decide(&self.client, &request, &self.options).await {
+            Ok(response) => Ok(Response::new(response)),
+            Err(err) => {
+                tracing::debug!(domain = %request.domain, "ShouldRateLimit refused: {err}");
+                Err(err.into())
+            }
+        }
+    }
+}
+
+/// How long the answers in flight get at shutdown before the server is aborted.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A running RLS listener; dropping it stops the server too.
+pub struct RlsServer {
+    stop: oneshot::Sender<()>,
+    /// Ends the open streams (RLQS), which a graceful stop would otherwise wait for.
+    streams: Option<watch::Sender<bool>>,
+    task: JoinHandle<()>,
+}
+
+impl RlsServer {
+    /// Stops accepting, lets the calls in flight finish (5 s at most) and returns.
+    pub async fn shutdown(self) {
+        if let Some(streams) = &self.streams {
+            let _ = streams.send(true);
+        }
+        let _ = self.stop.send(());
+        let mut task = self.task;
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Serves `rls` on `listener` until [`RlsServer::shutdown`]. With `tls`, every connection first
+/// completes a mutual-TLS handshake against the certificate files' CA (a failed one is logged);
+/// without it, h2c. Nagle is off: a decision is one small frame each way.
+pub fn serve(listener: TcpListener, rls: Rls, tls: Option<Arc<TlsSource>>) -> RlsServer {
+    let router = Server::builder().add_service(pb::RateLimitServiceServer::new(rls));
+    run(listener, router, tls, "RLS", None)
+}
+
+/// Serves `rlqs` on `listener` as [`serve`] serves RLS; at [`RlsServer::shutdown`] every open
+/// stream ends first (each Envoy reconnects to another aggregator or lets its assignments lapse).
+pub fn serve_rlqs(listener: TcpListener, rlqs: Rlqs, tls: Option<Arc<TlsSource>>) -> RlsServer {
+    let streams = rlqs.stopper();
+    let router = Server::builder().add_service(
+        crate::rlqs::pb::RateLimitQuotaServiceServer::new(rlqs)
+            .max_decoding_message_size(crate::rlqs::MAX_MESSAGE_BYTES),
+    );
+    run(listener, router, tls, "RLQS", Some(streams))
+}
+
+fn run(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<TlsSource>>,
+    what: &'static str,
+    streams: Option<watch::Sender<bool>>,
+) -> RlsServer {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let task = tokio::spawn(async move {
+        let result = match tls {
+            None => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+            Some(source) => {
+                let acceptor = Acceptor::new(source, ClientAuth::Required, &[b"h2"]);
+                let on_reject: OnReject = Arc::new(move |rejected| {
+                    tracing::warn!(
+                        peer = %rejected.remote,
+                        "{what} TLS handshake failed: {}",
+                        rejected.error
+                    );
+                });
+                let incoming = incoming(listener, acceptor, on_reject);
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        };
+        if let Err(err) = result {
+            tracing::error!("{what} server failed: {err}");
+        }
+    });
+    RlsServer {
+        stop,
+        streams,
+        task,
+    }
+}

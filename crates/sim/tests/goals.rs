@@ -1,0 +1,121 @@
+//! The accuracy the shared cores reach on the simulator's scenarios (issue 20), as invariants
+//! over several seeds: each bound sits above the scenario's own noise band (`Metrics::noise`),
+//! and each names the figure it was measured at with `cargo run -p spillway-sim --example seeds
+//! -- SCENARIO 1 8` (docs/simulation.md).
+
+use spillway_sim::{Algorithm, RunResult, Scenario, run};
+
+/// Runs `name` for `seeds`, two at a time.
+fn runs(
+    name: &str,
+    duration_s: Option<f64>,
+    algorithm: Algorithm,
+    seeds: &[u64],
+) -> Vec<RunResult> {
+    let scenario = Scenario::named(name, duration_s).unwrap();
+    seeds
+        .chunks(2)
+        .flat_map(|pair| {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = pair
+                    .iter()
+                    .map(|&seed| {
+                        let scenario = &scenario;
+                        s.spawn(move || run(scenario, algorithm, seed, &|_| {}).unwrap())
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn the_end_of_a_surge_costs_a_tenth_of_the_wrongful_drops_and_keeps_its_enforcement() {
+    // The hosts hold the rate they were granted once their load falls, where the ratio alone
+    // kept dropping 93% of a load under the limit for a second: 21,000-29,000 wrongful drops
+    // per run of seeds 1-8 before, 1,787-1,989 after (80 s runs).
+    for r in runs("surge-15x", Some(40.0), Algorithm::DropRatio, &[1, 2, 3]) {
+        let m = r.metrics;
+        eprintln!("seed {}: {m:?}", r.seed);
+        assert!(m.wrongful_drops <= 2_100, "seed {}: {m:?}", r.seed);
+        assert!(
+            m.enforcement_delay_s.unwrap() <= 0.2,
+            "seed {}: {m:?}",
+            r.seed
+        );
+    }
+}
+
+#[test]
+fn a_one_and_a_half_times_overload_overshoots_at_most_five_percent() {
+    // 2.3-4.6% over seeds 1-8 (15-16% on some seeds before a silent host's or zone's last counts
+    // stood in for its missing report); a 1 s window's own noise at the limit is 3%.
+    for r in runs(
+        "overload-1.5x",
+        None,
+        Algorithm::DropRatio,
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+    ) {
+        let m = r.metrics;
+        assert!(m.peak_overshoot.unwrap() <= 0.05, "seed {}: {m:?}", r.seed);
+        assert!(
+            m.enforcement_delay_s.unwrap() <= 1.1 + 1e-9,
+            "seed {}: {m:?}",
+            r.seed
+        );
+        assert!(m.steady_error.unwrap() <= 0.01, "seed {}: {m:?}", r.seed);
+    }
+}
+
+#[test]
+fn small_callers_get_equal_shares_from_the_drop_schedule() {
+    // Jain's index among 2,000 callers of about 0.75 requests/s: 0.998-0.999 over seeds 1-8
+    // (one seed here, each run holds 2,000 hosts)
+    // with the drop schedule, 0.973-0.979 with independent coins, which the simulator prints
+    // as the coins' own band (`Noise::coin_jain`).
+    for r in runs("many-callers", Some(60.0), Algorithm::DropRatio, &[1]) {
+        let m = r.metrics;
+        assert!(m.jain.unwrap() >= 0.99, "seed {}: {m:?}", r.seed);
+        assert!(
+            m.jain.unwrap() > m.noise.coin_jain.unwrap() + 0.01,
+            "seed {}: {m:?}",
+            r.seed
+        );
+    }
+    for r in runs("many-callers", Some(60.0), Algorithm::DropRatioCoin, &[1]) {
+        let m = r.metrics;
+        assert!(m.jain.unwrap() < 0.99, "the coin: {m:?}");
+    }
+}
+
+#[test]
+fn under_overload_the_sheddable_tier_absorbs_the_drops_and_critical_traffic_is_untouched() {
+    // SPEC §10: 1.5x the limit, 40% of it sheddable (half the hosts send 80%, the other half
+    // none, so the split must come from the whole scope's load). The third to drop is about 5/6
+    // of the sheddable traffic (the hosts' random weights move the fleet's sheddable share):
+    // seeds 1-8 drop 0.0% of critical requests and 78.5-87.0% of sheddable ones, 33.3-33.5% in
+    // all (`spillway sim --scenario criticality --seed N`).
+    for r in runs("criticality", None, Algorithm::DropRatio, &[1, 2, 3, 4]) {
+        let m = r.metrics;
+        eprintln!("seed {}: {m:?}", r.seed);
+        let tiers = m.tier_drops.expect("the scenario mixes tiers");
+        assert!(tiers.critical < 0.01, "seed {}: {tiers:?}", r.seed);
+        assert!(
+            (0.75..0.9).contains(&tiers.sheddable),
+            "seed {}: {tiers:?}",
+            r.seed
+        );
+        // The total is the limit's, as without tiers.
+        assert!(m.steady_error.unwrap() < 0.02, "seed {}: {m:?}", r.seed);
+    }
+    // An adaptive token bucket has no tiers: it drops critical requests as often as sheddable
+    // ones, which is what the split saves.
+    for r in runs("criticality", None, Algorithm::AdaptiveTokenBucket, &[1]) {
+        let tiers = r.metrics.tier_drops.unwrap();
+        assert!(tiers.critical > 0.2, "{tiers:?}");
+    }
+}
