@@ -791,7 +791,7 @@ fn a_prometheus_without_the_series_or_refusing_the_query_is_a_clear_error() {
     let err = stderr(&empty);
     assert_eq!(empty.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("(query sum by (service, bucket) (rate(spillway_requests_total[1m]))) returned no series over the lookback"),
+        err.contains("(query sum by (service, bucket) (rate(spillway_requests_total{decision!=\"candidate_dropped\"}[1m]))) returned no series over the lookback"),
         "{err}"
     );
     assert!(refused.stdout.is_empty() && empty.stdout.is_empty());

@@ -2,7 +2,9 @@
 //! load writes its controller's history into its SQLite store at a resolution of a second, and
 //! `spillway configure plan --source builtin:` proposes from it; `spillway configure apply`
 //! rolls a new bucket out in shadow through the rules API as a service user, holds it while it
-//! would drop traffic, retunes it, promotes it, and the proxy enforces it. Bad input is refused.
+//! would drop traffic, retunes it, promotes it, and the proxy enforces it; a changed limit of
+//! that bucket is tried as a candidate, held, retuned and promoted in one change. Bad input is
+//! refused.
 
 mod support;
 
@@ -272,6 +274,54 @@ fn apply_creates_in_shadow_holds_what_would_drop_and_promotes_what_fits_and_the_
     );
     // Nothing left to do: a promoted bucket is no longer the configurator's to validate.
     let out = apply("40/s", true);
+    assert!(out.contains("0 steps; 0 held"), "{out}");
+
+    // A changed limit of the bucket in force is a candidate on its rule: 40/s stays in force
+    // while the proxy tries 10/s beside it and counts what it would have dropped.
+    let load = Load::on_path(up.listen, 20.0, "/x");
+    let out = apply("10/s", false);
+    assert!(
+        out.contains("candidate  api      guard   10/s   a candidate beside 40/s"),
+        "{out}"
+    );
+    let tried = rule(up.rules, &token, "guard").unwrap();
+    assert_eq!(
+        (tried["limit"].as_str(), tried["mode"].as_str()),
+        (Some("40/s"), Some("enforce"))
+    );
+    assert_eq!(tried["candidate"]["limit"], "10/s", "{tried}");
+    wait_for(
+        Duration::from_secs(10),
+        "the proxy counts what api/guard's candidate would have dropped",
+        || guard(up.admin, "candidate_dropped") > 10.0,
+    );
+    // The surge's drop ratio may still have been in force for the first requests; from here
+    // on nothing is dropped, since 20/s is within every limit in force.
+    let dropped = load.counts().1;
+    let out = decided("10/s");
+    assert!(
+        out.contains("held as a candidate: would have dropped"),
+        "{out}"
+    );
+    assert_eq!(
+        rule(up.rules, &token, "guard").unwrap()["limit"],
+        "40/s",
+        "a held candidate leaves the limit in force"
+    );
+    // It moves to what fits, and is promoted in one change: the candidate becomes the limit.
+    let out = apply("30/s", true);
+    assert!(out.contains("retune") && out.contains("30/s"), "{out}");
+    let out = decided("30/s");
+    assert!(out.contains("promoted: 30/s replaces 40/s"), "{out}");
+    let promoted = rule(up.rules, &token, "guard").unwrap();
+    assert_eq!(promoted["limit"], "30/s");
+    assert!(promoted["candidate"].is_null(), "{promoted}");
+    assert_eq!(
+        load.counts().1,
+        dropped,
+        "the candidates dropped nothing; the limits in force did not drop 20/s"
+    );
+    let out = apply("30/s", true);
     assert!(out.contains("0 steps; 0 held"), "{out}");
 }
 

@@ -59,6 +59,8 @@ pub struct CompiledBucket {
     service: Arc<str>,
     bucket: Bucket,
     mode: Mode,
+    /// A candidate's twin (SPEC §9): counted, but never part of the request's decision.
+    trial: bool,
     cost: CompiledCost,
     /// The limit as the algorithms read it.
     pub(crate) rate: Rate,
@@ -124,7 +126,8 @@ impl CompiledBucket {
         self.bucket.on_store_failure
     }
 
-    /// Counts `verdict` of a request of `tier` and turns it into this bucket's decision.
+    /// Counts `verdict` of a request of `tier` and turns it into this bucket's decision (always
+    /// `Allow` for a candidate's twin, whose drops are only counted).
     pub(crate) fn record_tier(
         &self,
         id: BucketId,
@@ -133,6 +136,9 @@ impl CompiledBucket {
     ) -> Decision {
         self.counters
             .record_tier(tier, Outcome::of(verdict, self.mode), 1);
+        if self.trial {
+            return Decision::Allow;
+        }
         verdict.into_decision(id, self.mode)
     }
 
@@ -271,6 +277,7 @@ impl Rules {
                     service: service_name.clone(),
                     bucket: bucket.clone(),
                     mode: bucket.mode,
+                    trial: bucket.is_candidate(),
                     cost: match &bucket.cost {
                         Cost::Fixed(n) => CompiledCost::Fixed(n.get()),
                         Cost::Header(h) => match HeaderName::from_bytes(h.header.as_bytes()) {

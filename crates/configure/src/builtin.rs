@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use spillway_rules::Store;
 use spillway_rules::store::history::HistoryTotals;
 
-use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Window};
+use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Trial, Window};
 
 /// The rules store's history; see the module's documentation.
 pub struct BuiltinSource {
@@ -178,11 +178,16 @@ impl HistorySource for BuiltinSource {
         &mut self,
         service: &str,
         bucket: &str,
+        trial: Trial,
         from_ms: i64,
         until_ms: i64,
     ) -> Result<Option<(f64, f64)>, SourceError> {
         let totals = self.totals(service, bucket, from_ms, until_ms)?;
-        Ok(Some((totals.offered as f64, totals.shadow_dropped as f64)))
+        let would_drop = match trial {
+            Trial::Shadow => totals.shadow_dropped,
+            Trial::Candidate => totals.candidate_dropped,
+        };
+        Ok(Some((totals.offered as f64, would_drop as f64)))
     }
 
     fn written_until(&mut self) -> Result<Option<i64>, SourceError> {

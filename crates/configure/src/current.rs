@@ -39,6 +39,7 @@ impl CurrentLimits {
     pub fn from_config(config: &Config) -> Self {
         let buckets = config
             .buckets()
+            .filter(|(_, bucket)| !bucket.is_candidate())
             .map(|(service, bucket)| CurrentBucket {
                 service: service.name.clone(),
                 bucket: bucket.name.clone(),

@@ -39,5 +39,5 @@ pub use current::{CurrentBucket, CurrentLimits};
 pub use history::History;
 pub use plan::{Action, Evidence, Plan, PlanError, Proposal, plan};
 pub use policy::{Policy, PolicyKind};
-pub use series::{HistorySource, Point, SeriesKey, SourceError, Target, Window};
+pub use series::{HistorySource, Point, SeriesKey, SourceError, Target, Trial, Window};
 pub use settings::{Headroom, Params, PolicyFile, QuotaFile, Settings};

@@ -17,10 +17,13 @@ use serde::Deserialize;
 use ureq::Agent;
 use ureq::tls::{RootCerts, TlsConfig, TlsProvider};
 
-use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Target, Window};
+use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Target, Trial, Window};
 
 /// SPEC §9's default: offered load per bucket (every decision summed).
 pub const DEFAULT_METRIC: &str = "spillway_requests_total";
+/// Every decision but `candidate_dropped`, which counts again requests that were decided
+/// (SPEC §9): what was offered.
+pub const OFFERED: &str = "decision!=\"candidate_dropped\"";
 
 /// Prometheus refuses a range query of more than 11,000 points per series.
 const MAX_POINTS: i64 = 11_000;
@@ -34,7 +37,7 @@ const MAX_BODY: u64 = 256 * 1024 * 1024;
 /// What is asked of Prometheus.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Query {
-    /// `sum by (service, bucket) (rate(spillway_requests_total[1m]))`.
+    /// `sum by (service, bucket) (rate(spillway_requests_total{decision!="candidate_dropped"}[1m]))`.
     Default,
     /// A PromQL expression whose series carry `service` and `bucket`, or `service`, `caller`
     /// and `procedure`.
@@ -45,7 +48,9 @@ impl Query {
     /// The expression as a user would write it.
     pub fn text(&self) -> String {
         match self {
-            Query::Default => format!("sum by (service, bucket) (rate({DEFAULT_METRIC}[1m]))"),
+            Query::Default => {
+                format!("sum by (service, bucket) (rate({DEFAULT_METRIC}{{{OFFERED}}}[1m]))")
+            }
             Query::Custom(q) => q.clone(),
         }
     }
@@ -149,7 +154,7 @@ impl PrometheusSource {
     /// The expression whose series are the ones to plan, before any aggregation.
     fn base_expression(&self) -> String {
         match &self.query {
-            Query::Default => DEFAULT_METRIC.to_owned(),
+            Query::Default => format!("{DEFAULT_METRIC}{{{OFFERED}}}"),
             Query::Custom(q) => format!("({q})"),
         }
     }
@@ -188,6 +193,7 @@ impl PrometheusSource {
                 let matchers: Vec<String> = labels
                     .iter()
                     .map(|(n, v)| format!("{n}=\"{}\"", escape(v)))
+                    .chain([OFFERED.to_owned()])
                     .collect();
                 format!(
                     "sum by ({by}) (rate({DEFAULT_METRIC}{{{}}}[1m]))",
@@ -294,11 +300,13 @@ impl HistorySource for PrometheusSource {
     }
 
     /// From Spillway's own counter whatever the query: `increase` over the window of every
-    /// decision (offered) and of `shadow_dropped`, at the window's end.
+    /// decision but `candidate_dropped` (offered) and of `shadow_dropped` or
+    /// `candidate_dropped`, at the window's end.
     fn seen(
         &mut self,
         service: &str,
         bucket: &str,
+        trial: Trial,
         from_ms: i64,
         until_ms: i64,
     ) -> Result<Option<(f64, f64)>, SourceError> {
@@ -321,9 +329,12 @@ impl HistorySource for PrometheusSource {
                 .filter(|v| v.is_finite())
                 .sum())
         };
-        let offered = total("")?;
-        let shadow = total(",decision=\"shadow_dropped\"")?;
-        Ok(Some((offered, shadow)))
+        let offered = total(&format!(",{OFFERED}"))?;
+        let would_drop = total(match trial {
+            Trial::Shadow => ",decision=\"shadow_dropped\"",
+            Trial::Candidate => ",decision=\"candidate_dropped\"",
+        })?;
+        Ok(Some((offered, would_drop)))
     }
 }
 
@@ -380,7 +391,7 @@ mod tests {
         let default = source(Query::Default);
         assert_eq!(
             default.series_expression(&SeriesKey::bucket("api", "a\"b")),
-            "sum by (service, bucket) (rate(spillway_requests_total{service=\"api\",bucket=\"a\\\"b\"}[1m]))"
+            "sum by (service, bucket) (rate(spillway_requests_total{service=\"api\",bucket=\"a\\\"b\",decision!=\"candidate_dropped\"}[1m]))"
         );
         let custom = source(Query::Custom(
             "sum by (service, caller, procedure) (rate(x[1m]))".into(),

@@ -10,28 +10,40 @@
 //! shadow) and a new window. The configurator's buckets are those whose rules its own user
 //! created; an operator's shadow bucket is never promoted by it.
 //!
+//! A changed limit of a bucket in force is set as the rule's `candidate` (`{limit, since}`): the
+//! proxies try it in shadow beside the limit in force and count `candidate_dropped`, and its
+//! window starts at `since`. It is validated the same way and, once it passes, promoted in one
+//! rules change (the candidate becomes the limit); a candidate whose proposal moves is retuned
+//! with a new `since`, and one whose bucket's proposal is to keep the limit in force is
+//! withdrawn. Every candidate is the configurator's to validate, whoever set it.
+//!
 //! Worked example: `--validate-for 24h --max-virtual-drop 0.001`, a shadow bucket created at
 //! 10:00 that saw 1,000,000 requests by 10:00 the next day and would have dropped 800 of them
 //! (0.08%): promoted. Had it dropped 2,000 (0.2%): held, "would have dropped 0.20% of 1000000
 //! requests (at most 0.10%)".
 
 use crate::plan::{Action, Proposal};
+pub use crate::series::Trial;
 
 /// The start of a window that is not counted: the change is still on its way to the proxies
 /// (the store's notification, the controller's next interval), and the slot of history the
 /// change fell in holds counts of the limit before it. Half the window when that is shorter.
 pub const SETTLE_MS: i64 = 3000;
 
-/// One of the configurator's buckets still in shadow, as the rules service has it.
+/// A limit on trial in shadow, as the rules service has it: one of the configurator's buckets
+/// still in shadow, or a bucket's `candidate`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShadowRule {
     pub id: String,
     pub version: i64,
     pub service: String,
     pub bucket: String,
+    /// The limit on trial: the shadow bucket's, or the candidate's.
     pub limit_rps: f64,
-    /// When its rule last changed, Unix milliseconds: the start of its window.
+    /// When the trial began, Unix milliseconds: the start of its window (a shadow bucket's
+    /// rule's last change, a candidate's `since`).
     pub since_ms: i64,
+    pub trial: Trial,
 }
 
 /// What a validation window saw of a shadow bucket: offered requests and those it would have
@@ -61,8 +73,16 @@ pub enum Step {
         limit_rps: f64,
         pair: Option<(String, String)>,
     },
-    /// A shadow bucket of the configurator's gets its new proposal, and a new window.
+    /// A bucket in force gets its proposal as a `candidate`, tried in shadow from now.
+    Candidate {
+        service: String,
+        bucket: String,
+        limit_rps: f64,
+    },
+    /// A limit on trial gets its new proposal, and a new window.
     Retune { rule: ShadowRule, limit_rps: f64 },
+    /// A candidate whose bucket's proposal is the limit in force again is taken off its rule.
+    Withdraw { rule: ShadowRule },
     /// A shadow bucket still in its window.
     Validating { rule: ShadowRule, left_ms: i64 },
     /// A shadow bucket whose window is over and that stayed under the bound.
@@ -71,7 +91,7 @@ pub enum Step {
     Due { rule: ShadowRule, share: f64 },
     /// A shadow bucket whose window is over but that may not be promoted, and why.
     Hold { rule: ShadowRule, reason: String },
-    /// A proposal for a bucket in force that `apply` does not carry out, and why.
+    /// A proposal that `apply` does not carry out, and why.
     Skip {
         service: String,
         bucket: String,
@@ -84,7 +104,9 @@ impl Step {
     pub fn action(&self) -> &'static str {
         match self {
             Step::Create { .. } => "create",
+            Step::Candidate { .. } => "candidate",
             Step::Retune { .. } => "retune",
+            Step::Withdraw { .. } => "withdraw",
             Step::Validating { .. } => "validating",
             Step::Promote { .. } => "promote",
             Step::Due { .. } => "due",
@@ -122,12 +144,10 @@ pub fn steps(
                 limit_rps,
                 pair: p.caller.clone().zip(p.procedure.clone()),
             }),
-            (Action::Update, Some(_)) => out.push(Step::Skip {
+            (Action::Update, Some(limit_rps)) => out.push(Step::Candidate {
                 service: p.service.clone(),
                 bucket: p.bucket.clone(),
-                reason: "a changed limit of a bucket in force runs as a candidate on its rule \
-                         first, which is not there yet: not applied"
-                    .to_owned(),
+                limit_rps,
             }),
             _ => {}
         }
@@ -136,6 +156,10 @@ pub fn steps(
         let proposal = proposals
             .iter()
             .find(|p| p.service == rule.service && p.bucket == rule.bucket);
+        if rule.trial == Trial::Candidate && proposal.is_some_and(|p| p.action == Action::Keep) {
+            out.push(Step::Withdraw { rule: rule.clone() });
+            continue;
+        }
         if let Some(limit_rps) = proposal
             .filter(|p| p.action == Action::Update)
             .and_then(|p| p.proposed_limit_rps)
@@ -239,6 +263,14 @@ mod tests {
             bucket: bucket.into(),
             limit_rps: limit,
             since_ms,
+            trial: Trial::Shadow,
+        }
+    }
+
+    fn candidate(bucket: &str, limit: f64, since_ms: i64) -> ShadowRule {
+        ShadowRule {
+            trial: Trial::Candidate,
+            ..shadow(bucket, limit, since_ms)
         }
     }
 
@@ -270,7 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn new_buckets_are_created_in_shadow_and_changes_in_force_are_skipped_with_the_reason() {
+    fn new_buckets_are_created_in_shadow_and_changes_in_force_become_candidates() {
         let proposals = [
             proposal("new", Action::Create, Some(5.0)),
             proposal("nothing", Action::Create, None),
@@ -283,8 +315,45 @@ mod tests {
             matches!(&steps[0], Step::Create { bucket, limit_rps, .. } if bucket == "new" && *limit_rps == 5.0)
         );
         assert!(
-            matches!(&steps[1], Step::Skip { bucket, reason, .. } if bucket == "in-force" && reason.contains("candidate"))
+            matches!(&steps[1], Step::Candidate { bucket, limit_rps, .. } if bucket == "in-force" && *limit_rps == 7.0)
         );
+    }
+
+    #[test]
+    fn a_candidate_validates_on_its_own_drops_and_is_promoted_retuned_or_withdrawn() {
+        let rules = [candidate("a", 8.0, 1_000)];
+        let mut asked = Vec::new();
+        let promoted = steps(&[], &rules, SETTINGS, 86_401_000, None, |rule, _, _| {
+            asked.push(rule.trial);
+            Some(Seen {
+                offered: 1_000_000.0,
+                would_drop: 500.0,
+            })
+        });
+        assert_eq!(asked, vec![Trial::Candidate]);
+        assert!(
+            matches!(&promoted[0], Step::Promote { rule, .. } if rule.trial == Trial::Candidate)
+        );
+        let held = steps(&[], &rules, SETTINGS, 86_401_000, None, |_, _, _| {
+            Some(Seen {
+                offered: 1_000_000.0,
+                would_drop: 5000.0,
+            })
+        });
+        assert!(matches!(&held[0], Step::Hold { .. }));
+        // Its proposal moved: the candidate gets it and a new window; nothing else is set.
+        let moved = [proposal("a", Action::Update, Some(6.0))];
+        let retuned = steps(&moved, &rules, SETTINGS, 5_000, None, |_, _, _| None);
+        assert_eq!(retuned.len(), 1, "{retuned:?}");
+        assert!(matches!(&retuned[0], Step::Retune { limit_rps, .. } if *limit_rps == 6.0));
+        // The limit in force is right again: the candidate goes.
+        let kept = [proposal("a", Action::Keep, Some(10.0))];
+        let withdrawn = steps(&kept, &rules, SETTINGS, 5_000, None, |_, _, _| None);
+        assert!(matches!(&withdrawn[..], [Step::Withdraw { rule }] if rule.bucket == "a"));
+        // A shadow bucket whose proposal is kept goes on validating.
+        let shadows = [shadow("a", 8.0, 1_000)];
+        let validating = steps(&kept, &shadows, SETTINGS, 5_000, None, |_, _, _| None);
+        assert!(matches!(&validating[..], [Step::Validating { .. }]));
     }
 
     #[test]

@@ -155,6 +155,14 @@ pub enum SourceError {
     Usage(String),
 }
 
+/// The limit a validation window tries: a shadow bucket's own, or an enforcing bucket's
+/// `candidate` (SPEC §9), whose virtual drops are counted as `candidate_dropped`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trial {
+    Shadow,
+    Candidate,
+}
+
 /// A source of history: one series at a time, each whole and in time order, so a planner holds
 /// one series however many there are.
 ///
@@ -174,12 +182,13 @@ pub trait HistorySource {
     fn describe(&self) -> String;
 
     /// What a bucket's requests were over `[from_ms, until_ms)`: (offered, would have been
-    /// dropped by a shadow limit), for a shadow bucket's validation; `None` when the source
+    /// dropped by the limit on `trial`), for a validation window; `None` when the source
     /// cannot say.
     fn seen(
         &mut self,
         _service: &str,
         _bucket: &str,
+        _trial: Trial,
         _from_ms: i64,
         _until_ms: i64,
     ) -> Result<Option<(f64, f64)>, SourceError> {

@@ -22,6 +22,7 @@ fn row(bucket: &str, offered: u64, shadow: u64) -> HistoryRow {
         offered,
         admitted: offered - shadow,
         shadow_dropped: shadow,
+        candidate_dropped: 0,
     }
 }
 

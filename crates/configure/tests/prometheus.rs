@@ -18,7 +18,7 @@ use spillway_configure::plan::Clamp;
 use spillway_configure::prometheus::{PrometheusSource, Query};
 use spillway_configure::{
     Action, CurrentBucket, CurrentLimits, HistorySource, Params, PlanError, Point, PolicyKind,
-    SeriesKey, Settings, SourceError, Window,
+    SeriesKey, Settings, SourceError, Trial, Window,
 };
 
 const MINUTE: i64 = 60;
@@ -161,8 +161,10 @@ fn truth_of(name: &str) -> Truth {
 
 /// Writes the OpenMetrics text: counters sampled every 30 s, each minute's increase that
 /// minute's rate times 60, so `rate(...[1m])` at the end of a minute is that minute's rate.
-/// The seasonal bucket is split over three decisions (a tenth of it shadow-dropped) and the pair
-/// over two hosts, so the queries' sums are exercised.
+/// The seasonal bucket is split over three decisions (a tenth of it shadow-dropped), with a
+/// candidate that would have dropped 4% of it counted again as `candidate_dropped`, and the pair
+/// over two hosts, so the queries' sums are exercised: a query that counted the candidate's
+/// drops as offered load would propose limits 4% higher than the test's own.
 fn write_openmetrics(
     path: &Path,
     window: Window,
@@ -181,6 +183,7 @@ fn write_openmetrics(
                     (r#",decision="allowed""#, 0.65),
                     (r#",decision="dropped""#, 0.25),
                     (r#",decision="shadow_dropped""#, 0.10),
+                    (r#",decision="candidate_dropped""#, 0.04),
                 ],
                 "pair" => &[(r#",instance="h1""#, 0.5), (r#",instance="h2""#, 0.5)],
                 _ => &[(r#",decision="allowed""#, 1.0)],
@@ -687,8 +690,9 @@ fn a_lookback_mostly_before_the_history_keeps_with_the_reason(f: &Fixture) {
     );
 }
 
-/// What `apply` asks of a shadow bucket's window: its offered requests (every decision) and the
-/// tenth of them shadow-dropped, against the sum of the written rates.
+/// What `apply` asks of a shadow bucket's window and of a candidate's: its offered requests
+/// (every decision but `candidate_dropped`), the tenth of them shadow-dropped and the 4% its
+/// candidate would have dropped, against the sum of the written rates.
 fn a_validation_window_counts_offered_and_shadow_dropped_requests(f: &Fixture) {
     let mut source =
         PrometheusSource::new(&f.url, Query::Default, Duration::from_secs(7 * 86_400)).unwrap();
@@ -700,7 +704,7 @@ fn a_validation_window_counts_offered_and_shadow_dropped_requests(f: &Fixture) {
     let last = ((until - f.window.start) / MINUTE) as usize;
     let expected: f64 = rates[first..last].iter().map(|r| r * 60.0).sum();
     let (offered, shadow) = source
-        .seen("api", "seasonal", from * 1000, until * 1000)
+        .seen("api", "seasonal", Trial::Shadow, from * 1000, until * 1000)
         .unwrap()
         .expect("Prometheus says");
     assert!(
@@ -712,8 +716,24 @@ fn a_validation_window_counts_offered_and_shadow_dropped_requests(f: &Fixture) {
         "shadow {shadow} vs {}",
         0.1 * expected
     );
+    let (offered_too, candidate) = source
+        .seen(
+            "api",
+            "seasonal",
+            Trial::Candidate,
+            from * 1000,
+            until * 1000,
+        )
+        .unwrap()
+        .expect("Prometheus says");
+    assert_eq!(offered_too, offered);
+    assert!(
+        (candidate - 0.04 * expected).abs() < 0.01 * expected,
+        "candidate {candidate} vs {}",
+        0.04 * expected
+    );
     let (none, _) = source
-        .seen("api", "nothing", from * 1000, until * 1000)
+        .seen("api", "nothing", Trial::Shadow, from * 1000, until * 1000)
         .unwrap()
         .unwrap();
     assert_eq!(none, 0.0, "no series: no traffic");

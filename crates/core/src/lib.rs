@@ -22,3 +22,4 @@ pub mod matcher;
 pub mod pattern;
 pub mod request_id;
 pub mod surge;
+pub mod time;

@@ -207,3 +207,41 @@ fn a_concurrency_section_loads_with_its_defaults_and_is_off_when_absent() {
     }
     assert!(schema["properties"].get("concurrency").is_some());
 }
+
+#[test]
+fn a_candidate_is_a_shadow_twin_right_after_its_bucket_and_the_file_order_stays() {
+    let text = "version: 1
+services:
+  api:
+    buckets:
+      - { name: all, limit: 1000/s, burst: 50, algorithm: token-bucket, candidate: { limit: 800/s, since: 2026-12-03T07:00:00.250Z } }
+      - { name: plain, match: { procedure: /x }, limit: 10/s, algorithm: gcra }
+";
+    let config = config::load_bytes(text.as_bytes(), "c.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let api = config.service("api").unwrap();
+    let names: Vec<&str> = api.buckets.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["all", "all~candidate", "plain"]);
+    let (all, twin, plain) = (&api.buckets[0], &api.buckets[1], &api.buckets[2]);
+    let candidate = all.candidate.expect("the bucket keeps its candidate");
+    assert_eq!(candidate.limit.per_second(), 800.0);
+    assert_eq!(candidate.since_ms, 1_796_281_200_250);
+    assert_eq!((all.mode, all.limit.per_second()), (Mode::Enforce, 1000.0));
+    assert!(!all.is_candidate() && twin.is_candidate() && !plain.is_candidate());
+    assert_eq!(config::candidate_of(&twin.name), Some("all"));
+    assert_eq!((twin.mode, twin.limit.per_second()), (Mode::Shadow, 800.0));
+    assert_eq!(
+        twin.burst.map(|b| b.get()),
+        Some(50),
+        "a written burst is kept"
+    );
+    assert_eq!(twin.match_spec, all.match_spec);
+    assert_eq!(twin.candidate, None);
+    assert_eq!(plain.burst.map(|b| b.get()), Some(10));
+    // `spillway check`'s table names the twin by its bucket and counts buckets of the file.
+    let table = config::render_table(&config);
+    assert!(table.contains("all (candidate)"), "{table}");
+    assert!(
+        table.ends_with("2 buckets in 1 service, one with a candidate limit on trial\n"),
+        "{table}"
+    );
+}

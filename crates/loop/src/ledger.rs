@@ -1,5 +1,6 @@
 //! The traffic history a controller keeps for the configurator (SPEC §9's `builtin:` source): its
-//! own region's offered, admitted and shadow-dropped counts per bucket, summed from the zone
+//! own region's offered, admitted, shadow-dropped and candidate-dropped counts per bucket (a
+//! candidate's twin counts as its bucket's `candidate_dropped`, never as a bucket of its own), summed from the zone
 //! reports it already takes into slots of a resolution (`--history-resolution`), and handed out
 //! as a [`HistoryBatch`] once a slot is over, for a writer off the control loop to store.
 //!
@@ -15,6 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use spillway_core::config::candidate_of;
 use spillway_proto::v1;
 
 use crate::sums::BucketKey;
@@ -37,6 +39,8 @@ pub struct HistoryRow {
     pub offered: u64,
     pub admitted: u64,
     pub shadow_dropped: u64,
+    /// What the bucket's candidate limit would have dropped (SPEC §9).
+    pub candidate_dropped: u64,
 }
 
 /// One closed slot of a region: when it starts (Unix ms), how many seconds of it the region was
@@ -51,7 +55,8 @@ pub struct HistoryBatch {
 #[derive(Debug, Default)]
 struct Slot {
     width_ms: u64,
-    counts: HashMap<BucketKey, (u64, u64, u64)>,
+    /// Offered, admitted, shadow-dropped, candidate-dropped.
+    counts: HashMap<BucketKey, [u64; 4]>,
 }
 
 /// The slots of one region's history as reports fill them; see the module's documentation.
@@ -101,18 +106,26 @@ impl Ledger {
         let slot = self.slots.entry(slot_start).or_default();
         slot.width_ms = slot.width_ms.max(width);
         for b in &report.buckets {
-            let key = BucketKey::new(&b.service, &b.bucket);
+            let (key, add) = match candidate_of(&b.bucket) {
+                Some(parent) => (
+                    BucketKey::new(&b.service, parent),
+                    [0, 0, 0, b.shadow_dropped],
+                ),
+                None => (
+                    BucketKey::new(&b.service, &b.bucket),
+                    [b.offered, b.allowed, b.shadow_dropped, 0],
+                ),
+            };
             let full = slot.counts.len() >= MAX_BUCKETS;
             match slot.counts.get_mut(&key) {
                 Some(c) => {
-                    c.0 = c.0.saturating_add(b.offered);
-                    c.1 = c.1.saturating_add(b.allowed);
-                    c.2 = c.2.saturating_add(b.shadow_dropped);
+                    for (count, n) in c.iter_mut().zip(add) {
+                        *count = count.saturating_add(n);
+                    }
                 }
                 None if full => self.refused += 1,
                 None => {
-                    slot.counts
-                        .insert(key, (b.offered, b.allowed, b.shadow_dropped));
+                    slot.counts.insert(key, add);
                 }
             }
         }
@@ -149,13 +162,16 @@ fn batch_of(start_ms: u64, slot: Slot) -> HistoryBatch {
     let mut rows: Vec<HistoryRow> = slot
         .counts
         .into_iter()
-        .map(|(key, (offered, admitted, shadow_dropped))| HistoryRow {
-            service: key.service,
-            bucket: key.bucket,
-            offered,
-            admitted,
-            shadow_dropped,
-        })
+        .map(
+            |(key, [offered, admitted, shadow_dropped, candidate_dropped])| HistoryRow {
+                service: key.service,
+                bucket: key.bucket,
+                offered,
+                admitted,
+                shadow_dropped,
+                candidate_dropped,
+            },
+        )
         .collect();
     rows.sort_by(|a, b| (&a.service, &a.bucket).cmp(&(&b.service, &b.bucket)));
     HistoryBatch {
@@ -223,6 +239,35 @@ mod tests {
         );
         assert_eq!(batch.rows[1].offered, 4);
         assert!(ledger.take_closed(200_000).is_empty(), "handed out once");
+    }
+
+    #[test]
+    fn a_candidates_twin_is_its_buckets_candidate_dropped_and_no_row_of_its_own() {
+        let mut ledger = Ledger::new(Duration::from_secs(1));
+        for seq in 400..404 {
+            ledger.on_zone_report(
+                &report(
+                    seq,
+                    250,
+                    &[("all~candidate", 30, 24, 6), ("all", 30, 30, 0)],
+                ),
+                seq * 250 + 260,
+            );
+        }
+        let batches = ledger.take_closed(103_000);
+        let rows = &batches[0].rows;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let row = &rows[0];
+        assert_eq!(row.bucket, "all");
+        assert_eq!(
+            (
+                row.offered,
+                row.admitted,
+                row.shadow_dropped,
+                row.candidate_dropped
+            ),
+            (120, 120, 0, 24)
+        );
     }
 
     #[test]

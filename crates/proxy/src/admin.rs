@@ -133,6 +133,21 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     let subjects = Family::<Labels, Gauge>::default();
     let overflow = Family::<Labels, Counter>::default();
     for stats in client.stats() {
+        // A candidate's twin (SPEC §9) shows only as its bucket's `candidate_dropped`.
+        if let Some(parent) = spillway_core::config::candidate_of(&stats.bucket) {
+            for tier in Criticality::ALL {
+                let labels = vec![
+                    ("service", stats.service.clone()),
+                    ("bucket", parent.to_owned()),
+                    ("decision", "candidate_dropped".to_owned()),
+                    ("criticality", tier.name().to_owned()),
+                ];
+                requests
+                    .get_or_create(&labels)
+                    .inc_by(stats.counters.tier(tier).shadow_dropped);
+            }
+            continue;
+        }
         let bucket = || {
             vec![
                 ("service", stats.service.clone()),
@@ -169,7 +184,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     }
     registry.register(
         "spillway_requests",
-        "Requests decided per bucket and criticality tier: allowed, dropped, or shadow_dropped (virtual drops, forwarded)",
+        "Requests decided per bucket and criticality tier: allowed, dropped, shadow_dropped (virtual drops, forwarded), or candidate_dropped (those the bucket's candidate limit would have dropped, also counted by their own decision)",
         requests,
     );
     registry.register(

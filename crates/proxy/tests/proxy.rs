@@ -152,6 +152,36 @@ async fn a_shadow_bucket_forwards_everything_and_metrics_show_virtual_drops() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_is_tried_in_shadow_beside_the_limit_in_force() {
+    let upstream = Upstream::start().await;
+    let running = proxy(
+        &config(&[
+            "{ name: quota, limit: 5/h, algorithm: fixed-window, candidate: { limit: 2/h, since: 2026-12-03T07:00:00Z } }",
+        ]),
+        &upstream.url(),
+    )
+    .await;
+    // The limit in force decides: 5 of 8 pass, whatever the candidate says.
+    assert_eq!(statuses(running.proxy.addr(), "/", 8).await, (5, 3));
+    assert_eq!(upstream.seen(), 5);
+    let drop = get(running.proxy.addr(), "/", &[]).await;
+    assert_eq!(drop.header("x-spillway-bucket"), Some("quota"));
+    let metrics = admin(&running, "/metrics").await.body;
+    // The candidate saw all nine and would have dropped all but two; it is the bucket's
+    // `candidate_dropped`, never a bucket of its own.
+    for line in [
+        "spillway_requests_total{service=\"api\",bucket=\"quota\",decision=\"allowed\",criticality=\"critical\"} 5",
+        "spillway_requests_total{service=\"api\",bucket=\"quota\",decision=\"dropped\",criticality=\"critical\"} 4",
+        "spillway_requests_total{service=\"api\",bucket=\"quota\",decision=\"candidate_dropped\",criticality=\"critical\"} 7",
+        "spillway_bucket_limit_rps{service=\"api\",bucket=\"quota\"}",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(!metrics.contains("~candidate"), "{metrics}");
+    running.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_ratio_buckets_follow_instructions_and_admit_without_one() {
     let upstream = Upstream::start().await;
     let running = proxy(

@@ -11,8 +11,8 @@ CREATE TABLE history_slots (
     PRIMARY KEY (region, start_ms)
 );
 
--- One bucket's counts over one slot of one region: what arrived, what was admitted, and what a
--- shadow bucket would have dropped.
+-- One bucket's counts over one slot of one region: what arrived, what was admitted, what a
+-- shadow bucket would have dropped, and what its candidate limit would have dropped.
 CREATE TABLE bucket_history (
     region TEXT NOT NULL,
     service TEXT NOT NULL,
@@ -21,6 +21,7 @@ CREATE TABLE bucket_history (
     offered BIGINT NOT NULL,
     admitted BIGINT NOT NULL,
     shadow_dropped BIGINT NOT NULL,
+    candidate_dropped BIGINT NOT NULL,
     PRIMARY KEY (service, bucket, region, start_ms)
 );
 CREATE INDEX bucket_history_start ON bucket_history (start_ms);

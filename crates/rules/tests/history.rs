@@ -12,6 +12,7 @@ use spillway_loop::{HistoryBatch, HistoryRow};
 use spillway_rules::Store;
 use spillway_rules::store::history::{HistoryTotals, write_history_from};
 
+/// A row whose candidate would have dropped a tenth of what was offered.
 fn row(bucket: &str, offered: u64, admitted: u64, shadow: u64) -> HistoryRow {
     HistoryRow {
         service: "api".into(),
@@ -19,6 +20,7 @@ fn row(bucket: &str, offered: u64, admitted: u64, shadow: u64) -> HistoryRow {
         offered,
         admitted,
         shadow_dropped: shadow,
+        candidate_dropped: offered / 10,
     }
 }
 
@@ -93,15 +95,16 @@ fn slots_are_stored_added_to_read_per_minute_and_pruned(db: Db) {
                     m.offered,
                     m.admitted,
                     m.shadow_dropped,
+                    m.candidate_dropped,
                 )
             })
             .collect();
         assert_eq!(
             got,
             vec![
-                ("a", 1000, 170, 150, 20),
-                ("b", 1000, 7, 7, 0),
-                ("a", 1001, 60, 60, 0)
+                ("a", 1000, 170, 150, 20, 17),
+                ("b", 1000, 7, 7, 0, 0),
+                ("a", 1001, 60, 60, 0, 6)
             ]
         );
         let totals = store
@@ -113,7 +116,8 @@ fn slots_are_stored_added_to_read_per_minute_and_pruned(db: Db) {
             HistoryTotals {
                 offered: 237,
                 admitted: 217,
-                shadow_dropped: 20
+                shadow_dropped: 20,
+                candidate_dropped: 23,
             }
         );
         let none = store

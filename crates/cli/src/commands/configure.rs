@@ -44,7 +44,7 @@ pub struct PlanArgs {
     pub source: String,
     /// The PromQL of the offered load; its series carry `service` and `bucket`, or `service`,
     /// `caller` and `procedure` (one new bucket per pair). Default:
-    /// sum by (service, bucket) (rate(spillway_requests_total[1m])).
+    /// sum by (service, bucket) (rate(spillway_requests_total{decision!="candidate_dropped"}[1m])).
     #[arg(long, value_name = "PROMQL")]
     pub query: Option<String>,
     /// How limits are proposed, for services the policy file does not name.

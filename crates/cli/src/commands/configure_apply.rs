@@ -7,8 +7,11 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{Value, json};
 use spillway_configure::CurrentLimits;
-use spillway_configure::rollout::{self, RolloutSettings, Seen, ShadowRule, Step, limit_text};
+use spillway_configure::rollout::{
+    self, RolloutSettings, Seen, ShadowRule, Step, Trial, limit_text,
+};
 use spillway_configure::time::{format_duration_ms, parse_millis};
+use spillway_core::time::format_millis;
 use spillway_rules::client::{RulesClient, RulesResponse};
 
 use super::configure::{Output, PlanArgs, Planned, client, failure, planned, usage};
@@ -40,26 +43,45 @@ fn duration(text: &str) -> Result<Duration, String> {
     spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
-/// The rules of `GET /v1/rules`, and of them the shadow buckets this user created.
+/// The rules of `GET /v1/rules`, and of them the limits on trial: the shadow buckets this user
+/// created and every rule's candidate.
 fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, String> {
     let mut out = Vec::new();
     for rule in rules.as_array().into_iter().flatten() {
-        if rule["created_by"] != me || rule["mode"] != "shadow" || !rule["expires_at"].is_null() {
+        if !rule["expires_at"].is_null() {
             continue;
         }
-        let text = |key: &str| rule[key].as_str().unwrap_or_default().to_owned();
-        let limit = spillway_core::limit::Limit::parse(&text("limit"))
-            .map_err(|e| format!("rule {}/{}: {e}", text("service"), text("name")))?;
-        let since_ms = parse_millis(&text("updated_at"))
-            .map_err(|e| format!("rule {}/{}: updated_at: {e}", text("service"), text("name")))?;
+        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+        let place = || format!("rule {}/{}", text(&rule["service"]), text(&rule["name"]));
+        let candidate = &rule["candidate"];
+        let (trial, limit, since) = if candidate.is_object() {
+            (
+                Trial::Candidate,
+                &candidate["limit"],
+                ("candidate.since", &candidate["since"]),
+            )
+        } else if rule["created_by"] == me && rule["mode"] == "shadow" {
+            (
+                Trial::Shadow,
+                &rule["limit"],
+                ("updated_at", &rule["updated_at"]),
+            )
+        } else {
+            continue;
+        };
+        let limit = spillway_core::limit::Limit::parse(&text(limit))
+            .map_err(|e| format!("{}: {e}", place()))?;
+        let since_ms =
+            parse_millis(&text(since.1)).map_err(|e| format!("{}: {}: {e}", place(), since.0))?;
         out.push((
             ShadowRule {
-                id: text("id"),
+                id: text(&rule["id"]),
                 version: rule["version"].as_i64().unwrap_or_default(),
-                service: text("service"),
-                bucket: text("name"),
+                service: text(&rule["service"]),
+                bucket: text(&rule["name"]),
                 limit_rps: limit.per_second(),
                 since_ms,
+                trial,
             },
             rule.clone(),
         ));
@@ -179,8 +201,13 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
         settings,
         now,
         written,
-        |rule, from_ms, until_ms| match source.seen(&rule.service, &rule.bucket, from_ms, until_ms)
-        {
+        |rule, from_ms, until_ms| match source.seen(
+            &rule.service,
+            &rule.bucket,
+            rule.trial,
+            from_ms,
+            until_ms,
+        ) {
             Ok(seen) => seen.map(|(offered, would_drop)| Seen {
                 offered,
                 would_drop,
@@ -198,7 +225,7 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
     let mut failed = 0;
     let mut done = Vec::new();
     for step in &steps {
-        let result = carry_out(&client, step, &shadows, &window);
+        let result = carry_out(&client, step, &rules, &shadows, &window, now);
         let (detail, ok) = match result {
             Ok(detail) => (detail, true),
             Err(err) => (format!("not applied: {err}"), false),
@@ -213,6 +240,11 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
                 bucket,
                 limit_rps,
                 ..
+            }
+            | Step::Candidate {
+                service,
+                bucket,
+                limit_rps,
             } => (service.clone(), bucket.clone(), Some(*limit_rps)),
             Step::Skip {
                 service, bucket, ..
@@ -221,6 +253,7 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
                 (rule.service.clone(), rule.bucket.clone(), Some(*limit_rps))
             }
             Step::Validating { rule, .. }
+            | Step::Withdraw { rule }
             | Step::Promote { rule, .. }
             | Step::Due { rule, .. }
             | Step::Hold { rule, .. } => (
@@ -282,8 +315,10 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
 fn carry_out(
     client: &RulesClient,
     step: &Step,
+    rules: &Value,
     shadows: &[(ShadowRule, Value)],
     window: &str,
+    now_ms: i64,
 ) -> Result<String, String> {
     let rule_of = |rule: &ShadowRule| {
         shadows
@@ -329,6 +364,92 @@ fn carry_out(
                 limit_text(*limit_rps)
             ))
         }
+        Step::Candidate {
+            service,
+            bucket,
+            limit_rps,
+        } => {
+            let found = rules.as_array().into_iter().flatten().find(|r| {
+                r["service"] == service.as_str()
+                    && r["name"] == bucket.as_str()
+                    && r["expires_at"].is_null()
+            });
+            let Some(found) = found else {
+                return Err(format!(
+                    "{service}/{bucket}: no such rule in the rules service"
+                ));
+            };
+            let current = found["limit"].as_str().unwrap_or_default().to_owned();
+            let rule = ShadowRule {
+                id: found["id"].as_str().unwrap_or_default().to_owned(),
+                version: found["version"].as_i64().unwrap_or_default(),
+                service: service.clone(),
+                bucket: bucket.clone(),
+                limit_rps: *limit_rps,
+                since_ms: now_ms,
+                trial: Trial::Candidate,
+            };
+            let mut body = writable(found);
+            body["candidate"] =
+                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)});
+            body["reason"] = json!(format!(
+                "spillway configure apply: {} tried as a candidate beside {current} for {window} before it replaces it",
+                limit_text(*limit_rps)
+            ));
+            put(&rule, body)?;
+            Ok(format!(
+                "a candidate beside {current}: tried in shadow for {window}, {current} enforced meanwhile"
+            ))
+        }
+        Step::Retune { rule, limit_rps } if rule.trial == Trial::Candidate => {
+            let mut body = writable(&rule_of(rule));
+            body["candidate"] =
+                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)});
+            body["reason"] = json!(format!(
+                "spillway configure apply: the proposal moved from {}; the candidate is tried for {window} again",
+                limit_text(rule.limit_rps)
+            ));
+            put(rule, body)?;
+            Ok(format!(
+                "the candidate is now {} (was {}); tried for {window} again",
+                limit_text(*limit_rps),
+                limit_text(rule.limit_rps)
+            ))
+        }
+        Step::Withdraw { rule } => {
+            let mut body = writable(&rule_of(rule));
+            if let Some(map) = body.as_object_mut() {
+                map.remove("candidate");
+            }
+            body["reason"] = json!(format!(
+                "spillway configure apply: the candidate {} is withdrawn, the proposal is the limit in force",
+                limit_text(rule.limit_rps)
+            ));
+            put(rule, body)?;
+            Ok(format!(
+                "candidate {} withdrawn: the limit in force is what is proposed",
+                limit_text(rule.limit_rps)
+            ))
+        }
+        Step::Promote { rule, share } if rule.trial == Trial::Candidate => {
+            let mut body = writable(&rule_of(rule));
+            let before = body["limit"].as_str().unwrap_or_default().to_owned();
+            let after = body["candidate"]["limit"].clone();
+            body["limit"] = after;
+            if let Some(map) = body.as_object_mut() {
+                map.remove("candidate");
+            }
+            body["reason"] = json!(format!(
+                "spillway configure apply: the candidate was tried for {window} and would have dropped {:.3}%; it replaces {before} (promoted)",
+                share * 100.0
+            ));
+            put(rule, body)?;
+            Ok(format!(
+                "promoted: {} replaces {before}; it would have dropped {:.3}% over {window}",
+                limit_text(rule.limit_rps),
+                share * 100.0
+            ))
+        }
         Step::Retune { rule, limit_rps } => {
             let mut body = writable(&rule_of(rule));
             body["limit"] = json!(limit_text(*limit_rps));
@@ -360,11 +481,21 @@ fn carry_out(
             "validated (would have dropped {:.3}% over {window}): promote with --promote",
             share * 100.0
         )),
-        Step::Validating { left_ms, .. } => Ok(format!(
-            "in shadow, {} of its validation left",
+        Step::Validating { left_ms, rule } => Ok(format!(
+            "{}, {} of its validation left",
+            match rule.trial {
+                Trial::Shadow => "in shadow",
+                Trial::Candidate => "a candidate",
+            },
             format_duration_ms(((*left_ms + 999) / 1000) * 1000)
         )),
-        Step::Hold { reason, .. } => Ok(format!("held in shadow: {reason}")),
+        Step::Hold { reason, rule } => Ok(format!(
+            "held {}: {reason}",
+            match rule.trial {
+                Trial::Shadow => "in shadow",
+                Trial::Candidate => "as a candidate",
+            }
+        )),
         Step::Skip { reason, .. } => Ok(reason.clone()),
     }
 }

@@ -14,9 +14,11 @@ use super::configure::{failure, usage};
 use super::configure_apply::{ApplyArgs, apply_once};
 
 /// Every action a run's step may take, so each series is there from the start.
-const ACTIONS: [&str; 7] = [
+const ACTIONS: [&str; 9] = [
     "create",
+    "candidate",
     "retune",
+    "withdraw",
     "validating",
     "promote",
     "due",

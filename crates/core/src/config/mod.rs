@@ -35,15 +35,18 @@ use std::path::Path;
 pub use error::ConfigError;
 pub(crate) use error::did_you_mean;
 pub use model::{
-    Algorithm, BucketFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile, Control, Cost,
-    CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile, FailurePolicy,
-    Identity, MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile, Services, Source,
-    Sources, StateStore,
+    Algorithm, BucketFile, CandidateFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile,
+    Control, Cost, CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile,
+    FailurePolicy, Identity, MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile,
+    Services, Source, Sources, StateStore,
 };
 pub use positions::Position;
 pub use secret::redact_url;
 pub use table::{describe_match, render_table};
-pub use validate::{Bucket, Config, Redis, RedisTarget, Service, default_failure_policy};
+pub use validate::{
+    Bucket, CANDIDATE_SUFFIX, Candidate, Config, Redis, RedisTarget, Service, candidate_of,
+    default_failure_policy,
+};
 pub use warnings::Warning;
 
 /// Reads and validates a configuration file; errors name the file as `path` is written.

@@ -487,6 +487,25 @@ pub struct BucketFile {
     )]
     #[schemars(range(min = 2, max = 1000))]
     pub batch: Option<u64>,
+    /// A limit on trial beside `limit` (SPEC §9): the proxies evaluate it in shadow and count
+    /// the requests it would have dropped as `decision="candidate_dropped"`, while `limit` stays
+    /// in force; promoting it replaces `limit` in one change. `spillway configure` sets and
+    /// promotes candidates. Only for an enforcing bucket that matches HTTP requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateFile>,
+}
+
+/// `candidate: { limit: 800/s, since: 2026-12-03T07:00:00Z }`: the limit on trial and when its
+/// trial began.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CandidateFile {
+    /// Written like the bucket's `limit`; the bucket's period need not be kept.
+    pub limit: Limit,
+    /// When the trial began, a UTC time like `2026-12-03T07:00:00Z` (a fraction of a second
+    /// may follow the seconds): its validation window starts here.
+    #[schemars(regex(pattern = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z$"))]
+    pub since: String,
 }
 
 /// The largest `batch`: a proxy may hold up to `batch - 1` of a key's tokens, which it can admit

@@ -59,7 +59,10 @@ fn row(service: &str, bucket: &Bucket) -> [String; 11] {
         descriptor.is_some_and(|d| matches!(d.answer, Answer::Unlimited | Answer::Allow));
     [
         service.to_owned(),
-        bucket.name.clone(),
+        match super::candidate_of(&bucket.name) {
+            Some(parent) => format!("{parent} (candidate)"),
+            None => bucket.name.clone(),
+        },
         match descriptor {
             Some(d) => describe_descriptor(d),
             None => describe_match(&bucket.match_spec),
@@ -93,6 +96,7 @@ pub fn render_table(config: &Config) -> String {
         .buckets()
         .map(|(service, bucket)| row(&service.name, bucket))
         .collect();
+    let candidates = config.buckets().filter(|(_, b)| b.is_candidate()).count();
     let mut widths = HEADERS.map(str::len);
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -118,12 +122,18 @@ pub fn render_table(config: &Config) -> String {
         line(&mut row.iter().map(String::as_str));
     }
     let services = config.services.len();
+    let buckets = rows.len() - candidates;
     out.push_str(&format!(
-        "{} bucket{} in {} service{}\n",
-        rows.len(),
-        if rows.len() == 1 { "" } else { "s" },
+        "{} bucket{} in {} service{}{}\n",
+        buckets,
+        if buckets == 1 { "" } else { "s" },
         services,
         if services == 1 { "" } else { "s" },
+        match candidates {
+            0 => String::new(),
+            1 => ", one with a candidate limit on trial".to_owned(),
+            n => format!(", {n} with a candidate limit on trial"),
+        }
     ));
     out
 }

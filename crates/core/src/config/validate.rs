@@ -83,6 +83,50 @@ pub struct Bucket {
     pub on_store_failure: FailurePolicy,
     /// Hot-key batching (S10): `Some(N)` (2 to 1000) only for `store: redis` token buckets.
     pub batch: Option<u64>,
+    /// The limit on trial beside `limit` (SPEC §9), if the bucket has one. The service also
+    /// holds the candidate's twin right after this bucket (see [`CANDIDATE_SUFFIX`]).
+    pub candidate: Option<Candidate>,
+}
+
+/// A validated `candidate`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub limit: Limit,
+    /// When its trial began, Unix milliseconds.
+    pub since_ms: i64,
+}
+
+/// A bucket with a candidate is followed in its service by its twin: the same bucket in shadow
+/// at the candidate's limit, named the bucket's name and this suffix. A name with `~` is no
+/// name a file may write, so a twin never collides with a bucket; the control plane steers it
+/// like any bucket, and the proxies count its virtual drops as the bucket's
+/// `candidate_dropped` requests, never as a decision of its own.
+pub const CANDIDATE_SUFFIX: &str = "~candidate";
+
+/// The bucket whose candidate `bucket` (a bucket's name) is the twin of, if it is one.
+pub fn candidate_of(bucket: &str) -> Option<&str> {
+    bucket.strip_suffix(CANDIDATE_SUFFIX)
+}
+
+impl Bucket {
+    /// Whether this is a candidate's twin ([`CANDIDATE_SUFFIX`]).
+    pub fn is_candidate(&self) -> bool {
+        candidate_of(&self.name).is_some()
+    }
+
+    /// The twin that tries `candidate` beside this bucket.
+    fn candidate_twin(&self, candidate: Candidate, burst: Option<NonZeroU64>) -> Bucket {
+        let mut twin = self.clone();
+        twin.name = format!("{}{CANDIDATE_SUFFIX}", self.name);
+        twin.limit = candidate.limit;
+        twin.burst = self
+            .algorithm
+            .takes_burst()
+            .then(|| burst.unwrap_or(candidate.limit.count));
+        twin.mode = Mode::Shadow;
+        twin.candidate = None;
+        twin
+    }
 }
 
 /// A validated `redis` section.
@@ -227,14 +271,15 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         let mut buckets: Vec<Bucket> = Vec::with_capacity(service.buckets.len());
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut pending_replaces: Vec<(usize, String)> = Vec::new();
-        let mut rules: HashMap<(&'static str, String, String), usize> = HashMap::new();
+        // A rule's key: its index in the file, and in `buckets` (which holds candidates' twins).
+        let mut rules: HashMap<(&'static str, String, String), (usize, usize)> = HashMap::new();
         for (index, bucket) in service.buckets.into_iter().enumerate() {
             let replaces_path = child(
                 &child(&child(&item(&buckets_path, index), "match"), "descriptor"),
                 "replaces",
             );
             let bucket_path = item(&buckets_path, index);
-            let bucket = check_bucket(&check, &bucket_path, bucket, file.redis.is_some())?;
+            let (bucket, twin) = check_bucket(&check, &bucket_path, bucket, file.redis.is_some())?;
             let name_path = child(&bucket_path, "name");
             if let Some(&first) = names.get(&bucket.name) {
                 let first_at = positions.value(&child(&item(&buckets_path, first), "name"));
@@ -260,13 +305,13 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
                     });
                 }
                 descriptors.insert(key, (name.clone(), bucket.name.clone(), at.line));
-                pending_replaces.push((index, replaces_path));
+                pending_replaces.push((buckets.len(), replaces_path));
                 buckets.push(bucket);
                 continue;
             }
             let rule = rule_key(&bucket.match_spec);
-            if let Some(&first) = rules.get(&rule) {
-                let other = &buckets[first];
+            if let Some(&(first, at)) = rules.get(&rule) {
+                let other = &buckets[at];
                 let first_at = positions.value(&item(&buckets_path, first));
                 return Err(check.at_key(
                     &child(&bucket_path, "match"),
@@ -280,8 +325,10 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
                     ),
                 ));
             }
-            rules.insert(rule, index);
+            rules.insert(rule, (index, buckets.len()));
             buckets.push(bucket);
+            // Right after its bucket, out of the one-rule-per-key check: it is the same rule.
+            buckets.extend(twin);
         }
         for (index, path) in pending_replaces {
             let bucket = &buckets[index];
@@ -477,12 +524,13 @@ fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Locate
     Ok(())
 }
 
+/// A bucket, and its candidate's twin when it has a candidate.
 fn check_bucket(
     check: &Checker<'_>,
     path: &str,
     bucket: BucketFile,
     has_redis: bool,
-) -> Result<Bucket, Located> {
+) -> Result<(Bucket, Option<Bucket>), Located> {
     if !is_name(&bucket.name) {
         return Err(check.at_value(
             &child(path, "name"),
@@ -576,6 +624,19 @@ fn check_bucket(
             ),
         ));
     }
+    let candidate = bucket
+        .candidate
+        .as_ref()
+        .map(|c| {
+            check_candidate(
+                check,
+                &child(path, "candidate"),
+                &bucket,
+                descriptor.is_some(),
+                c,
+            )
+        })
+        .transpose()?;
     let cost = match bucket.cost {
         Cost::Header(mut cost) => {
             cost.header.make_ascii_lowercase();
@@ -583,7 +644,7 @@ fn check_bucket(
         }
         fixed => fixed,
     };
-    Ok(Bucket {
+    let checked = Bucket {
         name: bucket.name,
         match_spec,
         descriptor,
@@ -602,6 +663,42 @@ fn check_bucket(
             .on_store_failure
             .unwrap_or(default_failure_policy(store)),
         batch: bucket.batch,
+        candidate,
+    };
+    let twin = candidate.map(|c| checked.candidate_twin(c, bucket.burst));
+    Ok((checked, twin))
+}
+
+/// A candidate is tried beside an enforcing HTTP bucket: a shadow bucket's limit changes in
+/// place, and a descriptor has one bucket.
+fn check_candidate(
+    check: &Checker<'_>,
+    path: &str,
+    bucket: &BucketFile,
+    is_descriptor: bool,
+    candidate: &super::model::CandidateFile,
+) -> Result<Candidate, Located> {
+    if bucket.mode == Mode::Shadow {
+        return Err(check.at_key(
+            path,
+            "a shadow bucket drops nothing, so its limit can change in place; a candidate is tried beside a bucket that enforces",
+        ));
+    }
+    if is_descriptor {
+        return Err(check.at_key(
+            path,
+            "a descriptor bucket cannot take a candidate: Envoy's descriptor has one bucket; change its limit instead",
+        ));
+    }
+    let since_ms = crate::time::parse_millis(&candidate.since).map_err(|e| {
+        check.at_value(
+            &child(path, "since"),
+            format!("since: {e}; write when the trial began, like 2026-12-03T07:00:00Z"),
+        )
+    })?;
+    Ok(Candidate {
+        limit: candidate.limit,
+        since_ms,
     })
 }
 

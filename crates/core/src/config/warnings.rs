@@ -100,7 +100,9 @@ pub(crate) fn descriptors(config: &Config, positions: &Positions, file: &str) ->
     let mut warnings = Vec::new();
     for service in &config.services {
         let buckets = child(&child("services", &service.name), "buckets");
-        for (index, bucket) in service.buckets.iter().enumerate() {
+        // The file's own buckets, in its order: candidates' twins are no bucket of the file.
+        let written = service.buckets.iter().filter(|b| !b.is_candidate());
+        for (index, bucket) in written.enumerate() {
             let per_value = bucket.descriptor.as_ref().is_some_and(|d| d.is_per_value());
             let shared = matches!(
                 bucket.algorithm,

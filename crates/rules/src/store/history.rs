@@ -31,6 +31,7 @@ pub struct MinuteCounts {
     pub offered: u64,
     pub admitted: u64,
     pub shadow_dropped: u64,
+    pub candidate_dropped: u64,
 }
 
 /// One bucket's counts over a span, summed over regions.
@@ -39,6 +40,8 @@ pub struct HistoryTotals {
     pub offered: u64,
     pub admitted: u64,
     pub shadow_dropped: u64,
+    /// What the bucket's candidate limit would have dropped (SPEC §9).
+    pub candidate_dropped: u64,
 }
 
 fn count(value: u64) -> i64 {
@@ -73,12 +76,13 @@ impl Store {
         for row in &batch.rows {
             sqlx::query(
                 "INSERT INTO bucket_history \
-                 (region, service, bucket, start_ms, offered, admitted, shadow_dropped) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 (region, service, bucket, start_ms, offered, admitted, shadow_dropped, \
+                 candidate_dropped) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                  ON CONFLICT (service, bucket, region, start_ms) DO UPDATE SET \
                  offered = bucket_history.offered + excluded.offered, \
                  admitted = bucket_history.admitted + excluded.admitted, \
-                 shadow_dropped = bucket_history.shadow_dropped + excluded.shadow_dropped",
+                 shadow_dropped = bucket_history.shadow_dropped + excluded.shadow_dropped, \
+                 candidate_dropped = bucket_history.candidate_dropped + excluded.candidate_dropped",
             )
             .bind(region)
             .bind(&row.service)
@@ -87,6 +91,7 @@ impl Store {
             .bind(count(row.offered))
             .bind(count(row.admitted))
             .bind(count(row.shadow_dropped))
+            .bind(count(row.candidate_dropped))
             .execute(&mut *tx)
             .await?;
         }
@@ -169,7 +174,8 @@ impl Store {
         let rows = sqlx::query(
             "SELECT region, start_ms / 60000 AS minute, \
              CAST(SUM(offered) AS BIGINT) AS offered, CAST(SUM(admitted) AS BIGINT) AS admitted, \
-             CAST(SUM(shadow_dropped) AS BIGINT) AS shadow_dropped \
+             CAST(SUM(shadow_dropped) AS BIGINT) AS shadow_dropped, \
+             CAST(SUM(candidate_dropped) AS BIGINT) AS candidate_dropped \
              FROM bucket_history \
              WHERE service = $1 AND bucket = $2 AND start_ms >= $3 AND start_ms < $4 \
              GROUP BY region, start_ms / 60000 ORDER BY minute, region",
@@ -188,6 +194,7 @@ impl Store {
                     offered: counted(row.try_get("offered")?),
                     admitted: counted(row.try_get("admitted")?),
                     shadow_dropped: counted(row.try_get("shadow_dropped")?),
+                    candidate_dropped: counted(row.try_get("candidate_dropped")?),
                 })
             })
             .collect()
@@ -232,7 +239,8 @@ impl Store {
         let row = sqlx::query(
             "SELECT CAST(COALESCE(SUM(offered), 0) AS BIGINT) AS offered, \
              CAST(COALESCE(SUM(admitted), 0) AS BIGINT) AS admitted, \
-             CAST(COALESCE(SUM(shadow_dropped), 0) AS BIGINT) AS shadow_dropped \
+             CAST(COALESCE(SUM(shadow_dropped), 0) AS BIGINT) AS shadow_dropped, \
+             CAST(COALESCE(SUM(candidate_dropped), 0) AS BIGINT) AS candidate_dropped \
              FROM bucket_history \
              WHERE service = $1 AND bucket = $2 AND start_ms >= $3 AND start_ms < $4",
         )
@@ -246,6 +254,7 @@ impl Store {
             offered: counted(row.try_get("offered")?),
             admitted: counted(row.try_get("admitted")?),
             shadow_dropped: counted(row.try_get("shadow_dropped")?),
+            candidate_dropped: counted(row.try_get("candidate_dropped")?),
         })
     }
 }
