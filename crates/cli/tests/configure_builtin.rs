@@ -474,3 +474,134 @@ fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_ad
     );
     run.kill();
 }
+
+#[test]
+fn per_region_proposes_a_limit_of_its_regions_own_tried_as_a_candidate_and_then_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(
+        dir.path(),
+        "version: 1\ncontrol:\n  report_interval: 250ms\nservices:\n  api:\n    buckets:\n      - { name: guard, limit: 40/s, scope: region }\n",
+    );
+    let token = user(&up.db, "robot", "service");
+    let quotas = dir.path().join("quotas.yaml");
+    let source = format!("builtin:{}", up.db);
+    let server = format!("http://127.0.0.1:{}", up.rules);
+    // The window takes in the minute now running, where the history is.
+    let until = until_next_minute();
+    let apply = |limit: &str| {
+        std::fs::write(
+            &quotas,
+            format!("quotas:\n  - {{service: api, bucket: guard, limit: {limit}}}\n"),
+        )
+        .unwrap();
+        let args = [
+            "apply",
+            "--source",
+            &source,
+            "--server",
+            &server,
+            "--token",
+            &token,
+            "--policy",
+            "fixed",
+            "--quota-file",
+            quotas.to_str().unwrap(),
+            "--lookback",
+            "1h",
+            "--min-coverage",
+            "0",
+            "--validate-for",
+            "6s",
+            "--max-virtual-drop",
+            "0.01",
+            "--until",
+            &until,
+            "--per-region",
+            "--promote",
+        ];
+        let (code, out, err) = configure(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        out
+    };
+    let decided = |limit: &str| {
+        let start = std::time::Instant::now();
+        loop {
+            let out = apply(limit);
+            if !out.contains("validating") || start.elapsed() > Duration::from_secs(20) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let load = Load::on_path(up.listen, 20.0, "/x");
+    // The region is heard from once a slot of its history is written.
+    wait_for(Duration::from_secs(15), "the region's history", || {
+        let (code, out, err) = configure(&[
+            "plan",
+            "--source",
+            &source,
+            "--server",
+            &server,
+            "--token",
+            &token,
+            "--lookback",
+            "1h",
+            "--min-coverage",
+            "0",
+            "--until",
+            &until,
+            "--per-region",
+        ]);
+        let seen = code == 0 && out.contains("guard (local)");
+        if !seen {
+            eprintln!("plan --per-region: exit {code}\n{out}{err}");
+        }
+        seen
+    });
+    // The region's own limit is proposed as a candidate's region_limits; 40/s stays in force.
+    let out = apply("10/s");
+    assert!(
+        out.contains("candidate") && out.contains("local 10/s"),
+        "{out}"
+    );
+    let tried = rule(up.rules, &token, "guard").unwrap();
+    assert_eq!(tried["limit"], "40/s");
+    assert_eq!(
+        tried["candidate"]["region_limits"]["local"], "10/s",
+        "{tried}"
+    );
+    wait_for(
+        Duration::from_secs(10),
+        "the candidate's twin is steered to the region's limit",
+        || guard(up.admin, "candidate_dropped") > 10.0,
+    );
+    let out = decided("10/s");
+    assert!(out.contains("held as a candidate"), "{out}");
+    // A region limit that fits is promoted into the rule's region_limits.
+    let out = apply("30/s");
+    assert!(out.contains("retune"), "{out}");
+    let out = decided("30/s");
+    assert!(
+        out.contains("promoted: the regions' limits are local 30/s"),
+        "{out}"
+    );
+    let promoted = rule(up.rules, &token, "guard").unwrap();
+    assert_eq!(promoted["limit"], "40/s");
+    assert_eq!(promoted["region_limits"]["local"], "30/s", "{promoted}");
+    assert!(promoted["candidate"].is_null());
+    drop(load);
+    // The region's controller enforces 30/s, not the bucket's 40/s: at 60/s about half is
+    // dropped (a third at 40/s).
+    wait_for(
+        Duration::from_secs(15),
+        "region local admits about 30/s of 60/s",
+        || {
+            let surge = Load::on_path(up.listen, 60.0, "/x");
+            std::thread::sleep(Duration::from_secs(3));
+            let (sent, limited) = surge.counts();
+            drop(surge);
+            let share = limited as f64 / sent.max(1) as f64;
+            share > 0.42
+        },
+    );
+}

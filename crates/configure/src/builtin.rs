@@ -5,19 +5,23 @@
 //! A minute's rate in a region is its counts over the seconds of the minute the region was heard
 //! from (a controller that started mid-minute gives the rate of the part it saw); a region heard
 //! from without a row for the bucket had no traffic for it; a minute no region was heard from is
-//! a gap. Every bucket is summed over regions, so a global bucket's series is its global load
-//! (and a region-scoped bucket's series the sum of its regions': `--per-region` is not there
-//! yet).
+//! a gap. A bucket is summed over regions, so a global bucket's series is its global load,
+//! except the region-scoped buckets given to `per_region` (`--per-region`,
+//! MISSION RLC4): each has one series per region heard from in the window, that region's own
+//! load, for a limit of that region's own.
 //!
 //! The store is async; this source drives a runtime of its own so that it can stay behind the
 //! blocking [`HistorySource`] trait.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use spillway_rules::Store;
 use spillway_rules::store::history::HistoryTotals;
 
 use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Trial, Window};
+
+/// A series to read: service, bucket, and the region of a bucket split by region.
+type Listed = (String, String, Option<String>);
 
 /// The rules store's history; see the module's documentation.
 pub struct BuiltinSource {
@@ -25,8 +29,11 @@ pub struct BuiltinSource {
     store: Store,
     /// The URL without its credentials, for messages.
     shown: String,
-    /// The series of the window read so far, and that window.
-    listed: Option<(Window, VecDeque<(String, String)>)>,
+    /// The series of the window read so far (a region for a bucket split by region), and that
+    /// window.
+    listed: Option<(Window, VecDeque<Listed>)>,
+    /// The buckets whose series are one per region.
+    regional: BTreeSet<(String, String)>,
     /// Seconds each region was heard from in each minute (Unix minutes) of the window.
     coverage: BTreeMap<i64, HashMap<String, f64>>,
 }
@@ -70,6 +77,7 @@ impl BuiltinSource {
             shown,
             listed: None,
             coverage: BTreeMap::new(),
+            regional: BTreeSet::new(),
         })
     }
 
@@ -119,7 +127,18 @@ impl BuiltinSource {
                     .or_default() += seconds;
             }
         }
-        self.listed = Some((window, series.into()));
+        let regions: BTreeSet<&String> = self.coverage.values().flat_map(|r| r.keys()).collect();
+        let mut listed = VecDeque::with_capacity(series.len());
+        for (service, bucket) in series {
+            if self.regional.contains(&(service.clone(), bucket.clone())) {
+                for region in &regions {
+                    listed.push_back((service.clone(), bucket.clone(), Some((*region).clone())));
+                }
+            } else {
+                listed.push_back((service, bucket, None));
+            }
+        }
+        self.listed = Some((window, listed));
         Ok(())
     }
 }
@@ -134,7 +153,8 @@ impl HistorySource for BuiltinSource {
         if self.listed.as_ref().is_none_or(|(w, _)| *w != window) {
             self.list(window)?;
         }
-        let Some((service, bucket)) = self.listed.as_mut().and_then(|(_, s)| s.pop_front()) else {
+        let Some((service, bucket, only)) = self.listed.as_mut().and_then(|(_, s)| s.pop_front())
+        else {
             return Ok(None);
         };
         let minutes = self
@@ -155,8 +175,13 @@ impl HistorySource for BuiltinSource {
             if !window.contains(at) {
                 continue;
             }
+            if only.as_ref().is_some_and(|r| !regions.contains_key(r)) {
+                // This region was not heard from in this minute: a gap of its series.
+                continue;
+            }
             let rps: f64 = regions
                 .iter()
+                .filter(|(region, _)| only.as_ref().is_none_or(|r| r == *region))
                 .map(|(region, seconds)| {
                     offered
                         .get(&(minute, region.as_str()))
@@ -167,7 +192,9 @@ impl HistorySource for BuiltinSource {
                 .sum();
             points.push(Point { at, rps });
         }
-        Ok(Some(SeriesKey::bucket(&service, &bucket)))
+        let mut key = SeriesKey::bucket(&service, &bucket);
+        key.region = only;
+        Ok(Some(key))
     }
 
     fn describe(&self) -> String {
@@ -188,6 +215,12 @@ impl HistorySource for BuiltinSource {
             Trial::Candidate => totals.candidate_dropped,
         };
         Ok(Some((totals.offered as f64, would_drop as f64)))
+    }
+
+    fn per_region(&mut self, buckets: &[(String, String)]) -> Result<(), SourceError> {
+        self.regional = buckets.iter().cloned().collect();
+        self.listed = None;
+        Ok(())
     }
 
     fn written_until(&mut self) -> Result<Option<i64>, SourceError> {

@@ -2,7 +2,7 @@
 //! a plan compares with: per bucket, its rate and whether it is one exact (caller, procedure).
 
 use serde_json::Value;
-use spillway_core::config::Config;
+use spillway_core::config::{Config, Scope};
 use spillway_core::limit::Limit;
 use spillway_core::pattern::{MatchSpec, Pattern, SubjectValue};
 
@@ -18,6 +18,20 @@ pub struct CurrentBucket {
     /// user, its history the bucket's total, so no policy compares the two.
     pub per_subject: Option<String>,
     pub limit_rps: f64,
+    /// `Some` for a bucket of `scope: region`, with the limits of single regions it has
+    /// (`region_limits`, as rates): what `--per-region` proposes limits of.
+    pub regional: Option<Vec<(String, f64)>>,
+}
+
+impl CurrentBucket {
+    /// The bucket's limit in `region`, as a rate.
+    pub fn limit_in(&self, region: &str) -> f64 {
+        self.regional
+            .iter()
+            .flatten()
+            .find(|(r, _)| r == region)
+            .map_or(self.limit_rps, |(_, l)| *l)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -51,6 +65,13 @@ impl CurrentLimits {
                     .filter(|s| s.value == SubjectValue::Each)
                     .map(|s| s.kind.key().to_owned()),
                 limit_rps: bucket.limit.per_second(),
+                regional: (bucket.scope == Scope::Region).then(|| {
+                    bucket
+                        .region_limits
+                        .iter()
+                        .map(|(r, l)| (r.clone(), l.per_second()))
+                        .collect()
+                }),
             })
             .collect();
         CurrentLimits { buckets }
@@ -94,12 +115,25 @@ impl CurrentLimits {
                 .into_iter()
                 .find(|k| field(k) == Some("*"))
                 .map(str::to_owned);
+            let regional = if rule["scope"] == "region" {
+                let mut limits = Vec::new();
+                for (region, text) in rule["region_limits"].as_object().into_iter().flatten() {
+                    let limit = Limit::parse(text.as_str().unwrap_or_default()).map_err(|e| {
+                        format!("rule {service}/{bucket}: region_limits.{region}: {e}")
+                    })?;
+                    limits.push((region.clone(), limit.per_second()));
+                }
+                Some(limits)
+            } else {
+                None
+            };
             buckets.push(CurrentBucket {
                 service,
                 bucket,
                 pair,
                 per_subject,
                 limit_rps: limit.per_second(),
+                regional,
             });
         }
         Ok(CurrentLimits { buckets })

@@ -202,13 +202,12 @@ pub fn plan(
         }
         let params = settings.params(&key.service);
         let history = History::analyze(window, &points, params.quantile, &mut scratch);
-        let mut proposal = propose(
-            &key,
-            &bucket,
-            in_force.map(|b| b.limit_rps),
-            Some(&history),
-            settings,
-        );
+        // A region's series is about the bucket's limit in that region (`--per-region`).
+        let current_rps = in_force.map(|b| match &key.region {
+            Some(region) => b.limit_in(region),
+            None => b.limit_rps,
+        });
+        let mut proposal = propose(&key, &bucket, current_rps, Some(&history), settings);
         if let Some(kind) = in_force.and_then(|b| b.per_subject.as_ref()) {
             keep_per_subject(&mut proposal, kind);
         }
@@ -222,8 +221,16 @@ pub fn plan(
     if series == 0 && settings.defaults.policy != PolicyKind::Fixed {
         return Err(PlanError::Empty(source.describe(), source.when_empty()));
     }
+    // A bucket planned per region (`--per-region`) has its proposals.
+    let by_region = |proposed: &BTreeSet<(String, String, Option<String>)>, s: &str, n: &str| {
+        proposed
+            .iter()
+            .any(|(ps, pn, r)| r.is_some() && ps == s && pn == n)
+    };
     for b in &current.buckets {
-        if proposed.insert((b.service.clone(), b.bucket.clone(), None)) {
+        if !by_region(&proposed, &b.service, &b.bucket)
+            && proposed.insert((b.service.clone(), b.bucket.clone(), None))
+        {
             let key = SeriesKey::bucket(&b.service, &b.bucket);
             let mut proposal = propose(&key, &b.bucket, Some(b.limit_rps), None, settings);
             if let Some(kind) = &b.per_subject {
@@ -235,6 +242,7 @@ pub fn plan(
     if let Some(quotas) = &settings.quotas {
         for q in &quotas.quotas {
             if settings.params(&q.service).policy == PolicyKind::Fixed
+                && !by_region(&proposed, &q.service, &q.bucket)
                 && proposed.insert((q.service.clone(), q.bucket.clone(), None))
             {
                 let key = SeriesKey::bucket(&q.service, &q.bucket);

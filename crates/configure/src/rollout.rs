@@ -44,6 +44,8 @@ pub struct ShadowRule {
     /// rule's last change, a candidate's `since`).
     pub since_ms: i64,
     pub trial: Trial,
+    /// A candidate's limits of single regions (`region_limits`, as rates), by region.
+    pub regions: Vec<(String, f64)>,
 }
 
 /// What a validation window saw of a shadow bucket: offered requests and those it would have
@@ -79,8 +81,19 @@ pub enum Step {
         bucket: String,
         limit_rps: f64,
     },
-    /// A limit on trial gets its new proposal, and a new window.
-    Retune { rule: ShadowRule, limit_rps: f64 },
+    /// A region-scoped bucket in force gets its regions' proposals (`--per-region`) as a
+    /// candidate's `region_limits`, beside the rule's own limit, tried in shadow from now.
+    RegionCandidate {
+        service: String,
+        bucket: String,
+        regions: Vec<(String, f64)>,
+    },
+    /// A limit on trial gets its new proposal (and a candidate its regions'), and a new window.
+    Retune {
+        rule: ShadowRule,
+        limit_rps: f64,
+        regions: Vec<(String, f64)>,
+    },
     /// A candidate whose bucket's proposal is the limit in force again is taken off its rule.
     Withdraw { rule: ShadowRule },
     /// A shadow bucket still in its window.
@@ -104,7 +117,7 @@ impl Step {
     pub fn action(&self) -> &'static str {
         match self {
             Step::Create { .. } => "create",
-            Step::Candidate { .. } => "candidate",
+            Step::Candidate { .. } | Step::RegionCandidate { .. } => "candidate",
             Step::Retune { .. } => "retune",
             Step::Withdraw { .. } => "withdraw",
             Step::Validating { .. } => "validating",
@@ -133,7 +146,58 @@ pub fn steps(
             .iter()
             .find(|r| r.service == service && r.bucket == bucket)
     };
-    for p in proposals {
+    // A region's proposals (`--per-region`) are one bucket's, taken together below.
+    let (regional, proposals): (Vec<&Proposal>, Vec<&Proposal>) =
+        proposals.iter().partition(|p| p.region.is_some());
+    let mut handled: Vec<&ShadowRule> = Vec::new();
+    let mut groups: Vec<((&str, &str), Vec<&Proposal>)> = Vec::new();
+    for p in regional {
+        match groups
+            .iter_mut()
+            .find(|((s, b), _)| *s == p.service && *b == p.bucket)
+        {
+            Some((_, group)) => group.push(p),
+            None => groups.push(((&p.service, &p.bucket), vec![p])),
+        }
+    }
+    for ((service, bucket), group) in groups {
+        let changed = group.iter().any(|p| p.action == Action::Update);
+        let regions: Vec<(String, f64)> = group
+            .iter()
+            .filter_map(|p| {
+                let rps = p.proposed_limit_rps.or(p.current_limit_rps)?;
+                Some((p.region.clone()?, rps))
+            })
+            .collect();
+        match shadow_of(service, bucket) {
+            None if changed => out.push(Step::RegionCandidate {
+                service: service.to_owned(),
+                bucket: bucket.to_owned(),
+                regions,
+            }),
+            None => {}
+            Some(rule) if rule.trial == Trial::Candidate && !changed => {
+                handled.push(rule);
+                out.push(Step::Withdraw { rule: rule.clone() });
+            }
+            Some(rule)
+                if rule.trial == Trial::Candidate && !same_regions(&rule.regions, &regions) =>
+            {
+                handled.push(rule);
+                out.push(Step::Retune {
+                    rule: rule.clone(),
+                    limit_rps: rule.limit_rps,
+                    regions,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    let shadows: Vec<&ShadowRule> = shadows
+        .iter()
+        .filter(|r| !handled.iter().any(|h| std::ptr::eq(*h, *r)))
+        .collect();
+    for &p in &proposals {
         if shadow_of(&p.service, &p.bucket).is_some() {
             continue;
         }
@@ -166,8 +230,9 @@ pub fn steps(
             .filter(|&l| l > 0.0 && (l - rule.limit_rps).abs() > 1e-9 * rule.limit_rps.max(1.0))
         {
             out.push(Step::Retune {
-                rule: rule.clone(),
+                rule: (*rule).clone(),
                 limit_rps,
+                regions: rule.regions.clone(),
             });
             continue;
         }
@@ -221,6 +286,15 @@ pub fn steps(
     out
 }
 
+/// Whether two sets of region limits say the same (rates within a billionth).
+fn same_regions(a: &[(String, f64)], b: &[(String, f64)]) -> bool {
+    a.len() == b.len()
+        && b.iter().all(|(region, rps)| {
+            a.iter()
+                .any(|(r, l)| r == region && (l - rps).abs() <= 1e-9 * rps.max(1.0))
+        })
+}
+
 /// A rate as a limit of the configuration file: whole requests per second, minute, hour or day
 /// (the shortest period that makes the count whole), or else per hour rounded up, never zero.
 /// 38.8/s is `2328/min`, 0.0124/s `44.64/h`, rounded up to `45/h`.
@@ -264,6 +338,7 @@ mod tests {
             limit_rps: limit,
             since_ms,
             trial: Trial::Shadow,
+            regions: Vec::new(),
         }
     }
 
@@ -354,6 +429,76 @@ mod tests {
         let shadows = [shadow("a", 8.0, 1_000)];
         let validating = steps(&kept, &shadows, SETTINGS, 5_000, None, |_, _, _| None);
         assert!(matches!(&validating[..], [Step::Validating { .. }]));
+    }
+
+    fn regional(bucket: &str, region: &str, action: Action, current: f64, limit: f64) -> Proposal {
+        Proposal {
+            region: Some(region.into()),
+            current_limit_rps: Some(current),
+            ..proposal(bucket, action, Some(limit))
+        }
+    }
+
+    #[test]
+    fn a_regions_proposals_are_one_candidate_retuned_withdrawn_or_validated_together() {
+        let proposals = [
+            regional("r", "eu", Action::Update, 100.0, 60.0),
+            regional("r", "us", Action::Keep, 100.0, 100.0),
+        ];
+        let steps_now = steps(&proposals, &[], SETTINGS, 0, None, |_, _, _| None);
+        match &steps_now[..] {
+            [
+                Step::RegionCandidate {
+                    bucket, regions, ..
+                },
+            ] => {
+                assert_eq!(bucket, "r");
+                assert_eq!(
+                    regions,
+                    &vec![("eu".to_owned(), 60.0), ("us".to_owned(), 100.0)]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut rule = candidate("r", 100.0, 1_000);
+        rule.regions = vec![("eu".into(), 60.0), ("us".into(), 100.0)];
+        let rules = [rule];
+        // The same proposals: validated, then promoted as one.
+        let later = steps(&proposals, &rules, SETTINGS, 86_401_000, None, |_, _, _| {
+            Some(Seen {
+                offered: 1000.0,
+                would_drop: 0.0,
+            })
+        });
+        assert!(matches!(&later[..], [Step::Promote { .. }]), "{later:?}");
+        // A region's proposal moved: retuned, the rule's own limit kept.
+        let moved = [
+            regional("r", "eu", Action::Update, 100.0, 70.0),
+            regional("r", "us", Action::Keep, 100.0, 100.0),
+        ];
+        let retuned = steps(&moved, &rules, SETTINGS, 5_000, None, |_, _, _| None);
+        match &retuned[..] {
+            [
+                Step::Retune {
+                    limit_rps, regions, ..
+                },
+            ] => {
+                assert_eq!(*limit_rps, 100.0);
+                assert_eq!(regions[0], ("eu".to_owned(), 70.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every region keeps its limit in force: withdrawn.
+        let kept = [
+            regional("r", "eu", Action::Keep, 100.0, 100.0),
+            regional("r", "us", Action::Keep, 100.0, 100.0),
+        ];
+        let withdrawn = steps(&kept, &rules, SETTINGS, 5_000, None, |_, _, _| None);
+        assert!(
+            matches!(&withdrawn[..], [Step::Withdraw { .. }]),
+            "{withdrawn:?}"
+        );
+        assert!(steps(&kept, &[], SETTINGS, 0, None, |_, _, _| None).is_empty());
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub enum Target {
     Pair { caller: String, procedure: String },
 }
 
-/// One series' identity. `region` is `None` for a global series (summed over regions); the
-/// built-in source of `--per-region` will set it.
+/// One series' identity. `region` is `None` for a series summed over regions; the built-in
+/// source sets it for the region-scoped buckets of `--per-region`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
     pub service: String,
@@ -193,6 +193,16 @@ pub trait HistorySource {
         _until_ms: i64,
     ) -> Result<Option<(f64, f64)>, SourceError> {
         Ok(None)
+    }
+
+    /// Reads each of `buckets` (service, bucket; the region-scoped buckets in force) as one
+    /// series per region (`--per-region`, MISSION RLC4). Only a source that knows regions can.
+    fn per_region(&mut self, _buckets: &[(String, String)]) -> Result<(), SourceError> {
+        Err(SourceError::Usage(format!(
+            "--per-region needs a history per region, which {} does not keep: use a builtin: \
+             source (each controller writes its own region's history)",
+            self.describe()
+        )))
     }
 
     /// Up to when (Unix ms) the source has its history: a validation window that ends later is

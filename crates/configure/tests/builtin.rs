@@ -126,6 +126,7 @@ fn a_plan_rests_on_the_builtin_history(url: &str) {
             pair: None,
             per_subject: None,
             limit_rps: 100.0,
+            regional: None,
         }],
     };
     let mut settings = Settings::new(Params {
@@ -189,4 +190,51 @@ fn a_bad_url_is_a_usage_error_and_an_unreachable_store_says_where() {
         }
         other => panic!("{:?}", other.err()),
     }
+}
+
+/// `--per-region`: a region-scoped bucket gets one series and one proposal per region, each
+/// from that region's own history and against that region's limit; other buckets stay summed.
+#[test]
+fn a_per_region_plan_proposes_each_regions_limit_from_its_own_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("rules.db").display());
+    write(&url);
+    let mut source = BuiltinSource::open(&url).unwrap();
+    source
+        .per_region(&[("api".to_owned(), "all".to_owned())])
+        .unwrap();
+    let current = CurrentLimits {
+        buckets: vec![CurrentBucket {
+            service: "api".into(),
+            bucket: "all".into(),
+            pair: None,
+            per_subject: None,
+            limit_rps: 100.0,
+            regional: Some(vec![("b".into(), 4.0)]),
+        }],
+    };
+    let mut settings = Settings::new(Params {
+        quantile: 1.0,
+        ..Params::default()
+    });
+    settings.min_coverage = 0.0;
+    let plan = plan(&mut source, window(), &settings, &current, |_, _| {}).unwrap();
+    let of = |region: Option<&str>| {
+        plan.proposals
+            .iter()
+            .find(|p| p.bucket == "all" && p.region.as_deref() == region)
+    };
+    // Region a: 10/s at its peak, +25% is 12.5, raised to 50 by the band of its 100/s.
+    let a = of(Some("a")).expect("region a's proposal");
+    assert_eq!(a.evidence.peak_rps, Some(10.0));
+    assert_eq!(a.current_limit_rps, Some(100.0));
+    assert_eq!(a.proposed_limit_rps, Some(50.0));
+    // Region b: 5/s at its peak against its own 4/s: 6.25, within [2, 8].
+    let b = of(Some("b")).expect("region b's proposal");
+    assert_eq!(b.evidence.peak_rps, Some(5.0));
+    assert_eq!(b.current_limit_rps, Some(4.0));
+    assert_eq!(b.proposed_limit_rps, Some(6.25));
+    assert!(of(None).is_none(), "no summed proposal beside the regions'");
+    let quiet = plan.proposals.iter().find(|p| p.bucket == "quiet").unwrap();
+    assert_eq!(quiet.region, None, "a bucket not split stays summed");
 }

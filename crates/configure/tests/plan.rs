@@ -56,6 +56,7 @@ fn bucket(service: &str, bucket: &str, limit: f64) -> CurrentBucket {
         pair: None,
         per_subject: None,
         limit_rps: limit,
+        regional: None,
     }
 }
 

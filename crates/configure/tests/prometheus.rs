@@ -384,6 +384,7 @@ fn current(buckets: &[(&str, &str, f64)]) -> CurrentLimits {
                 pair: None,
                 per_subject: None,
                 limit_rps: *l,
+                regional: None,
             })
             .collect(),
     }

@@ -222,7 +222,7 @@ services:
     let names: Vec<&str> = api.buckets.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["all", "all~candidate", "plain"]);
     let (all, twin, plain) = (&api.buckets[0], &api.buckets[1], &api.buckets[2]);
-    let candidate = all.candidate.expect("the bucket keeps its candidate");
+    let candidate = all.candidate.as_ref().expect("the bucket keeps its candidate");
     assert_eq!(candidate.limit.per_second(), 800.0);
     assert_eq!(candidate.since_ms, 1_796_281_200_250);
     assert_eq!((all.mode, all.limit.per_second()), (Mode::Enforce, 1000.0));
@@ -244,4 +244,26 @@ services:
         table.ends_with("2 buckets in 1 service, one with a candidate limit on trial\n"),
         "{table}"
     );
+}
+
+#[test]
+fn a_region_limit_is_the_buckets_limit_in_that_region_and_its_candidate_carries_its_own() {
+    let text = "version: 1
+services:
+  api:
+    buckets:
+      - name: regional
+        limit: 100/s
+        scope: region
+        region_limits: { eu-west: 40/s, us-east: 2400/min }
+        candidate: { limit: 100/s, since: 2026-12-03T07:00:00Z, region_limits: { eu-west: 30/s } }
+";
+    let config = config::load_bytes(text.as_bytes(), "c.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let api = config.service("api").unwrap();
+    let (bucket, twin) = (&api.buckets[0], &api.buckets[1]);
+    assert_eq!(bucket.limit_in("eu-west").per_second(), 40.0);
+    assert_eq!(bucket.limit_in("us-east").per_second(), 40.0);
+    assert_eq!(bucket.limit_in("ap-south").per_second(), 100.0);
+    assert_eq!(twin.limit_in("eu-west").per_second(), 30.0);
+    assert_eq!(twin.limit_in("us-east").per_second(), 100.0, "the candidate's own");
 }

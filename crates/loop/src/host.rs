@@ -259,7 +259,7 @@ impl HostCore {
                 continue;
             }
             let key = BucketKey::new(&service.name, &bucket.name);
-            let limit = bucket.limit.per_second();
+            let limit = bucket.limit_in(&self.id.region).per_second();
             let mut kept = old
                 .remove(&key)
                 .filter(|b| b.kind == bucket.algorithm)

@@ -414,7 +414,8 @@ impl RegionCore {
                 continue;
             }
             let key = BucketKey::new(&service.name, &bucket.name);
-            let limit = bucket.limit.per_second();
+            // A region-scoped bucket may have a limit of this region's own (RLC4).
+            let limit = bucket.limit_in(&self.region).per_second();
             let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
             // `tiers`: the scope's load per criticality tier, which the ratio is split by so the
             // lowest tiers absorb it first (SPEC §10).

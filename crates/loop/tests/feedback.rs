@@ -161,6 +161,44 @@ fn zone_and_region_scoped_buckets_limit_only_their_zone_or_region() {
 }
 
 #[test]
+fn a_region_limit_is_enforced_by_its_regions_controller_and_the_others_keep_the_bucket_limit() {
+    let yaml = config(
+        200,
+        1000,
+        &["{ name: per-region, limit: 200/s, scope: region, region_limits: { r2: 100/s } }"],
+    );
+    let mut fleet = Fleet::start(&yaml, 2, 2, 2);
+    for client in &mut fleet.clients {
+        // 300/s in each region: r1 against the bucket's 200/s, r2 against its own 100/s.
+        client.set_rate("per-region", 75.0);
+    }
+    fleet.wait_for(
+        3 * INTERVAL,
+        "each region drops down to its own limit",
+        |fleet| {
+            fleet.clients.iter().all(|c| {
+                let region = if c.region == "r1" {
+                    1.0 / 3.0
+                } else {
+                    2.0 / 3.0
+                };
+                close(c.ratio("per-region"), region, 0.03)
+            })
+        },
+    );
+    for (region, limit) in [("r1", 200.0), ("r2", 100.0)] {
+        let admitted: f64 = fleet
+            .clients_of(region)
+            .map(|c| c.admitted("per-region"))
+            .sum();
+        assert!(
+            close(admitted, limit, limit * 0.05),
+            "region {region} admits {admitted} against {limit}"
+        );
+    }
+}
+
+#[test]
 fn without_the_controller_clients_fail_open_within_the_ttl_and_a_restart_restores_enforcement() {
     let ttl = Duration::from_millis(1000);
     let mut fleet = Fleet::start(&global_bucket(), 1, 2, 2);

@@ -110,6 +110,10 @@ pub struct PlanArgs {
     /// Below this share of the lookback's minutes a series is too gappy: its limit is kept.
     #[arg(long, default_value_t = settings::DEFAULT_MIN_COVERAGE)]
     pub min_coverage: f64,
+    /// Propose a limit of each region's own for every `scope: region` bucket in force, from
+    /// that region's history (a builtin: source).
+    #[arg(long)]
+    pub per_region: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -358,6 +362,15 @@ pub(super) fn planned(
         Err(Unusable::Failure(err)) => return Err(failure(err)),
     };
     let current = current()?;
+    if args.per_region {
+        let regional: Vec<(String, String)> = current
+            .buckets
+            .iter()
+            .filter(|b| b.regional.is_some())
+            .map(|b| (b.service.clone(), b.bucket.clone()))
+            .collect();
+        source.per_region(&regional).map_err(usage)?;
+    }
     if let Some(dir) = &args.chart
         && let Err(err) = std::fs::create_dir_all(dir)
     {

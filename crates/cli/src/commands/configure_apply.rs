@@ -71,6 +71,12 @@ fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, Strin
         };
         let limit = spillway_core::limit::Limit::parse(&text(limit))
             .map_err(|e| format!("{}: {e}", place()))?;
+        let mut regions = Vec::new();
+        for (region, text) in candidate["region_limits"].as_object().into_iter().flatten() {
+            let limit = spillway_core::limit::Limit::parse(text.as_str().unwrap_or_default())
+                .map_err(|e| format!("{}: candidate.region_limits.{region}: {e}", place()))?;
+            regions.push((region.clone(), limit.per_second()));
+        }
         let since_ms =
             parse_millis(&text(since.1)).map_err(|e| format!("{}: {}: {e}", place(), since.0))?;
         out.push((
@@ -82,6 +88,7 @@ fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, Strin
                 limit_rps: limit.per_second(),
                 since_ms,
                 trial,
+                regions,
             },
             rule.clone(),
         ));
@@ -249,9 +256,12 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
             Step::Skip {
                 service, bucket, ..
             } => (service.clone(), bucket.clone(), None),
-            Step::Retune { rule, limit_rps } => {
-                (rule.service.clone(), rule.bucket.clone(), Some(*limit_rps))
-            }
+            Step::RegionCandidate {
+                service, bucket, ..
+            } => (service.clone(), bucket.clone(), None),
+            Step::Retune {
+                rule, limit_rps, ..
+            } => (rule.service.clone(), rule.bucket.clone(), Some(*limit_rps)),
             Step::Validating { rule, .. }
             | Step::Withdraw { rule }
             | Step::Promote { rule, .. }
@@ -364,21 +374,45 @@ fn carry_out(
                 limit_text(*limit_rps)
             ))
         }
+        Step::RegionCandidate {
+            service,
+            bucket,
+            regions,
+        } => {
+            let found = in_force(rules, service, bucket)?;
+            let current = found["limit"].as_str().unwrap_or_default().to_owned();
+            let rule = ShadowRule {
+                id: found["id"].as_str().unwrap_or_default().to_owned(),
+                version: found["version"].as_i64().unwrap_or_default(),
+                service: service.clone(),
+                bucket: bucket.clone(),
+                limit_rps: 0.0,
+                since_ms: now_ms,
+                trial: Trial::Candidate,
+                regions: regions.clone(),
+            };
+            let mut body = writable(found);
+            body["candidate"] = json!({
+                "limit": current,
+                "since": format_millis(now_ms),
+                "region_limits": region_limits(regions),
+            });
+            body["reason"] = json!(format!(
+                "spillway configure apply --per-region: {} tried as a candidate for {window} before it replaces the regions' limits",
+                describe_regions(regions)
+            ));
+            put(&rule, body)?;
+            Ok(format!(
+                "a candidate of its regions' limits ({}): tried in shadow for {window}, the limits in force enforced meanwhile",
+                describe_regions(regions)
+            ))
+        }
         Step::Candidate {
             service,
             bucket,
             limit_rps,
         } => {
-            let found = rules.as_array().into_iter().flatten().find(|r| {
-                r["service"] == service.as_str()
-                    && r["name"] == bucket.as_str()
-                    && r["expires_at"].is_null()
-            });
-            let Some(found) = found else {
-                return Err(format!(
-                    "{service}/{bucket}: no such rule in the rules service"
-                ));
-            };
+            let found = in_force(rules, service, bucket)?;
             let current = found["limit"].as_str().unwrap_or_default().to_owned();
             let rule = ShadowRule {
                 id: found["id"].as_str().unwrap_or_default().to_owned(),
@@ -388,6 +422,7 @@ fn carry_out(
                 limit_rps: *limit_rps,
                 since_ms: now_ms,
                 trial: Trial::Candidate,
+                regions: Vec::new(),
             };
             let mut body = writable(found);
             body["candidate"] =
@@ -401,10 +436,19 @@ fn carry_out(
                 "a candidate beside {current}: tried in shadow for {window}, {current} enforced meanwhile"
             ))
         }
-        Step::Retune { rule, limit_rps } if rule.trial == Trial::Candidate => {
+        Step::Retune {
+            rule,
+            limit_rps,
+            regions,
+        } if rule.trial == Trial::Candidate => {
             let mut body = writable(&rule_of(rule));
-            body["candidate"] =
-                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)});
+            let base = body["candidate"]["limit"].clone();
+            body["candidate"] = if regions.is_empty() {
+                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)})
+            } else {
+                json!({"limit": base, "since": format_millis(now_ms),
+                       "region_limits": region_limits(regions)})
+            };
             body["reason"] = json!(format!(
                 "spillway configure apply: the proposal moved from {}; the candidate is tried for {window} again",
                 limit_text(rule.limit_rps)
@@ -435,7 +479,11 @@ fn carry_out(
             let mut body = writable(&rule_of(rule));
             let before = body["limit"].as_str().unwrap_or_default().to_owned();
             let after = body["candidate"]["limit"].clone();
+            let regions = body["candidate"]["region_limits"].clone();
             body["limit"] = after;
+            if regions.is_object() {
+                body["region_limits"] = regions;
+            }
             if let Some(map) = body.as_object_mut() {
                 map.remove("candidate");
             }
@@ -444,13 +492,22 @@ fn carry_out(
                 share * 100.0
             ));
             put(rule, body)?;
+            let promoted = if rule.regions.is_empty() {
+                format!("{} replaces {before}", limit_text(rule.limit_rps))
+            } else {
+                format!(
+                    "the regions' limits are {}",
+                    describe_regions(&rule.regions)
+                )
+            };
             Ok(format!(
-                "promoted: {} replaces {before}; it would have dropped {:.3}% over {window}",
-                limit_text(rule.limit_rps),
+                "promoted: {promoted}; it would have dropped {:.3}% over {window}",
                 share * 100.0
             ))
         }
-        Step::Retune { rule, limit_rps } => {
+        Step::Retune {
+            rule, limit_rps, ..
+        } => {
             let mut body = writable(&rule_of(rule));
             body["limit"] = json!(limit_text(*limit_rps));
             body["reason"] = json!(format!(
@@ -498,6 +555,35 @@ fn carry_out(
         )),
         Step::Skip { reason, .. } => Ok(reason.clone()),
     }
+}
+
+/// The rule in force (not an override) of `service/bucket` in `GET /v1/rules`.
+fn in_force<'a>(rules: &'a Value, service: &str, bucket: &str) -> Result<&'a Value, String> {
+    rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["service"] == service && r["name"] == bucket && r["expires_at"].is_null())
+        .ok_or_else(|| format!("{service}/{bucket}: no such rule in the rules service"))
+}
+
+/// `{"eu": "60/s", ...}`: a candidate's `region_limits`.
+fn region_limits(regions: &[(String, f64)]) -> Value {
+    Value::Object(
+        regions
+            .iter()
+            .map(|(r, rps)| (r.clone(), json!(limit_text(*rps))))
+            .collect(),
+    )
+}
+
+/// `eu 60/s, us 100/s`.
+fn describe_regions(regions: &[(String, f64)]) -> String {
+    regions
+        .iter()
+        .map(|(r, rps)| format!("{r} {}", limit_text(*rps)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn table(done: &[Done]) -> String {

@@ -6,6 +6,7 @@
 //! [`ConfigFile`] into a [`super::Config`].
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
@@ -487,6 +488,11 @@ pub struct BucketFile {
     )]
     #[schemars(range(min = 2, max = 1000))]
     pub batch: Option<u64>,
+    /// Limits of single regions for a `scope: region` bucket (MISSION RLC4): in region R the
+    /// bucket's limit is `region_limits.R`, in any other region `limit`. Each region's
+    /// controller enforces its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_limits: Option<BTreeMap<String, Limit>>,
     /// A limit on trial beside `limit` (SPEC §9): the proxies evaluate it in shadow and count
     /// the requests it would have dropped as `decision="candidate_dropped"`, while `limit` stays
     /// in force; promoting it replaces `limit` in one change. `spillway configure` sets and
@@ -506,6 +512,10 @@ pub struct CandidateFile {
     /// may follow the seconds): its validation window starts here.
     #[schemars(regex(pattern = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z$"))]
     pub since: String,
+    /// The limits of single regions on trial, for a bucket of `scope: region`: promoting the
+    /// candidate makes them the bucket's `region_limits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_limits: Option<BTreeMap<String, Limit>>,
 }
 
 /// The largest `batch`: a proxy may hold up to `batch - 1` of a key's tokens, which it can admit

@@ -86,14 +86,18 @@ pub struct Bucket {
     /// The limit on trial beside `limit` (SPEC §9), if the bucket has one. The service also
     /// holds the candidate's twin right after this bucket (see [`CANDIDATE_SUFFIX`]).
     pub candidate: Option<Candidate>,
+    /// The limits of single regions (`scope: region` only), by region name, sorted.
+    pub region_limits: Vec<(String, Limit)>,
 }
 
 /// A validated `candidate`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub limit: Limit,
     /// When its trial began, Unix milliseconds.
     pub since_ms: i64,
+    /// The limits of single regions on trial, by region name, sorted.
+    pub region_limits: Vec<(String, Limit)>,
 }
 
 /// A bucket with a candidate is followed in its service by its twin: the same bucket in shadow
@@ -109,16 +113,25 @@ pub fn candidate_of(bucket: &str) -> Option<&str> {
 }
 
 impl Bucket {
+    /// The bucket's limit in `region`: its `region_limits` entry, else `limit`.
+    pub fn limit_in(&self, region: &str) -> Limit {
+        self.region_limits
+            .iter()
+            .find(|(r, _)| r == region)
+            .map_or(self.limit, |(_, l)| *l)
+    }
+
     /// Whether this is a candidate's twin ([`CANDIDATE_SUFFIX`]).
     pub fn is_candidate(&self) -> bool {
         candidate_of(&self.name).is_some()
     }
 
     /// The twin that tries `candidate` beside this bucket.
-    fn candidate_twin(&self, candidate: Candidate, burst: Option<NonZeroU64>) -> Bucket {
+    fn candidate_twin(&self, candidate: &Candidate, burst: Option<NonZeroU64>) -> Bucket {
         let mut twin = self.clone();
         twin.name = format!("{}{CANDIDATE_SUFFIX}", self.name);
         twin.limit = candidate.limit;
+        twin.region_limits = candidate.region_limits.clone();
         twin.burst = self
             .algorithm
             .takes_burst()
@@ -624,6 +637,12 @@ fn check_bucket(
             ),
         ));
     }
+    let region_limits = check_region_limits(
+        check,
+        &child(path, "region_limits"),
+        (bucket.scope, store),
+        bucket.region_limits.as_ref(),
+    )?;
     let candidate = bucket
         .candidate
         .as_ref()
@@ -632,7 +651,7 @@ fn check_bucket(
                 check,
                 &child(path, "candidate"),
                 &bucket,
-                descriptor.is_some(),
+                (descriptor.is_some(), store),
                 c,
             )
         })
@@ -663,9 +682,12 @@ fn check_bucket(
             .on_store_failure
             .unwrap_or(default_failure_policy(store)),
         batch: bucket.batch,
-        candidate,
+        candidate: candidate.clone(),
+        region_limits,
     };
-    let twin = candidate.map(|c| checked.candidate_twin(c, bucket.burst));
+    let twin = candidate
+        .as_ref()
+        .map(|c| checked.candidate_twin(c, bucket.burst));
     Ok((checked, twin))
 }
 
@@ -675,7 +697,7 @@ fn check_candidate(
     check: &Checker<'_>,
     path: &str,
     bucket: &BucketFile,
-    is_descriptor: bool,
+    (is_descriptor, store): (bool, StateStore),
     candidate: &super::model::CandidateFile,
 ) -> Result<Candidate, Located> {
     if bucket.mode == Mode::Shadow {
@@ -696,10 +718,58 @@ fn check_candidate(
             format!("since: {e}; write when the trial began, like 2026-12-03T07:00:00Z"),
         )
     })?;
+    let region_limits = check_region_limits(
+        check,
+        &child(path, "region_limits"),
+        (bucket.scope, store),
+        candidate.region_limits.as_ref(),
+    )?;
     Ok(Candidate {
         limit: candidate.limit,
         since_ms,
+        region_limits,
     })
+}
+
+/// `region_limits` only on a `scope: region` bucket that each region's controller counts (a
+/// global or zone limit is one for every region, and a proxy's own count has no region),
+/// keyed by region names.
+fn check_region_limits(
+    check: &Checker<'_>,
+    path: &str,
+    (scope, store): (Scope, StateStore),
+    limits: Option<&std::collections::BTreeMap<String, Limit>>,
+) -> Result<Vec<(String, Limit)>, Located> {
+    let Some(limits) = limits else {
+        return Ok(Vec::new());
+    };
+    if store != StateStore::ControlPlane {
+        return Err(check.at_key(
+            path,
+            format!(
+                "region_limits are enforced by each region's controller, for a bucket of store: control-plane (drop-ratio, adaptive-token-bucket); a store: {store} bucket counts one limit, so leave region_limits out"
+            ),
+        ));
+    }
+    if scope != Scope::Region {
+        return Err(check.at_key(
+            path,
+            format!(
+                "region_limits are limits of single regions, for a bucket of scope: region; a {scope} bucket has one limit, so write scope: region or leave region_limits out"
+            ),
+        ));
+    }
+    for region in limits.keys() {
+        if !is_name(region) {
+            return Err(check.at_key(
+                &child(path, region),
+                format!(
+                    "region \"{region}\": name a region as the controllers' --region does, with letters, digits, '.', '_' and '-'"
+                ),
+            ));
+        }
+    }
+    Ok(limits.iter().map(|(r, l)| (r.clone(), *l)).collect())
 }
 
 /// `batch` takes a Redis token bucket's tokens ahead and spends them later, which only fits a
