@@ -459,6 +459,10 @@ fn bad_input_is_a_clear_error_and_a_non_zero_exit() {
     );
     dir.write("not-a-list.yaml", "quotas: {svc-0: 3}\n");
     dir.write(
+        "capacity.yaml",
+        "capacity:\n  - {from: 2026-01-01, until: 2026-01-02, multiplier: 0}\n",
+    );
+    dir.write(
         "broken.yaml",
         "version: 1\nservices:\n  api:\n    buckets:\n      - name: a\n        limit: 0/s\n",
     );
@@ -542,6 +546,21 @@ fn bad_input_is_a_clear_error_and_a_non_zero_exit() {
             synthetic(&["--query", "up"]),
             2,
             "--query is for a prometheus: source",
+        ),
+        (
+            synthetic(&["--per-region"]),
+            2,
+            "--per-region needs a history per region, which the synthetic source",
+        ),
+        (
+            synthetic(&["--capacity-file", "capacity.yaml"]),
+            2,
+            "--capacity-file multiplies forecasts: give --policy forecast",
+        ),
+        (
+            synthetic(&["--policy", "forecast", "--capacity-file", "capacity.yaml"]),
+            2,
+            "capacity.yaml: capacity[0]: multiplier 0: write how many times",
         ),
         (fixed("bad-limit.yaml"), 2, "bad-limit.yaml:2:"),
         (

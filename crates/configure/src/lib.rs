@@ -40,4 +40,4 @@ pub use history::History;
 pub use plan::{Action, Evidence, Plan, PlanError, Proposal, plan};
 pub use policy::{Policy, PolicyKind};
 pub use series::{HistorySource, Point, SeriesKey, SourceError, Target, Trial, Window};
-pub use settings::{Headroom, Params, PolicyFile, QuotaFile, Settings};
+pub use settings::{CapacityFile, Headroom, Params, PolicyFile, QuotaFile, Settings};

@@ -101,6 +101,14 @@ pub struct Evidence {
     pub unclamped_rps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clamp: Option<Clamp>,
+    /// The planned capacity (`--capacity-file`) that raised or lowered the forecast peak: its
+    /// multiplier, the day and the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_multiplier: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_day: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_rps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -303,6 +311,7 @@ fn propose(
         current,
         params,
         quotas: settings.quotas.as_ref(),
+        capacity: settings.capacity.as_ref(),
         min_coverage: settings.min_coverage,
     };
     let suggestion = params.policy.policy().suggest(&input, &mut evidence);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::History;
 use crate::plan::{Clamp, Evidence};
-use crate::settings::{DEFAULT_HEADROOM, Headroom, Params, QuotaFile};
+use crate::settings::{CapacityFile, DEFAULT_HEADROOM, Headroom, Params, QuotaFile};
 use crate::stats::round_up_3;
 use crate::time;
 
@@ -79,6 +79,8 @@ pub struct Input<'a> {
     pub current: Option<f64>,
     pub params: &'a Params,
     pub quotas: Option<&'a QuotaFile>,
+    /// `forecast`'s planned capacity.
+    pub capacity: Option<&'a CapacityFile>,
     /// Below this share of the lookback's minutes a history is too gappy to rest a limit on.
     pub min_coverage: f64,
 }
@@ -189,9 +191,32 @@ impl Policy for Forecast {
                 };
             }
         };
-        let (_, peak) = forecast.peak();
+        let (_, mut peak) = forecast.peak();
         if peak <= 0.0 || !peak.is_finite() {
             return no_traffic();
+        }
+        if let Some(capacity) = input.capacity {
+            // Each day of next week times its planned multiplier; the highest of them.
+            let (day, planned, multiplier) = forecast
+                .days
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| {
+                    let at = history.window.day_start(history.window.days() + i);
+                    let m = capacity.multiplier(input.service, at);
+                    (at, p * m, m)
+                })
+                .fold(
+                    (0, f64::MIN, 1.0),
+                    |best, d| if d.1 > best.1 { d } else { best },
+                );
+            if multiplier != 1.0 && planned.is_finite() && planned > 0.0 {
+                peak = planned;
+                evidence.capacity_multiplier = Some(multiplier);
+                evidence.capacity_day =
+                    Some(format!("{} {}", time::weekday(day), time::format_date(day)));
+                evidence.capacity_file = Some(capacity.file.clone());
+            }
         }
         let headroom = match input.params.headroom {
             Headroom::Fixed(h) => h,

@@ -34,6 +34,12 @@ pub fn evidence_line(p: &Proposal) -> String {
             .map_or(String::new(), |t| format!(", trend {:+.1}%/wk", t * 100.0));
         parts.push(format!("forecast {} on {day}{trend}", rate(f)));
     }
+    if let (Some(m), Some(day)) = (e.capacity_multiplier, &e.capacity_day) {
+        let base = e
+            .base_rps
+            .map_or(String::new(), |b| format!(": {}", rate(b)));
+        parts.push(format!("planned capacity x{m} on {day}{base}"));
+    }
     if let Some(h) = e.headroom {
         let auto = if e.headroom_basis.is_some() {
             " (auto)"

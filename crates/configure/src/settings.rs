@@ -349,6 +349,110 @@ impl QuotaFile {
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapacityEntry {
+    #[serde(default)]
+    service: Option<String>,
+    from: String,
+    until: String,
+    multiplier: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapacityFileText {
+    capacity: Vec<CapacityEntry>,
+}
+
+/// One planned change of capacity: every day from `from_day` to `until_day` (Unix days, both
+/// included), `service`'s (or every service's) traffic is expected at `multiplier` times what
+/// the history says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    pub service: Option<String>,
+    pub from_day: i64,
+    pub until_day: i64,
+    pub multiplier: f64,
+}
+
+/// The largest multiplier a planned-capacity file may give: a forecast of 100 times the
+/// history is a new service, not a season.
+pub const MAX_CAPACITY_MULTIPLIER: f64 = 100.0;
+
+/// `--capacity-file`, for `forecast`: `capacity: [{service?, from, until, multiplier}]`, dates
+/// like `2026-12-24` (a planned launch, a sale, a holiday: what the history cannot know).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CapacityFile {
+    pub file: String,
+    pub entries: Vec<Capacity>,
+}
+
+impl CapacityFile {
+    pub fn parse(text: &str, file: &str) -> Result<CapacityFile, FileError> {
+        let parsed: CapacityFileText =
+            yaml_serde::from_str(text).map_err(|e| yaml_error(file, &e))?;
+        let wrong = |i: usize, message: String| FileError {
+            file: file.to_owned(),
+            at: None,
+            message: format!("capacity[{i}]: {message}"),
+        };
+        let mut entries = Vec::with_capacity(parsed.capacity.len());
+        for (i, entry) in parsed.capacity.into_iter().enumerate() {
+            let day = |key: &str, text: &str| {
+                crate::time::parse_time(text)
+                    .map(|secs| secs.div_euclid(86_400))
+                    .map_err(|e| wrong(i, format!("{key}: {e}")))
+            };
+            let from_day = day("from", &entry.from)?;
+            let until_day = day("until", &entry.until)?;
+            if until_day < from_day {
+                return Err(wrong(
+                    i,
+                    format!(
+                        "until {} is before from {}: both days are included, so write the last \
+                         day after the first",
+                        entry.until, entry.from
+                    ),
+                ));
+            }
+            if !(entry.multiplier > 0.0 && entry.multiplier <= MAX_CAPACITY_MULTIPLIER) {
+                return Err(wrong(
+                    i,
+                    format!(
+                        "multiplier {}: write how many times the usual traffic is expected, \
+                         above 0 and at most {MAX_CAPACITY_MULTIPLIER}, like 1.5",
+                        entry.multiplier
+                    ),
+                ));
+            }
+            entries.push(Capacity {
+                service: entry.service,
+                from_day,
+                until_day,
+                multiplier: entry.multiplier,
+            });
+        }
+        Ok(CapacityFile {
+            file: file.to_owned(),
+            entries,
+        })
+    }
+
+    /// The multiplier of `service` on the day holding `at` (Unix seconds): the largest of the
+    /// entries that cover it, 1 without one.
+    pub fn multiplier(&self, service: &str, at: i64) -> f64 {
+        let day = at.div_euclid(86_400);
+        self.entries
+            .iter()
+            .filter(|c| c.service.as_deref().is_none_or(|s| s == service))
+            .filter(|c| (c.from_day..=c.until_day).contains(&day))
+            .map(|c| c.multiplier)
+            .reduce(f64::max)
+            .unwrap_or(1.0)
+    }
+}
+
 /// Everything a plan is asked for besides the history and the current limits.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -356,6 +460,8 @@ pub struct Settings {
     pub defaults: Params,
     pub policy_file: PolicyFile,
     pub quotas: Option<QuotaFile>,
+    /// `forecast`'s planned capacity (`--capacity-file`).
+    pub capacity: Option<CapacityFile>,
     /// Below this share of the lookback's minutes a series gets `keep` (gaps).
     pub min_coverage: f64,
 }
@@ -369,6 +475,7 @@ impl Settings {
             defaults,
             policy_file: PolicyFile::default(),
             quotas: None,
+            capacity: None,
             min_coverage: DEFAULT_MIN_COVERAGE,
         }
     }

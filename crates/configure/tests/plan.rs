@@ -7,8 +7,8 @@ use spillway_configure::plan::Clamp;
 use spillway_configure::series::{DAY, MINUTE};
 use spillway_configure::synthetic::{Shape, SyntheticSource};
 use spillway_configure::{
-    Action, CurrentBucket, CurrentLimits, Headroom, HistorySource, Params, PlanError, Point,
-    PolicyKind, QuotaFile, SeriesKey, Settings, SourceError, Window, chart, report,
+    Action, CapacityFile, CurrentBucket, CurrentLimits, Headroom, HistorySource, Params, PlanError,
+    Point, PolicyKind, QuotaFile, SeriesKey, Settings, SourceError, Window, chart, report,
 };
 
 struct InMemory(Vec<(SeriesKey, Vec<Point>)>);
@@ -284,6 +284,90 @@ fn auto_headroom_follows_the_spread_of_daily_peaks() {
             .unwrap()
             .starts_with("auto: twice the daily peaks'")
     );
+}
+
+/// A planned-capacity file multiplies the forecast of the days it covers: a sale at three
+/// times on one day of next week makes that day's forecast the peak, and a file about another
+/// service or another week changes nothing.
+#[test]
+fn a_planned_capacity_multiplies_the_forecast_of_its_days() {
+    let calm = Shape {
+        noise: 0.01,
+        spike_chance: 0.0,
+        weekend: 0.0,
+        ..Shape::default()
+    };
+    let planned = |capacity: Option<&str>| {
+        let source =
+            SyntheticSource::with_series(vec![(SeriesKey::bucket("a", "calm"), calm.clone())], 1);
+        let mut settings = Settings::new(Params {
+            policy: PolicyKind::Forecast,
+            ..Params::default()
+        });
+        settings.capacity =
+            capacity.map(|text| CapacityFile::parse(text, "capacity.yaml").unwrap());
+        let plan = spillway_configure::plan(
+            &mut { source },
+            window(),
+            &settings,
+            &CurrentLimits::default(),
+            |_, _| {},
+        )
+        .unwrap();
+        plan.proposals[0].clone()
+    };
+    let plain = planned(None);
+    let base = plain.evidence.base_rps.expect("a forecast peak");
+    assert_eq!(plain.evidence.capacity_multiplier, None);
+    // UNTIL is 2026-01-01, a Thursday: next week's third day is Saturday 2026-01-03.
+    let sale = planned(Some(
+        "capacity:\n  - {service: a, from: 2026-01-03, until: 2026-01-03, multiplier: 3}\n",
+    ));
+    let e = &sale.evidence;
+    assert_eq!(e.capacity_multiplier, Some(3.0), "{e:?}");
+    assert_eq!(e.capacity_day.as_deref(), Some("Sat 2026-01-03"));
+    let tripled = e.base_rps.unwrap();
+    assert!(
+        tripled > 2.7 * base && tripled < 3.3 * base,
+        "{tripled} against {base}"
+    );
+    assert!(report::evidence_line(&sale).contains("planned capacity x3 on Sat 2026-01-03"));
+    for other in [
+        "capacity:\n  - {service: b, from: 2026-01-03, until: 2026-01-03, multiplier: 3}\n",
+        "capacity:\n  - {from: 2026-02-01, until: 2026-02-07, multiplier: 3}\n",
+    ] {
+        let p = planned(Some(other));
+        assert_eq!(p.evidence.base_rps, Some(base), "{other}");
+        assert_eq!(p.evidence.capacity_multiplier, None);
+    }
+}
+
+#[test]
+fn bad_capacity_files_say_where_and_what() {
+    for (text, says) in [
+        (
+            "capacity:\n  - {from: 2026-01-03, until: 2026-01-01, multiplier: 2}\n",
+            "capacity[0]: until 2026-01-01 is before from 2026-01-03",
+        ),
+        (
+            "capacity:\n  - {from: 2026-01-03, until: 2026-01-04, multiplier: 0}\n",
+            "capacity[0]: multiplier 0: write how many times",
+        ),
+        (
+            "capacity:\n  - {from: soon, until: 2026-01-04, multiplier: 2}\n",
+            "capacity[0]: from: time \"soon\"",
+        ),
+        (
+            "capacity:\n  - {from: 2026-01-03, until: 2026-01-04, factor: 2}\n",
+            "unknown field `factor`",
+        ),
+    ] {
+        let err = CapacityFile::parse(text, "capacity.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{err}");
+        assert!(err.contains("capacity.yaml"), "{err}");
+    }
 }
 
 #[test]

@@ -222,7 +222,10 @@ services:
     let names: Vec<&str> = api.buckets.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["all", "all~candidate", "plain"]);
     let (all, twin, plain) = (&api.buckets[0], &api.buckets[1], &api.buckets[2]);
-    let candidate = all.candidate.as_ref().expect("the bucket keeps its candidate");
+    let candidate = all
+        .candidate
+        .as_ref()
+        .expect("the bucket keeps its candidate");
     assert_eq!(candidate.limit.per_second(), 800.0);
     assert_eq!(candidate.since_ms, 1_796_281_200_250);
     assert_eq!((all.mode, all.limit.per_second()), (Mode::Enforce, 1000.0));
@@ -265,5 +268,9 @@ services:
     assert_eq!(bucket.limit_in("us-east").per_second(), 40.0);
     assert_eq!(bucket.limit_in("ap-south").per_second(), 100.0);
     assert_eq!(twin.limit_in("eu-west").per_second(), 30.0);
-    assert_eq!(twin.limit_in("us-east").per_second(), 100.0, "the candidate's own");
+    assert_eq!(
+        twin.limit_in("us-east").per_second(),
+        100.0,
+        "the candidate's own"
+    );
 }

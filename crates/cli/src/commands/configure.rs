@@ -11,8 +11,8 @@ use spillway_configure::prometheus::{PrometheusSource, Query};
 use spillway_configure::settings::{self, FileError};
 use spillway_configure::synthetic::SyntheticSource;
 use spillway_configure::{
-    CurrentLimits, Headroom, HistorySource, Params, PlanError, PolicyFile, PolicyKind, QuotaFile,
-    Settings, SourceError, Window, chart, report,
+    CapacityFile, CurrentLimits, Headroom, HistorySource, Params, PlanError, PolicyFile,
+    PolicyKind, QuotaFile, Settings, SourceError, Window, chart, report,
 };
 use spillway_rules::client::{RulesClient, RulesResponse};
 
@@ -77,6 +77,11 @@ pub struct PlanArgs {
     /// The `fixed` policy's quotas: `quotas: [{service, bucket, limit}]`.
     #[arg(long, value_name = "FILE")]
     pub quota_file: Option<PathBuf>,
+    /// `forecast`'s planned capacity: `capacity: [{service, from, until, multiplier}]` (service
+    /// optional, dates like 2026-12-24, both included): next week's forecast of those days times
+    /// the multiplier.
+    #[arg(long, value_name = "FILE")]
+    pub capacity_file: Option<PathBuf>,
     /// Policy and parameters per service: `services: {NAME: {policy: forecast, headroom: 0.3}}`;
     /// the flags are the defaults.
     #[arg(long, value_name = "FILE")]
@@ -219,6 +224,17 @@ fn settings(args: &PlanArgs) -> Result<Settings, String> {
     if let Some(path) = &args.quota_file {
         settings.quotas =
             Some(QuotaFile::parse(&read(path)?, &path.display().to_string()).map_err(located)?);
+    }
+    if let Some(path) = &args.capacity_file {
+        if !settings.uses(PolicyKind::Forecast) {
+            return Err(
+                "--capacity-file multiplies forecasts: give --policy forecast (or name it for a \
+                 service in --policy-file)"
+                    .to_owned(),
+            );
+        }
+        settings.capacity =
+            Some(CapacityFile::parse(&read(path)?, &path.display().to_string()).map_err(located)?);
     }
     if settings.uses(PolicyKind::Fixed) && settings.quotas.is_none() {
         return Err("the fixed policy takes its limits from --quota-file FILE".to_owned());
