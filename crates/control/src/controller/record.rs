@@ -19,8 +19,6 @@ use super::history::{History, Sample};
 const MAX_ZONES: usize = 1024;
 /// Peer regions remembered.
 const MAX_PEERS: usize = 256;
-/// Intervals whose virtual drops wait for the core to compute them.
-const MAX_PENDING: usize = 16;
 /// Rules versions whose arrival time is remembered.
 const MAX_VERSIONS: usize = 16;
 
@@ -53,9 +51,6 @@ struct HostSeen {
 #[derive(Debug)]
 pub(super) struct Record {
     history: HashMap<BucketKey, History>,
-    /// Virtual drops by interval and bucket, summed from zone reports and peers' sums until the
-    /// core computes that interval.
-    shadow: BTreeMap<u64, HashMap<BucketKey, u64>>,
     zones: BTreeMap<String, ZoneHealth>,
     /// The zone of each aggregator stream, once it reported.
     members: HashMap<u64, String>,
@@ -74,7 +69,6 @@ impl Record {
     pub(super) fn new(rules_version: u64, now_ms: u64) -> Self {
         Self {
             history: HashMap::new(),
-            shadow: BTreeMap::new(),
             zones: BTreeMap::new(),
             members: HashMap::new(),
             peers: BTreeMap::new(),
@@ -86,13 +80,7 @@ impl Record {
     }
 
     /// A zone's report on stream `member`, before the core takes it.
-    pub(super) fn on_zone_report(
-        &mut self,
-        core: &RegionCore,
-        member: u64,
-        report: &v1::ZoneReport,
-        now_ms: u64,
-    ) {
+    pub(super) fn on_zone_report(&mut self, member: u64, report: &v1::ZoneReport, now_ms: u64) {
         if self.members.get(&member) != Some(&report.zone) {
             if let Some(old) = self.members.remove(&member) {
                 self.stream_ended(&old, now_ms);
@@ -127,13 +115,6 @@ impl Record {
         for gone in &report.gone {
             self.hosts.remove(gone);
         }
-        self.count_shadow(
-            core,
-            report.sequence,
-            report.interval_ms,
-            &report.buckets,
-            now_ms,
-        );
     }
 
     /// Stream `member` ended, and the hosts it reported with it (as the core forgets them).
@@ -152,7 +133,6 @@ impl Record {
         if self.peers.len() < MAX_PEERS || self.peers.contains_key(&sums.region) {
             self.peers.insert(sums.region.clone(), now_ms);
         }
-        self.count_shadow(core, sums.sequence, sums.interval_ms, &sums.buckets, now_ms);
     }
 
     /// Instructions went down stream `member` (`sent`), or its stream was full.
@@ -193,19 +173,27 @@ impl Record {
         let interval = core.interval();
         // Without a zone to instruct, the interval computed is the one before the current.
         let sequence = sequence.unwrap_or_else(|| interval.sequence_at(now_ms).saturating_sub(1));
-        let shadow = self.shadow.remove(&sequence).unwrap_or_default();
-        // Intervals before it will not be computed any more.
-        self.shadow = self.shadow.split_off(&sequence);
-        let secs = interval.secs();
         let at_ms = interval.end_of(sequence);
+        let config = &core.rules().config;
         for (key, view) in core.view() {
-            let shadow_drop_rps = shadow.get(key).copied().unwrap_or(0) as f64 / secs;
+            // What was offered and not admitted, from the same sums: a shadow bucket's virtual
+            // drops (it drops nothing for real), an enforcing bucket's real ones.
+            let not_admitted = (view.observed_rps - view.admitted_rps).max(0.0);
+            let shadow = config
+                .service(&key.service)
+                .and_then(|s| s.buckets.iter().find(|b| b.name == key.bucket))
+                .is_some_and(|b| b.mode == spillway_core::config::Mode::Shadow);
+            let (real_drop_rps, shadow_drop_rps) = if shadow {
+                (0.0, not_admitted)
+            } else {
+                (not_admitted, 0.0)
+            };
             let sample = Sample {
                 limit_rps: view.limit_rps,
                 offered_rps: view.observed_rps,
                 admitted_rps: view.admitted_rps,
                 drop_ratio: view.drop_ratio,
-                real_drop_rps: (view.observed_rps - view.admitted_rps - shadow_drop_rps).max(0.0),
+                real_drop_rps,
                 shadow_drop_rps,
             };
             self.history
@@ -274,35 +262,6 @@ impl Record {
             }
         }
     }
-
-    /// Adds the virtual drops of interval `sequence` that the core will compute: of the rules'
-    /// interval length, not yet computed, and not ahead of the clock.
-    fn count_shadow(
-        &mut self,
-        core: &RegionCore,
-        sequence: u64,
-        interval_ms: u64,
-        buckets: &[v1::BucketCounts],
-        now_ms: u64,
-    ) {
-        let interval = core.interval();
-        let current = interval.sequence_at(now_ms);
-        if interval_ms != interval.ms() || sequence > current + 1 || sequence + 4 < current {
-            return;
-        }
-        if buckets.iter().all(|b| b.shadow_dropped == 0) {
-            return;
-        }
-        if !self.shadow.contains_key(&sequence) && self.shadow.len() >= MAX_PENDING {
-            self.shadow.pop_first();
-        }
-        let counts = self.shadow.entry(sequence).or_default();
-        for b in buckets.iter().filter(|b| b.shadow_dropped > 0) {
-            *counts
-                .entry(BucketKey::new(&b.service, &b.bucket))
-                .or_default() += b.shadow_dropped;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -353,7 +312,7 @@ mod tests {
 
     /// Feeds `report` to both the record and the core, as the service does, and samples.
     fn feed(record: &mut Record, core: &mut RegionCore, report: v1::ZoneReport, now_ms: u64) {
-        record.on_zone_report(core, 1, &report, now_ms);
+        record.on_zone_report(1, &report, now_ms);
         let steps = core.on_zone_report(1, report, now_ms);
         let sequence = steps.iter().find_map(|s| match s {
             spillway_loop::RegionStep::Send { instructions, .. } => {
@@ -426,7 +385,7 @@ mod tests {
         // The aggregator's stream is replaced: h1 comes again on the new one, h2 does not.
         let mut again = report(102, 10, 10, 0);
         again.hosts.retain(|h| h.host_id == "h1");
-        record.on_zone_report(&core, 2, &again, 103_500);
+        record.on_zone_report(2, &again, 103_500);
         record.on_leave(1, 103_600);
         assert_eq!(record.host_since("h1", 3), Some(101_010), "the same since");
         assert_eq!(record.host_since("h2", 3), None, "gone with its stream");
@@ -439,13 +398,13 @@ mod tests {
         for member in 0..MAX_ZONES as u64 {
             let mut r = report(100, 0, 0, 0);
             r.zone = format!("z{member}");
-            record.on_zone_report(&core, member, &r, 100_500);
+            record.on_zone_report(member, &r, 100_500);
         }
         record.on_leave(7, 100_600);
         record.on_leave(3, 100_700);
         let mut r = report(100, 0, 0, 0);
         r.zone = "new".into();
-        record.on_zone_report(&core, 5000, &r, 100_800);
+        record.on_zone_report(5000, &r, 100_800);
         assert_eq!(record.zones().len(), MAX_ZONES);
         assert!(record.zones().contains_key("new"));
         assert!(!record.zones().contains_key("z7"), "left first, forgotten");
@@ -454,9 +413,8 @@ mod tests {
         let _ = core.poll(100_900);
         let mut r = report(100, 0, 0, 0);
         r.zone = "another".into();
-        record.on_zone_report(&core, 5001, &r, 100_900);
+        record.on_zone_report(5001, &r, 100_900);
         record.on_zone_report(
-            &core,
             5002,
             &{
                 let mut r = report(100, 0, 0, 0);

@@ -66,7 +66,7 @@ impl v1::controller_server::Controller for Service {
                             let mut guard = region.lock();
                             let state = &mut *guard;
                             let now = now_ms();
-                            state.record.on_zone_report(&state.core, conn, &report, now);
+                            state.record.on_zone_report(conn, &report, now);
                             if let Some(history) = &mut state.history {
                                 history.ledger.on_zone_report(&report, now);
                             }
