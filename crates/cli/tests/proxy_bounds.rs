@@ -188,3 +188,54 @@ fn the_soft_descriptor_limit_is_raised_to_the_hard_one_at_start() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("max_connections=7"), "{log}");
 }
+
+/// `spillway up` raises its soft limit as `spillway proxy` does, before its sidecar derives its
+/// connection cap from it.
+#[test]
+fn spillway_up_raises_the_soft_descriptor_limit_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("up.log");
+    let ports: Vec<String> = (0..7)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut child = Command::new("prlimit")
+        .arg("--nofile=64:4096")
+        .arg(SPILLWAY)
+        .args(["up", "-c"])
+        .arg(config(dir.path()))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--upstream", &format!("http://{}", upstream())])
+        .args(["--listen", &ports[0], "--admin", &ports[1]])
+        .args([
+            "--rules-listen",
+            &ports[2],
+            "--controller-listen",
+            &ports[3],
+        ])
+        .args([
+            "--controller-admin",
+            &ports[4],
+            "--aggregator-listen",
+            &ports[5],
+        ])
+        .args(["--aggregator-admin", &ports[6]])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .spawn()
+        .expect("prlimit runs spillway up");
+    let wanted = "file descriptor limit: soft 4096 (raised from 64), hard 4096";
+    let started = Instant::now();
+    let mut log = String::new();
+    while started.elapsed() < Duration::from_secs(30) {
+        log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains(wanted) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.contains(wanted), "{log}");
+}

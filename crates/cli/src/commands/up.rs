@@ -48,6 +48,13 @@ pub fn up(args: UpArgs) -> ExitCode {
         }
         tracing::warn!(%addr, "{flag} {addr} is not loopback and has no TLS (--insecure-plaintext): anyone who can reach it can use it");
     }
+    // As `spillway proxy` does, before the sidecar derives its connection cap from it.
+    match spillway_proxy::raise_fd_limit() {
+        Ok(limit) => tracing::info!("file descriptor limit: {limit}"),
+        Err(err) => tracing::warn!(
+            "cannot raise the file descriptor limit to its hard limit ({err}); the soft limit stays"
+        ),
+    }
     runtime.block_on(async move {
         let options = NodeOptions {
             config: args.config,
