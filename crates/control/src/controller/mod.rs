@@ -126,12 +126,20 @@ impl Controller {
             .peers
             .iter()
             .map(|url| {
+                // The region the dialled peer's certificate names, once a handshake proved it:
+                // the only region whose sums it may send.
+                let certified = Arc::new(std::sync::Mutex::new(None::<String>));
                 let tls =
                     options.tls.clone().map(|source| {
                         let region = options.region.clone();
+                        let certified = certified.clone();
                         let expect = Expect::new("another region's controller", move |identity| {
                             match &identity.role {
-                                Role::Controller { region: r } if *r != region => Ok(()),
+                                Role::Controller { region: r } if *r != region => {
+                                    *certified.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        Some(r.clone());
+                                    Ok(())
+                                }
                                 Role::Controller { .. } => {
                                     Err("a peer is of another region than this controller's".into())
                                 }
@@ -140,7 +148,7 @@ impl Controller {
                         });
                         (source, expect)
                     });
-                Target::new(url, tls)
+                Target::new(url, tls).map(|target| (target, url.clone(), certified))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (listener, addr) = spillway_net::bind(options.listen).await?;
@@ -184,10 +192,14 @@ impl Controller {
             stop_rx.clone(),
             "controller",
         ));
-        for target in peers {
+        for (target, url, certified) in peers {
             tasks.push(tokio::spawn(peers::run(
                 region.clone(),
-                target,
+                peers::Dialled {
+                    target,
+                    url,
+                    certified,
+                },
                 options.backoff.clone(),
                 stop_rx.clone(),
             )));
