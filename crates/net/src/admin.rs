@@ -131,7 +131,7 @@ async fn handle(
     let reads = request.method() == Method::GET || request.method() == Method::HEAD;
     match (request.method(), path) {
         (&Method::POST, "/signin") => return gate.sign_in(request.into_body()).await,
-        (&Method::POST, "/signout") => return gate.sign_out(),
+        (&Method::POST, "/signout") => return gate.sign_out(request.headers()),
         (_, "/signin") if reads => return gate.sign_in_page(StatusCode::OK, None),
         _ => {}
     }

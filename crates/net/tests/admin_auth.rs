@@ -252,7 +252,27 @@ async fn a_browser_signs_in_once_and_its_cookie_opens_the_dashboard_and_the_api(
     assert_eq!(dashboard.body, "<html>the dashboard</html>");
     assert_eq!(get(addr, "/v1/x", &[("Cookie", &cookie)]).await.status, 200);
 
-    let signed_out = post_form(addr, "/signout", "").await;
+    // A second browser signs in with a session of its own.
+    let second = post_form(addr, "/signin", &format!("token={TOKEN}")).await;
+    let second = cookie_pair(second.header("set-cookie").unwrap()).to_owned();
+    assert_ne!(
+        second,
+        cookie_pair(&set_cookie),
+        "each sign-in its own session"
+    );
+    assert_eq!(get(addr, "/", &[("Cookie", &second)]).await.status, 200);
+
+    let signed_out = exchange(
+        TcpStream::connect(addr).await.unwrap(),
+        "POST",
+        "/signout",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Cookie", &cookie),
+        ],
+        "",
+    )
+    .await;
     assert_eq!(signed_out.status, 303);
     assert!(
         signed_out
@@ -260,6 +280,10 @@ async fn a_browser_signs_in_once_and_its_cookie_opens_the_dashboard_and_the_api(
             .unwrap()
             .contains("Max-Age=0")
     );
+    // The session is over: a copy of its cookie opens nothing, and the other browser's still does.
+    assert_eq!(get(addr, "/", &[("Cookie", &cookie)]).await.status, 401);
+    assert_eq!(get(addr, "/v1/x", &[("Cookie", &cookie)]).await.status, 401);
+    assert_eq!(get(addr, "/", &[("Cookie", &second)]).await.status, 200);
 
     // A form past the bound is refused.
     let huge = format!("token={}", "a".repeat(10_000));

@@ -2,11 +2,11 @@
 //! that a port off loopback must have a token.
 //!
 //! A browser signs in once by posting the token to `/signin`. The cookie it gets is not the
-//! token: each listener draws a random 32-byte session secret when it starts, and the cookie
-//! holds that secret (hex). A cookie therefore never reveals the token, stops working when the
-//! process restarts (a new secret), and is checked like the token, in constant time. `POST
-//! /signout` clears the browser's cookie; a copy taken before stays valid until the restart, the
-//! price of keeping no session table.
+//! token: each sign-in draws a random 32-byte session id, kept by the listener (at most
+//! [`MAX_SESSIONS`], the oldest forgotten first), and the cookie holds it (hex). A cookie
+//! therefore never reveals the token, stops working when the process restarts, and is checked
+//! like the token, in constant time. `POST /signout` ends the session it carries, so a copy of
+//! the cookie taken before stops working too.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -114,30 +114,51 @@ pub fn check_exposure(addr: SocketAddr, auth: &AdminAuth) -> Result<(), String> 
     ))
 }
 
-/// The token checks of one listener, with the session secret its cookies carry.
+/// Browser sessions one listener keeps at once; a sign-in beyond them ends the oldest.
+pub const MAX_SESSIONS: usize = 256;
+
+/// The token checks of one listener, with the sessions its cookies carry.
 pub(super) struct Gate {
     token: AdminToken,
-    /// `None` when the system's random source failed: the bearer still works, sign-in does not.
-    session: Option<String>,
+    /// The ids of the signed-in browsers, oldest first.
+    sessions: std::sync::Mutex<std::collections::VecDeque<String>>,
     /// Whether the listener speaks TLS, so cookies are marked `Secure`.
     secure: bool,
+}
+
+/// A new session id: 32 random bytes as hex; `None` when the system's random source failed
+/// (the bearer still works then, sign-in does not).
+fn new_session() -> Option<String> {
+    let mut secret = [0u8; 32];
+    match getrandom::fill(&mut secret) {
+        Ok(()) => Some(hex(&secret)),
+        Err(err) => {
+            tracing::error!("admin port: no random session id, browser sign-in refused: {err}");
+            None
+        }
+    }
+}
+
+/// The values of the session cookie a request carries.
+fn session_cookies(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+        .filter_map(|pair| {
+            trim(pair)
+                .strip_prefix(SESSION_COOKIE.as_bytes())?
+                .strip_prefix(b"=")
+        })
 }
 
 impl Gate {
     /// `None` when `auth` has no token: then everything is open.
     pub(super) fn new(auth: &AdminAuth) -> Option<Self> {
         let token = auth.token.clone()?;
-        let mut secret = [0u8; 32];
-        let session = match getrandom::fill(&mut secret) {
-            Ok(()) => Some(hex(&secret)),
-            Err(err) => {
-                tracing::error!("admin port: no session secret, browser sign-in disabled: {err}");
-                None
-            }
-        };
         Some(Self {
             token,
-            session,
+            sessions: Default::default(),
             secure: auth.tls.is_some(),
         })
     }
@@ -149,19 +170,15 @@ impl Gate {
             .iter()
             .filter_map(|value| bearer(value.as_bytes()))
             .any(|token| self.token.matches(token));
-        bearer
-            || self.session.as_deref().is_some_and(|session| {
-                headers
-                    .get_all(COOKIE)
-                    .iter()
-                    .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
-                    .filter_map(|pair| {
-                        trim(pair)
-                            .strip_prefix(SESSION_COOKIE.as_bytes())?
-                            .strip_prefix(b"=")
-                    })
-                    .any(|value| constant_time_eq(session.as_bytes(), value))
+        bearer || {
+            let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            session_cookies(headers).any(|value| {
+                // Every session compared, in time that depends on their count only.
+                sessions.iter().fold(false, |found, s| {
+                    constant_time_eq(s.as_bytes(), value) | found
+                })
             })
+        }
     }
 
     /// The answer to a request without credentials: the sign-in page on the dashboard, a 401
@@ -230,25 +247,38 @@ impl Gate {
                 );
             }
         };
-        let Some(session) = &self.session else {
+        let token = form_value(&form, b"token").unwrap_or_default();
+        if !self.token.matches(trim_end(&token)) {
+            return self.sign_in_page(StatusCode::UNAUTHORIZED, Some("That is not the token."));
+        }
+        let Some(session) = new_session() else {
             return answer(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "browser sign-in is unavailable (no session secret); use Authorization: Bearer\n"
+                "browser sign-in is unavailable (no random session id); use Authorization: Bearer\n"
                     .into(),
                 "text/plain",
             );
         };
-        let token = form_value(&form, b"token").unwrap_or_default();
-        if !self.token.matches(trim_end(&token)) {
-            return self.sign_in_page(StatusCode::UNAUTHORIZED, Some("That is not the token."));
+        {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            if sessions.len() >= MAX_SESSIONS {
+                sessions.pop_front();
+            }
+            sessions.push_back(session.clone());
         }
         self.redirect_with_cookie(format!(
             "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
         ))
     }
 
-    /// `POST /signout`: the cookie cleared, back to the sign-in page.
-    pub(super) fn sign_out(&self) -> Response<Full<Bytes>> {
+    /// `POST /signout`: the session the request carries ended, its cookie cleared, back to the
+    /// sign-in page.
+    pub(super) fn sign_out(&self, headers: &HeaderMap) -> Response<Full<Bytes>> {
+        let ended: Vec<&[u8]> = session_cookies(headers).collect();
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|s| !ended.iter().any(|e| constant_time_eq(s.as_bytes(), e)));
         self.redirect_with_cookie(format!(
             "{SESSION_COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path=/"
         ))
