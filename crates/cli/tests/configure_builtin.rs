@@ -151,33 +151,44 @@ fn guard(admin: u16, decision: &str) -> f64 {
         .sum()
 }
 
-#[test]
-fn apply_creates_in_shadow_holds_what_would_drop_and_promotes_what_fits_and_the_proxy_enforces_it()
-{
-    let dir = tempfile::tempdir().unwrap();
-    let up = up(dir.path(), CONFIG);
-    let token = user(&up.db, "robot", "service");
-    let quotas = dir.path().join("quotas.yaml");
-    let source = format!("builtin:{}", up.db);
-    let server = format!("http://127.0.0.1:{}", up.rules);
-    let apply = |limit: &str, promote: bool| {
+/// `spillway configure apply` on a node's builtin history with the fixed policy, one quota for
+/// api/guard, a 6 s validation window and at most 1% virtual drops.
+struct Rollout {
+    quotas: std::path::PathBuf,
+    source: String,
+    server: String,
+    token: String,
+}
+
+impl Rollout {
+    fn new(dir: &std::path::Path, up: &support::up::Up, token: String) -> Self {
+        Rollout {
+            quotas: dir.join("quotas.yaml"),
+            source: format!("builtin:{}", up.db),
+            server: format!("http://127.0.0.1:{}", up.rules),
+            token,
+        }
+    }
+
+    /// One run with api/guard's quota at `limit` and `extra` flags; its table.
+    fn apply(&self, limit: &str, extra: &[&str]) -> String {
         std::fs::write(
-            &quotas,
+            &self.quotas,
             format!("quotas:\n  - {{service: api, bucket: guard, limit: {limit}}}\n"),
         )
         .unwrap();
         let mut args = vec![
             "apply",
             "--source",
-            &source,
+            &self.source,
             "--server",
-            &server,
+            &self.server,
             "--token",
-            &token,
+            &self.token,
             "--policy",
             "fixed",
             "--quota-file",
-            quotas.to_str().unwrap(),
+            self.quotas.to_str().unwrap(),
             "--lookback",
             "1h",
             "--min-coverage",
@@ -187,25 +198,38 @@ fn apply_creates_in_shadow_holds_what_would_drop_and_promotes_what_fits_and_the_
             "--max-virtual-drop",
             "0.01",
         ];
-        if promote {
-            args.push("--promote");
-        }
+        args.extend(extra);
         let (code, out, err) = configure(&args);
         assert_eq!(code, 0, "{out}{err}");
         out
-    };
-    // Once the window and its history are over (the history of a slot is written about 3 s
-    // after it), the step that decides.
-    let decided = |limit: &str| {
+    }
+
+    /// Runs with `--promote` until the window and its history are over (the history of a slot
+    /// is written about 3 s after it): the step that decides.
+    fn decided(&self, limit: &str, extra: &[&str]) -> String {
         let start = std::time::Instant::now();
+        let args: Vec<&str> = extra.iter().copied().chain(["--promote"]).collect();
         loop {
-            let out = apply(limit, true);
+            let out = self.apply(limit, &args);
             if !out.contains("validating") || start.elapsed() > Duration::from_secs(20) {
                 return out;
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+}
+
+#[test]
+fn apply_creates_in_shadow_holds_what_would_drop_and_promotes_what_fits_and_the_proxy_enforces_it()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let up = up(dir.path(), CONFIG);
+    let token = user(&up.db, "robot", "service");
+    let rollout = Rollout::new(dir.path(), &up, token.clone());
+    let apply = |limit: &str, promote: bool| {
+        rollout.apply(limit, if promote { &["--promote"] } else { &[] })
     };
+    let decided = |limit: &str| rollout.decided(limit, &[]);
     // Paced load on a path no bucket in force matches: only the new bucket, of the whole
     // service, counts it.
     let load = Load::on_path(up.listen, 20.0, "/x");
@@ -483,56 +507,16 @@ fn per_region_proposes_a_limit_of_its_regions_own_tried_as_a_candidate_and_then_
         "version: 1\ncontrol:\n  report_interval: 250ms\nservices:\n  api:\n    buckets:\n      - { name: guard, limit: 40/s, scope: region }\n",
     );
     let token = user(&up.db, "robot", "service");
-    let quotas = dir.path().join("quotas.yaml");
-    let source = format!("builtin:{}", up.db);
-    let server = format!("http://127.0.0.1:{}", up.rules);
+    let rollout = Rollout::new(dir.path(), &up, token.clone());
+    let (source, server) = (rollout.source.clone(), rollout.server.clone());
     // The window takes in the minute now running, where the history is.
     let until = until_next_minute();
+    let per_region = ["--until", until.as_str(), "--per-region"];
     let apply = |limit: &str| {
-        std::fs::write(
-            &quotas,
-            format!("quotas:\n  - {{service: api, bucket: guard, limit: {limit}}}\n"),
-        )
-        .unwrap();
-        let args = [
-            "apply",
-            "--source",
-            &source,
-            "--server",
-            &server,
-            "--token",
-            &token,
-            "--policy",
-            "fixed",
-            "--quota-file",
-            quotas.to_str().unwrap(),
-            "--lookback",
-            "1h",
-            "--min-coverage",
-            "0",
-            "--validate-for",
-            "6s",
-            "--max-virtual-drop",
-            "0.01",
-            "--until",
-            &until,
-            "--per-region",
-            "--promote",
-        ];
-        let (code, out, err) = configure(&args);
-        assert_eq!(code, 0, "{out}{err}");
-        out
+        let args: Vec<&str> = per_region.iter().copied().chain(["--promote"]).collect();
+        rollout.apply(limit, &args)
     };
-    let decided = |limit: &str| {
-        let start = std::time::Instant::now();
-        loop {
-            let out = apply(limit);
-            if !out.contains("validating") || start.elapsed() > Duration::from_secs(20) {
-                return out;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    };
+    let decided = |limit: &str| rollout.decided(limit, &per_region);
     let load = Load::on_path(up.listen, 20.0, "/x");
     // The region is heard from once a slot of its history is written.
     wait_for(Duration::from_secs(15), "the region's history", || {
