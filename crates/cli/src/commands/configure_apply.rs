@@ -337,16 +337,21 @@ fn carry_out(
             .map(|(_, v)| v.clone())
             .unwrap_or(Value::Null)
     };
-    let put = |rule: &ShadowRule, body: Value| {
+    // `body` in place of the rule `original` (as GET /v1/rules gave it), if it is unchanged.
+    let put = |original: &Value, body: Value| {
+        let text = |key: &str| original[key].as_str().unwrap_or_default();
         client
             .send(
                 "PUT",
-                &format!("/v1/rules/{}", rule.id),
+                &format!("/v1/rules/{}", text("id")),
                 Some(&body.to_string()),
-                Some(&format!("\"{}\"", rule.version)),
+                Some(&format!(
+                    "\"{}\"",
+                    original["version"].as_i64().unwrap_or_default()
+                )),
             )
             .and_then(RulesResponse::ok)
-            .map_err(|e| format!("{}/{}: {e}", rule.service, rule.bucket))
+            .map_err(|e| format!("{}/{}: {e}", text("service"), text("name")))
     };
     match step {
         Step::Create {
@@ -381,16 +386,6 @@ fn carry_out(
         } => {
             let found = in_force(rules, service, bucket)?;
             let current = found["limit"].as_str().unwrap_or_default().to_owned();
-            let rule = ShadowRule {
-                id: found["id"].as_str().unwrap_or_default().to_owned(),
-                version: found["version"].as_i64().unwrap_or_default(),
-                service: service.clone(),
-                bucket: bucket.clone(),
-                limit_rps: 0.0,
-                since_ms: now_ms,
-                trial: Trial::Candidate,
-                regions: regions.clone(),
-            };
             let mut body = writable(found);
             body["candidate"] = json!({
                 "limit": current,
@@ -401,7 +396,7 @@ fn carry_out(
                 "spillway configure apply --per-region: {} tried as a candidate for {window} before it replaces the regions' limits",
                 describe_regions(regions)
             ));
-            put(&rule, body)?;
+            put(found, body)?;
             Ok(format!(
                 "a candidate of its regions' limits ({}): tried in shadow for {window}, the limits in force enforced meanwhile",
                 describe_regions(regions)
@@ -414,16 +409,6 @@ fn carry_out(
         } => {
             let found = in_force(rules, service, bucket)?;
             let current = found["limit"].as_str().unwrap_or_default().to_owned();
-            let rule = ShadowRule {
-                id: found["id"].as_str().unwrap_or_default().to_owned(),
-                version: found["version"].as_i64().unwrap_or_default(),
-                service: service.clone(),
-                bucket: bucket.clone(),
-                limit_rps: *limit_rps,
-                since_ms: now_ms,
-                trial: Trial::Candidate,
-                regions: Vec::new(),
-            };
             let mut body = writable(found);
             body["candidate"] =
                 json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)});
@@ -431,7 +416,7 @@ fn carry_out(
                 "spillway configure apply: {} tried as a candidate beside {current} for {window} before it replaces it",
                 limit_text(*limit_rps)
             ));
-            put(&rule, body)?;
+            put(found, body)?;
             Ok(format!(
                 "a candidate beside {current}: tried in shadow for {window}, {current} enforced meanwhile"
             ))
@@ -441,7 +426,8 @@ fn carry_out(
             limit_rps,
             regions,
         } if rule.trial == Trial::Candidate => {
-            let mut body = writable(&rule_of(rule));
+            let original = rule_of(rule);
+            let mut body = writable(&original);
             let base = body["candidate"]["limit"].clone();
             body["candidate"] = if regions.is_empty() {
                 json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)})
@@ -453,7 +439,7 @@ fn carry_out(
                 "spillway configure apply: the proposal moved from {}; the candidate is tried for {window} again",
                 limit_text(rule.limit_rps)
             ));
-            put(rule, body)?;
+            put(&original, body)?;
             Ok(format!(
                 "the candidate is now {} (was {}); tried for {window} again",
                 limit_text(*limit_rps),
@@ -461,7 +447,8 @@ fn carry_out(
             ))
         }
         Step::Withdraw { rule } => {
-            let mut body = writable(&rule_of(rule));
+            let original = rule_of(rule);
+            let mut body = writable(&original);
             if let Some(map) = body.as_object_mut() {
                 map.remove("candidate");
             }
@@ -469,14 +456,15 @@ fn carry_out(
                 "spillway configure apply: the candidate {} is withdrawn, the proposal is the limit in force",
                 limit_text(rule.limit_rps)
             ));
-            put(rule, body)?;
+            put(&original, body)?;
             Ok(format!(
                 "candidate {} withdrawn: the limit in force is what is proposed",
                 limit_text(rule.limit_rps)
             ))
         }
         Step::Promote { rule, share } if rule.trial == Trial::Candidate => {
-            let mut body = writable(&rule_of(rule));
+            let original = rule_of(rule);
+            let mut body = writable(&original);
             let before = body["limit"].as_str().unwrap_or_default().to_owned();
             let after = body["candidate"]["limit"].clone();
             let regions = body["candidate"]["region_limits"].clone();
@@ -491,7 +479,7 @@ fn carry_out(
                 "spillway configure apply: the candidate was tried for {window} and would have dropped {:.3}%; it replaces {before} (promoted)",
                 share * 100.0
             ));
-            put(rule, body)?;
+            put(&original, body)?;
             let promoted = if rule.regions.is_empty() {
                 format!("{} replaces {before}", limit_text(rule.limit_rps))
             } else {
@@ -508,13 +496,14 @@ fn carry_out(
         Step::Retune {
             rule, limit_rps, ..
         } => {
-            let mut body = writable(&rule_of(rule));
+            let original = rule_of(rule);
+            let mut body = writable(&original);
             body["limit"] = json!(limit_text(*limit_rps));
             body["reason"] = json!(format!(
                 "spillway configure apply: the proposal moved from {}; still in shadow, validated for {window} again",
                 limit_text(rule.limit_rps)
             ));
-            put(rule, body)?;
+            put(&original, body)?;
             Ok(format!(
                 "still in shadow, its limit now {} (was {}); validated for {window} again",
                 limit_text(*limit_rps),
@@ -522,13 +511,14 @@ fn carry_out(
             ))
         }
         Step::Promote { rule, share } => {
-            let mut body = writable(&rule_of(rule));
+            let original = rule_of(rule);
+            let mut body = writable(&original);
             body["mode"] = json!("enforce");
             body["reason"] = json!(format!(
                 "spillway configure apply: validated for {window}, would have dropped {:.3}% (promoted)",
                 share * 100.0
             ));
-            put(rule, body)?;
+            put(&original, body)?;
             Ok(format!(
                 "promoted to enforce: would have dropped {:.3}% over {window}",
                 share * 100.0
