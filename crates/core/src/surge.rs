@@ -106,6 +106,10 @@ pub struct Instructed {
     pub interval_ended_ago_ns: Nanos,
     /// When the instruction stops holding (its TTL); the guard drops nothing after it.
     pub expires_at: Nanos,
+    /// Computed from an estimate of the other regions' load, before their sums of the
+    /// interval came (`v1::Instructions::provisional`): a guard holding its client keeps
+    /// holding it for the instructions from the real sums, which may see less of the surge.
+    pub provisional: bool,
 }
 
 /// A host's part of `limit` (per second) when it offers `own` of the `scope` offered by `hosts`
@@ -207,7 +211,9 @@ impl SurgeGuard {
             .interval_ns
             .max(WINDOW_TICKS as u64 * TICK_NS)
             .saturating_mul(2);
-        self.engaged = self.engaged.saturating_sub(1);
+        if !i.provisional {
+            self.engaged = self.engaged.saturating_sub(1);
+        }
     }
 
     /// Records the offered count of the tick that ended at `now` and returns the ratio to drop
@@ -343,6 +349,7 @@ mod tests {
             interval_ns: SEC,
             interval_ended_ago_ns: 0,
             expires_at: at + 5 * SEC,
+            provisional: false,
         }
     }
 

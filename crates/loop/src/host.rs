@@ -454,6 +454,7 @@ impl HostCore {
                                     .unix_ns
                                     .saturating_sub(interval_end_ms.saturating_mul(1_000_000)),
                                 expires_at: now.clock.saturating_add(nanos(ttl)),
+                                provisional: instructions.provisional,
                             },
                             now.clock,
                         );
@@ -590,6 +591,7 @@ mod tests {
             buckets,
             rules_version: 3,
             rules: None,
+            provisional: false,
         }
     }
 

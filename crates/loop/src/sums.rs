@@ -110,6 +110,24 @@ impl Counts {
     }
 }
 
+impl Counts {
+    /// These counts times `factor` (rounded), hosts unchanged: one interval's counts standing
+    /// in for a later one whose load is `factor` times as high.
+    pub fn scaled(self, factor: f64) -> Counts {
+        let scale = |n: u64| (n as f64 * factor.max(0.0)).round() as u64;
+        let mut scaled = Counts {
+            offered: scale(self.offered),
+            offered_tail: scale(self.offered_tail),
+            allowed: scale(self.allowed),
+            shadow_dropped: scale(self.shadow_dropped),
+            hosts: self.hosts,
+            tiers: self.tiers.map(scale),
+        };
+        scaled.fit_tiers();
+        scaled
+    }
+}
+
 impl std::ops::AddAssign for Counts {
     fn add_assign(&mut self, other: Counts) {
         // Sums of counts with and without tiers: the latter are all the default tier.

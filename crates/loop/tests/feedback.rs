@@ -369,3 +369,124 @@ fn adaptive_token_bucket_shares_follow_each_hosts_part_of_the_global_load() {
     // An adaptive bucket is never sent a drop ratio: its shares do the limiting.
     assert!(fleet.clients.iter().all(|c| c.ratio("adaptive") == 0.0));
 }
+
+/// 2 regions of 3 zones of 2 clients, 200 ms intervals, 60 ms between the controllers: every
+/// client offers `rps` to the global bucket of 1,000/s until calm.
+fn far_apart_fleet(rps: f64) -> Fleet {
+    let network = Network {
+        peer_ms: 60,
+        ..Network::default()
+    };
+    let mut fleet = Fleet::start_on(network, &global_bucket(), 2, 3, 2);
+    for client in &mut fleet.clients {
+        client.set_rate("global", rps);
+    }
+    // Two whole intervals at that load after the first instruction.
+    fleet.wait_for(10 * INTERVAL, "every client is instructed", |fleet| {
+        fleet.clients.iter().all(|c| c.last_instructions_ms() > 0)
+    });
+    let interval = Interval::new(INTERVAL);
+    fleet.run_until(interval.end_of(interval.sequence_at(fleet.now_ms()) + 2));
+    fleet
+}
+
+#[test]
+fn a_rise_every_zone_sees_is_instructed_before_the_peers_sums_arrive() {
+    // 480/s, then 1,500/s from the start of an interval: every zone sees about 3 times its load.
+    let mut fleet = far_apart_fleet(40.0);
+    let interval = Interval::new(INTERVAL);
+    let surge = interval.sequence_at(fleet.now_ms());
+    for client in &mut fleet.clients {
+        client.clear_first_drop();
+        client.set_rate("global", 125.0);
+    }
+    fleet.wait_for(5 * INTERVAL, "every client drops", |fleet| {
+        fleet
+            .clients
+            .iter()
+            .all(|c| c.first_drop("global").is_some())
+    });
+    for client in &fleet.clients {
+        let (ratio, at) = client.first_drop("global").unwrap();
+        // The peers' sums of the surge's interval cross 60 ms; the provisional instructions
+        // leave when this region's zones are in.
+        assert!(
+            at < interval.end_of(surge) + 30,
+            "{}'s first instruction came {} ms after the surge's interval ended",
+            client.id,
+            at - interval.end_of(surge)
+        );
+        // The peer's load estimated as its last, scaled by this region's rise: about right.
+        assert!(close(ratio, 1.0 / 3.0, 0.05), "{}: {ratio}", client.id);
+    }
+    for r in 0..2 {
+        assert!(fleet.controller(r).provisionals() >= 1);
+    }
+    // The instructions from the real sums follow and hold.
+    fleet.run_until(interval.end_of(surge + 3));
+    assert!(fleet.all_drop("global", 1.0 / 3.0));
+}
+
+#[test]
+fn a_rise_in_one_zone_of_three_waits_for_the_peers_sums() {
+    // 720/s, then one zone of r1 offers 5 times its load: 1,200/s in all, a ratio of 1/6. Taken
+    // for the whole fleet's rise (its mean over r1's zones is 2.3), the peer's estimated load
+    // would give 0.3; the median zone saw none.
+    let mut fleet = far_apart_fleet(60.0);
+    let interval = Interval::new(INTERVAL);
+    let surge = interval.sequence_at(fleet.now_ms());
+    for client in fleet.clients.iter_mut().filter(|c| c.zone == "r1z1") {
+        client.set_rate("global", 300.0);
+    }
+    for client in &mut fleet.clients {
+        client.clear_first_drop();
+    }
+    fleet.wait_for(5 * INTERVAL, "every client drops", |fleet| {
+        fleet
+            .clients
+            .iter()
+            .all(|c| c.first_drop("global").is_some())
+    });
+    for client in &fleet.clients {
+        let (ratio, at) = client.first_drop("global").unwrap();
+        assert!(
+            at >= interval.end_of(surge) + 60,
+            "{} was instructed {} ms after the interval, before the peer's sums could arrive",
+            client.id,
+            at - interval.end_of(surge)
+        );
+        assert!(close(ratio, 1.0 / 6.0, 0.03), "{}: {ratio}", client.id);
+    }
+    assert_eq!(fleet.controller(0).provisionals(), 0);
+}
+
+#[test]
+fn a_lost_peer_region_stops_counting_two_intervals_after_its_last_sums_not_at_the_ttl() {
+    // 100 ms intervals and a TTL of 600 ms. r1 offers 1,200/s and r2 600/s: both drop 4/9.
+    let interval = Interval::new(Duration::from_millis(100));
+    let yaml = config(
+        100,
+        600,
+        &["{ name: global, limit: 1000/s, scope: global }"],
+    );
+    let mut fleet = Fleet::start(&yaml, 2, 2, 2);
+    for client in &mut fleet.clients {
+        let rate = if client.region == "r1" { 300.0 } else { 150.0 };
+        client.set_rate("global", rate);
+    }
+    fleet.wait_for(interval.duration() * 3, "both regions drop 4/9", |fleet| {
+        fleet.all_drop("global", 4.0 / 9.0)
+    });
+    fleet.kill_controller(1);
+    let lost = interval.sequence_at(fleet.now_ms());
+    // r2's last sums are of the interval before `lost` at the latest: the intervals after
+    // `lost + 1` count r1's own load alone, where the peer's last sums used to stand in until
+    // the TTL, six intervals.
+    fleet.run_until(interval.end_of(lost + 2) + 5);
+    let view = fleet.controller(0).view()[&BucketKey::new(SERVICE, "global")];
+    assert!(close(view.observed_rps, 1200.0, 60.0), "{view:?}");
+    assert!(
+        fleet.controller(0).live_peers(fleet.now_ms()) == ["r2"],
+        "still live by the TTL"
+    );
+}

@@ -235,6 +235,7 @@ proptest! {
                 ttl_ms,
                 interval_ms,
                 sequence: if recent { current.saturating_sub(1) } else { sequence },
+                provisional: sequence % 2 == 1,
                 buckets: buckets
                     .into_iter()
                     .map(|(bucket, drop_ratio, share, scope_offered_rps, scope_hosts)| {

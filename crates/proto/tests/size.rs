@@ -38,6 +38,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
         ttl_ms: 5_000,
         interval_ms: 1000,
         sequence: 1_795_973_127,
+        provisional: false,
         buckets: buckets()
             .into_iter()
             .map(|(service, bucket)| v1::BucketInstruction {

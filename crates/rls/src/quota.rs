@@ -739,6 +739,7 @@ mod tests {
             ttl_ms: 3_000,
             interval_ms: 500,
             sequence: 1,
+            provisional: false,
             buckets: vec![v1::BucketInstruction {
                 service: "edge".into(),
                 bucket: "checkout".into(),

@@ -399,9 +399,7 @@ impl<'a> Engine<'a> {
                 self.guard_surges(now);
             }
             self.report(now);
-            if tick % TICKS_PER_SAMPLE == 0 {
-                self.poll(now);
-            }
+            self.poll(now);
             let current = (tick / TICKS_PER_SAMPLE) as usize;
             let down = s.control_down.is_some_and(|(a, b)| (a..b).contains(&t_s));
             let in_window = (s.measure.0..s.measure.1).contains(&t_s);
