@@ -33,11 +33,16 @@ fn host_burst_wrongful_drops(extra: &[&str]) -> u64 {
 }
 
 #[test]
-fn a_lone_hosts_burst_is_dropped_only_with_the_surge_guard() {
+fn a_lone_hosts_burst_is_dropped_only_until_its_surge_report_is_answered() {
     // Host 0 adds 50 times its load while the fleet is at 60% of the limit: its guard holds it
-    // to its part until an instruction has counted the burst; without the guard nothing drops.
+    // to its part until the controller answers its surge report (a few hundred drops at most,
+    // where it was held until the interval's report had counted the burst: about 3,000);
+    // without the guard nothing drops.
     let guarded = host_burst_wrongful_drops(&[]);
     let unguarded = host_burst_wrongful_drops(&["--no-surge-guard"]);
-    assert!(guarded > 1_000, "{guarded} wrongful drops with the guard");
+    assert!(
+        (1..300).contains(&guarded),
+        "{guarded} wrongful drops with the guard"
+    );
     assert_eq!(unguarded, 0);
 }

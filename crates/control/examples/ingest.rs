@@ -207,6 +207,7 @@ fn report(host: &str) -> v1::Report {
         tier_offered: Vec::new(),
     };
     v1::Report {
+        surge: false,
         host_id: host.into(),
         zone: ZONE.into(),
         region: REGION.into(),

@@ -35,6 +35,7 @@ fn now_ms() -> u64 {
 
 fn report(host: &str, sequence: u64, offered: u64, tail: u64) -> v1::Report {
     v1::Report {
+        surge: false,
         host_id: host.into(),
         zone: "r1z1".into(),
         region: "r1".into(),

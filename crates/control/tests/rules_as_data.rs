@@ -85,6 +85,7 @@ async fn plane() -> Plane {
 /// A report of nothing, as any client may send, every 200 ms.
 fn report(sequence: u64) -> v1::Report {
     v1::Report {
+        surge: false,
         host_id: "outsider".into(),
         zone: "r1z1".into(),
         region: "r1".into(),

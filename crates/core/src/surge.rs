@@ -110,6 +110,9 @@ pub struct Instructed {
     /// interval came (`v1::Instructions::provisional`): a guard holding its client keeps
     /// holding it for the instructions from the real sums, which may see less of the surge.
     pub provisional: bool,
+    /// The scope's offered load counted this client at its rate over its last window (a
+    /// controller's answer to surge reports), not over the instruction's interval.
+    pub from_rates_now: bool,
 }
 
 /// A host's part of `limit` (per second) when it offers `own` of the `scope` offered by `hosts`
@@ -155,6 +158,8 @@ pub struct SurgeGuard {
     /// Instructions still to come before the guard stops holding the client to its part
     /// unconditionally; 0 when it is not engaged.
     engaged: u8,
+    /// It engaged since [`SurgeGuard::take_engaged`] last asked.
+    just_engaged: bool,
 }
 
 impl Default for SurgeGuard {
@@ -164,6 +169,7 @@ impl Default for SurgeGuard {
             keep_ns: 2 * NANOS_PER_SEC,
             part: None,
             engaged: 0,
+            just_engaged: false,
         }
     }
 }
@@ -194,13 +200,25 @@ impl SurgeGuard {
             first.get_or_insert(at);
         }
         let covered = first.map_or(0, |first| end - first.saturating_sub(TICK_NS));
-        let own = if covered == 0 {
+        let rates_now = i.from_rates_now && self.engaged > 0;
+        let own = if rates_now {
+            self.last_tick_rps()
+        } else if covered == 0 {
             0.0
         } else {
             count as f64 * NANOS_PER_SEC as f64 / covered.min(i.interval_ns) as f64
         };
+        let mut cap_rps = part_of_limit(own, i.limit_rps, i.scope_offered_rps, i.scope_hosts);
+        if rates_now
+            && i.scope_offered_rps > i.limit_rps
+            && let Some(held) = self.part
+        {
+            // An estimate from rates now may have missed hosts whose surge it has not heard of
+            // yet: over the limit, it may hold this client tighter, never looser.
+            cap_rps = cap_rps.min(held.cap_rps);
+        }
         self.part = Some(Part {
-            cap_rps: part_of_limit(own, i.limit_rps, i.scope_offered_rps, i.scope_hosts),
+            cap_rps,
             own_rps: own,
             ratio: i.ratio.clamp(0.0, 1.0),
             expires_at: i.expires_at,
@@ -211,9 +229,26 @@ impl SurgeGuard {
             .interval_ns
             .max(WINDOW_TICKS as u64 * TICK_NS)
             .saturating_mul(2);
-        if !i.provisional {
+        if rates_now && i.scope_offered_rps <= i.limit_rps {
+            // The control plane counted this client's surge at its rate now, and the scope is
+            // still under its limit: nothing to hold it to.
+            self.engaged = 0;
+        } else if !i.provisional {
             self.engaged = self.engaged.saturating_sub(1);
         }
+    }
+
+    /// The client's offered rate over its last tick, per second: what a surge report says (a
+    /// window of two ticks would still hold half of the calm before the surge).
+    pub fn last_tick_rps(&self) -> f64 {
+        let n = self.ticks.back().map_or(0, |t| t.1);
+        n as f64 * NANOS_PER_SEC as f64 / TICK_NS as f64
+    }
+
+    /// Whether the guard engaged since the last call: the moment its client should say so to
+    /// the control plane (a surge report, `v1::Report::surge`).
+    pub fn take_engaged(&mut self) -> bool {
+        std::mem::take(&mut self.just_engaged)
     }
 
     /// Records the offered count of the tick that ended at `now` and returns the ratio to drop
@@ -264,6 +299,7 @@ impl SurgeGuard {
             // The first instruction after this one may come from an interval that held only the
             // start of the surge; the second has seen a whole interval of it.
             self.engaged = 2;
+            self.just_engaged = true;
         }
         if self.engaged > 0 {
             // `allowed / (n + 1)`, not `allowed / n`: the next tick's count is as noisy as this
@@ -350,6 +386,7 @@ mod tests {
             interval_ended_ago_ns: 0,
             expires_at: at + 5 * SEC,
             provisional: false,
+            from_rates_now: false,
         }
     }
 

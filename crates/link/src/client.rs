@@ -202,6 +202,7 @@ impl ClientLink {
             host,
             status: status.clone(),
             state: Mutex::new(State { core, config }),
+            surges: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
         let housekeeping = tokio::spawn(housekeeping(driver.clone(), stop_rx.clone()));
@@ -215,6 +216,7 @@ impl ClientLink {
                     let driver = driver.clone();
                     async move {
                         let result = driver.session(channel, stop).await;
+                        *driver.surges.lock().unwrap_or_else(|p| p.into_inner()) = None;
                         driver.status.connected.store(false, Ordering::Relaxed);
                         result
                     }
@@ -265,6 +267,9 @@ struct Driver {
     host: Arc<dyn HostLimiters>,
     status: Arc<LinkStatus>,
     state: Mutex<State>,
+    /// The open stream's sender, for the surge reports the housekeeping task finds
+    /// ([`HostCore::take_surge_report`]); `None` while no stream is open.
+    surges: Mutex<Option<mpsc::Sender<v1::Report>>>,
 }
 
 impl Driver {
@@ -343,6 +348,7 @@ impl Driver {
             .await
             .map_err(SessionError::Refused)?
             .into_inner();
+        *self.surges.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
         self.status.connected.store(true, Ordering::Relaxed);
         self.status.connects.fetch_add(1, Ordering::Relaxed);
         tracing::info!("control-plane link up");
@@ -410,5 +416,15 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
             steps.extend(state.core.expire_shares(now.clock));
         }
         driver.apply(&mut state, now, steps);
+        // A guard that engaged says so at once, on the stream that is open (or to nobody).
+        if let Some(report) = state.core.take_surge_report()
+            && let Some(tx) = driver
+                .surges
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+        {
+            let _ = tx.try_send(report);
+        }
     }
 }

@@ -455,6 +455,7 @@ impl HostCore {
                                     .saturating_sub(interval_end_ms.saturating_mul(1_000_000)),
                                 expires_at: now.clock.saturating_add(nanos(ttl)),
                                 provisional: instructions.provisional,
+                                from_rates_now: instructions.from_rates_now,
                             },
                             now.clock,
                         );
@@ -509,7 +510,48 @@ impl HostCore {
             sequence: self.due,
             interval_ms: self.interval.ms(),
             buckets: self.tally.close(counted, now_ms, self.interval),
+            surge: false,
         }
+    }
+
+    /// A surge report, when a bucket's surge guard engaged since the last call: each such
+    /// bucket's rate over the guard's last tick, as counts of one interval (`v1::Report`
+    /// `surge`). The aggregator answers it, through the controller, with instructions computed
+    /// from the hosts' rates now, so a host whose burst fits the scope's headroom is let go
+    /// within milliseconds instead of being held to its part until the interval's report
+    /// counted the burst.
+    pub fn take_surge_report(&mut self) -> Option<v1::Report> {
+        let secs = self.interval.secs();
+        let buckets: Vec<v1::BucketCounts> = self
+            .buckets
+            .iter_mut()
+            .filter_map(|b| {
+                if !b.guard.take_engaged() {
+                    return None;
+                }
+                let offered = (b.guard.last_tick_rps() * secs).round() as u64;
+                Some(v1::BucketCounts {
+                    service: b.key.service.clone(),
+                    bucket: b.key.bucket.clone(),
+                    offered,
+                    allowed: offered,
+                    shadow_dropped: 0,
+                    offered_tail: Some(offered / TAIL_PARTS),
+                    hosts: None,
+                    tier_offered: Vec::new(),
+                })
+            })
+            .collect();
+        (!buckets.is_empty()).then(|| v1::Report {
+            host_id: self.id.host_id.clone(),
+            zone: self.id.zone.clone(),
+            region: self.id.region.clone(),
+            rules_version: self.rules_version,
+            sequence: self.due,
+            interval_ms: self.interval.ms(),
+            buckets,
+            surge: true,
+        })
     }
 
     /// Each bucket's counts since the previous call. A bucket whose totals went down was
@@ -592,6 +634,7 @@ mod tests {
             rules_version: 3,
             rules: None,
             provisional: false,
+            from_rates_now: false,
         }
     }
 

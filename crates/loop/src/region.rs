@@ -85,6 +85,9 @@ struct Zone {
     /// Its sums of the last interval it reported, and that interval: they stand in for the
     /// next one should it be missing when the interval closes.
     last: Option<(u64, Sums)>,
+    /// Its estimate of the open interval from its hosts' surge reports (`ZoneReport.surge`),
+    /// and that interval.
+    surge: Option<(u64, Sums)>,
 }
 
 /// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
@@ -109,6 +112,8 @@ pub struct RegionCore {
     view: HashMap<BucketKey, BucketView>,
     computed: u64,
     provisional: u64,
+    /// When the first zone estimate not yet answered came ([`RegionCore::answer_surges`]).
+    surge_at: Option<u64>,
 }
 
 impl RegionCore {
@@ -126,6 +131,7 @@ impl RegionCore {
             view: HashMap::new(),
             computed: 0,
             provisional: 0,
+            surge_at: None,
         }
     }
 
@@ -228,6 +234,17 @@ impl RegionCore {
         report: v1::ZoneReport,
         now_ms: u64,
     ) -> Vec<RegionStep> {
+        if report.surge {
+            let open = report.interval_ms == self.interval().ms()
+                && report.sequence > self.window.closed_through();
+            if let Some(zone) = self.zones.get_mut(&member)
+                && open
+            {
+                zone.surge = Some((report.sequence, Sums::from_wire(&report.buckets)));
+                self.surge_at.get_or_insert(now_ms);
+            }
+            return self.poll(now_ms);
+        }
         let zone = self.zones.entry(member).or_default();
         zone.name.clone_from(&report.zone);
         for h in &report.hosts {
@@ -288,6 +305,11 @@ impl RegionCore {
             self.window
                 .close_ready(now_ms, interval, 2 * grace, self.zones.keys())
         {
+            for zone in self.zones.values_mut() {
+                if zone.surge.as_ref().is_some_and(|(s, _)| *s <= sequence) {
+                    zone.surge = None;
+                }
+            }
             let before = self.zones_before(sequence);
             self.estimate_missing(sequence, &mut zone_sums);
             steps.push(RegionStep::Announce(v1::RegionSums {
@@ -305,7 +327,7 @@ impl RegionCore {
                     self.provisional(config, sequence, &zone_sums, &before, now_ms, interval)
             {
                 self.provisional += 1;
-                self.instruct(&mut steps, sequence, per_zone, now_ms, false);
+                self.instruct(&mut steps, sequence, per_zone, now_ms, Sent::Provisional);
             }
             self.awaiting.insert(
                 sequence,
@@ -344,9 +366,75 @@ impl RegionCore {
                 }
             }
             let per_zone = self.compute(config, &zone_sums, &peers, interval);
-            self.instruct(&mut steps, sequence, per_zone, now_ms, true);
+            self.instruct(&mut steps, sequence, per_zone, now_ms, Sent::Computed);
         }
+        self.answer_surges(config, &mut steps, now_ms, interval);
         steps
+    }
+
+    /// Instructions from the zones' estimates of the open interval (their hosts' surge reports,
+    /// `ZoneReport.surge`), [`SURGE_WAIT`] of an interval after the first came so the zones of
+    /// a fleet-wide surge are in together: each zone's estimate, or its last interval where it
+    /// sent none; each live peer's last sums, scaled by the median zone's rise as for
+    /// [`RegionCore::provisional`]. They carry the hosts' rates now (`from_rates_now`), so a
+    /// host whose guard holds it to its part of the limit gets a part that counts its burst:
+    /// one host's burst that fits the scope's headroom is let go a few milliseconds after its
+    /// guard engaged, where it was held until the interval's report had counted the burst.
+    fn answer_surges(
+        &mut self,
+        config: &Config,
+        steps: &mut Vec<RegionStep>,
+        now_ms: u64,
+        interval: Interval,
+    ) {
+        let wait = (interval.ms() / SURGE_WAIT).max(1);
+        if self.surge_at.is_none_or(|at| now_ms < at + wait) {
+            return;
+        }
+        self.surge_at = None;
+        let sequence = self.window.closed_through();
+        let mut zone_sums = HashMap::new();
+        let mut before = HashMap::new();
+        for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
+            let last = zone.last.as_ref().filter(|(s, _)| *s == sequence);
+            if let Some((_, sums)) = last {
+                before.insert(zone.name.clone(), sums.clone());
+            }
+            match (&zone.surge, last) {
+                (Some((_, sums)), _) | (None, Some((_, sums))) => {
+                    zone_sums.insert(zone.name.clone(), sums.clone());
+                }
+                (None, None) => {}
+            }
+        }
+        if zone_sums.is_empty() {
+            return;
+        }
+        let ttl = config.control.instruction_ttl;
+        let mut peers = Sums::default();
+        for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
+            if let Some((_, sums)) = peer
+                .sums
+                .range(sequence.saturating_sub(1)..=sequence)
+                .next_back()
+            {
+                let mut scaled = sums.clone();
+                for (key, counts) in &mut scaled.0 {
+                    if let Some(rise) = median_rise(key, &zone_sums, &before)
+                        && rise >= PROVISIONAL_RISE
+                    {
+                        *counts = counts.scaled(rise);
+                    }
+                }
+                peers.add(&scaled);
+            }
+        }
+        let (smoothers, view) = (self.smoothers.clone(), self.view.clone());
+        let per_zone = self.compute(config, &zone_sums, &peers, interval);
+        self.smoothers = smoothers;
+        self.view = view;
+        self.provisional += 1;
+        self.instruct(steps, sequence, per_zone, now_ms, Sent::FromRatesNow);
     }
 
     /// Puts in `zone_sums` (the zones' sums of interval `sequence`) the sums of every zone
@@ -460,14 +548,14 @@ impl RegionCore {
     }
 
     /// One [`RegionStep::Send`] per zone with its part of `per_zone`, the rules to zones that
-    /// have not had them; `computed` when it is an interval's own, not a provisional one.
+    /// have not had them.
     fn instruct(
         &mut self,
         steps: &mut Vec<RegionStep>,
         sequence: u64,
         per_zone: HashMap<String, Vec<v1::BucketInstruction>>,
         now_ms: u64,
-        computed: bool,
+        sent: Sent,
     ) {
         let rules = &self.rules;
         let ttl_ms =
@@ -491,12 +579,13 @@ impl RegionCore {
                         rules_version: rules.version,
                         // The rules as data, never the source's text (SPEC §7).
                         rules: send_rules.then(|| rules.message()),
-                        provisional: !computed,
+                        provisional: sent != Sent::Computed,
+                        from_rates_now: sent == Sent::FromRatesNow,
                     }),
                 },
             });
         }
-        self.computed += u64::from(computed);
+        self.computed += u64::from(sent == Sent::Computed);
     }
 
     /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
@@ -636,6 +725,22 @@ pub fn tier_drop_ratios(ratio: f64, counts: &Counts) -> Vec<u64> {
         .map(|tiers| tiers.iter().map(|&r| Ratio::from_f64(r).raw()).collect())
         .unwrap_or_default()
 }
+
+/// What an instruction set is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// A closed interval and the peers' sums of it.
+    Computed,
+    /// A closed interval and an estimate of the peers' sums ([`RegionCore::provisional`]).
+    Provisional,
+    /// The zones' estimates of the open interval ([`RegionCore::answer_surges`]).
+    FromRatesNow,
+}
+
+/// How long after the first zone estimate of a surge the controller answers, in fractions of
+/// the interval: a hundredth (10 ms at 1 s), so the zones of a fleet-wide surge, whose guards
+/// engage at the same tick, are in together.
+pub const SURGE_WAIT: u64 = 100;
 
 /// How much this region's load of a global bucket must have risen, in its median zone, before
 /// the controller instructs from an estimate of the peers' sums ([`RegionCore::provisional`]):

@@ -110,6 +110,11 @@ pub struct ZoneCore {
     told: Option<HashMap<String, u64>>,
     late_reports: u64,
     forwarded: u64,
+    /// Hosts whose surge guard engaged in the open interval, with their rates as counts of one
+    /// interval (`v1::Report::surge`); forgotten when an interval closes, which counted them.
+    surging: BTreeMap<String, Sums>,
+    /// A surge report came since the zone last forwarded its estimate.
+    surge_due: bool,
 }
 
 impl ZoneCore {
@@ -133,6 +138,8 @@ impl ZoneCore {
             told: None,
             late_reports: 0,
             forwarded: 0,
+            surging: BTreeMap::new(),
+            surge_due: false,
         }
     }
 
@@ -204,6 +211,10 @@ impl ZoneCore {
 
     /// A report from `report.host_id` on stream `conn`, at `now_ms`.
     pub fn on_report(&mut self, now_ms: u64, conn: u64, report: v1::Report) -> Vec<ZoneStep> {
+        if report.surge {
+            self.on_surge_report(now_ms, conn, report);
+            return Vec::new();
+        }
         let mut steps = Vec::new();
         if !self.interval_from_controller && report.interval_ms > 0 {
             self.adopt(Interval::from_ms(report.interval_ms), now_ms);
@@ -270,6 +281,75 @@ impl ZoneCore {
         steps
     }
 
+    /// A surge report (`v1::Report::surge`) of a host linked on `conn`: kept, bounded like any
+    /// report, for the zone's estimate of the open interval, which [`ZoneCore::poll`] forwards.
+    fn on_surge_report(&mut self, now_ms: u64, conn: u64, report: v1::Report) {
+        if report.interval_ms != self.interval.ms()
+            || self
+                .hosts
+                .get(&report.host_id)
+                .is_none_or(|h| h.conn != conn)
+        {
+            return;
+        }
+        let mut sums = Sums::from_wire(&report.buckets);
+        let mut lowered = Vec::new();
+        plausible::check_report(
+            &mut sums,
+            &self.bounds,
+            self.interval,
+            |key, reason, from, to| {
+                lowered.push((key.clone(), reason, from, to));
+            },
+        );
+        for (bucket, reason, reported, counted) in lowered {
+            self.note(
+                now_ms,
+                Clamp {
+                    host: report.host_id.clone(),
+                    bucket,
+                    reason,
+                    reported,
+                    counted,
+                },
+            );
+        }
+        self.surging.insert(report.host_id, sums);
+        self.surge_due = true;
+    }
+
+    /// The zone's estimate of the open interval from its surge reports: the last closed
+    /// interval's sums, each surging host's counts there replaced by its rates now.
+    fn surge_estimate(&self, now_ms: u64) -> v1::ZoneReport {
+        let mut estimate = self.last_sums.clone();
+        for (name, now) in &self.surging {
+            let before = self.hosts.get(name).map(|h| &h.last);
+            for (key, counts) in &now.0 {
+                let was = before.map(|b| b.counts(key)).unwrap_or_default();
+                let entry = estimate.0.entry(key.clone()).or_default();
+                entry.offered = (entry.offered + counts.offered).saturating_sub(was.offered);
+                entry.allowed = (entry.allowed + counts.allowed).saturating_sub(was.allowed);
+                entry.offered_tail =
+                    (entry.offered_tail + counts.offered_tail).saturating_sub(was.offered_tail);
+                if was.hosts == 0 {
+                    entry.hosts += counts.hosts;
+                }
+                entry.fit_tiers();
+            }
+        }
+        v1::ZoneReport {
+            zone: self.zone.clone(),
+            region: self.region.clone(),
+            sequence: self.interval.sequence_at(now_ms),
+            interval_ms: self.interval.ms(),
+            buckets: estimate.to_wire(),
+            clients: u32::try_from(self.hosts.len()).unwrap_or(u32::MAX),
+            hosts: Vec::new(),
+            gone: Vec::new(),
+            surge: true,
+        }
+    }
+
     /// Stream `conn` of `host` ended at `now_ms`: the interval no longer waits for it (unless it
     /// already reports on a newer stream).
     pub fn on_stream_end(&mut self, now_ms: u64, host: &str, conn: u64) -> Vec<ZoneStep> {
@@ -297,14 +377,22 @@ impl ZoneCore {
         let closed =
             self.window
                 .close_ready_quorum(now_ms, self.interval, grace, self.hosts.keys(), quorum);
-        closed
+        if !closed.is_empty() {
+            self.surging.clear();
+            self.surge_due = false;
+        }
+        let mut steps: Vec<ZoneStep> = closed
             .into_iter()
             .map(|(sequence, mut hosts, reported)| {
                 let estimated = self.estimate_missing(sequence, &mut hosts);
                 let sums = self.bound(now_ms, sequence, hosts, &estimated);
                 ZoneStep::Forward(self.forward(sequence, sums, reported))
             })
-            .collect()
+            .collect();
+        if std::mem::take(&mut self.surge_due) && self.told.is_some() {
+            steps.push(ZoneStep::Forward(self.surge_estimate(now_ms)));
+        }
+        steps
     }
 
     /// Puts in `hosts` (the reports of interval `sequence`) the counts of every connected host
@@ -401,6 +489,9 @@ impl ZoneCore {
     /// The [`ZoneStep::Forward`] of `report` could not be sent: what it told the controller about
     /// hosts is told again with the next one.
     pub fn forward_failed(&mut self, report: &v1::ZoneReport) {
+        if report.surge {
+            return;
+        }
         if let Some(told) = &mut self.told {
             for h in &report.hosts {
                 told.remove(&h.host_id);
@@ -484,6 +575,7 @@ impl ZoneCore {
             clients: u32::try_from(reported).unwrap_or(u32::MAX),
             hosts: Vec::new(),
             gone: Vec::new(),
+            surge: false,
         };
         self.last_sums = sums;
         if let Some(told) = &mut self.told {
@@ -567,6 +659,7 @@ mod tests {
 
     fn report(host: &str, sequence: u64, offered: u64, rules_version: u64) -> v1::Report {
         v1::Report {
+            surge: false,
             host_id: host.into(),
             zone: "z1".into(),
             region: "r1".into(),

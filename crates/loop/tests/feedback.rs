@@ -428,13 +428,11 @@ fn a_rise_every_zone_sees_is_instructed_before_the_peers_sums_arrive() {
 }
 
 #[test]
-fn a_rise_in_one_zone_of_three_waits_for_the_peers_sums() {
+fn a_rise_in_one_zone_of_three_is_not_taken_for_the_fleets() {
     // 720/s, then one zone of r1 offers 5 times its load: 1,200/s in all, a ratio of 1/6. Taken
     // for the whole fleet's rise (its mean over r1's zones is 2.3), the peer's estimated load
     // would give 0.3; the median zone saw none.
     let mut fleet = far_apart_fleet(60.0);
-    let interval = Interval::new(INTERVAL);
-    let surge = interval.sequence_at(fleet.now_ms());
     for client in fleet.clients.iter_mut().filter(|c| c.zone == "r1z1") {
         client.set_rate("global", 300.0);
     }
@@ -448,16 +446,9 @@ fn a_rise_in_one_zone_of_three_waits_for_the_peers_sums() {
             .all(|c| c.first_drop("global").is_some())
     });
     for client in &fleet.clients {
-        let (ratio, at) = client.first_drop("global").unwrap();
-        assert!(
-            at >= interval.end_of(surge) + 60,
-            "{} was instructed {} ms after the interval, before the peer's sums could arrive",
-            client.id,
-            at - interval.end_of(surge)
-        );
+        let (ratio, _) = client.first_drop("global").unwrap();
         assert!(close(ratio, 1.0 / 6.0, 0.03), "{}: {ratio}", client.id);
     }
-    assert_eq!(fleet.controller(0).provisionals(), 0);
 }
 
 #[test]
@@ -489,4 +480,37 @@ fn a_lost_peer_region_stops_counting_two_intervals_after_its_last_sums_not_at_th
         fleet.controller(0).live_peers(fleet.now_ms()) == ["r2"],
         "still live by the TTL"
     );
+}
+
+#[test]
+fn one_hosts_burst_under_the_limit_is_let_go_once_its_surge_report_is_answered() {
+    // 360/s against 1,000/s; then one client of r1 steps from 30/s to 500/s: 830/s in all,
+    // still under the limit. Its guard cannot tell that from a fleet-wide surge and holds it to
+    // its part (30/s plus a twelfth of the headroom, 83/s) until the control plane has counted
+    // the burst: its surge report, answered from the zones' rates now, lets it go within a few
+    // milliseconds, where it used to wait for the interval's report (up to 200 ms here, and a
+    // whole second at 1 s reports).
+    let mut fleet = far_apart_fleet(30.0);
+    let interval = Interval::new(INTERVAL);
+    let surge = interval.sequence_at(fleet.now_ms());
+    let burst = fleet.clients.iter().position(|c| c.zone == "r1z1").unwrap();
+    fleet.run_until(interval.end_of(surge - 1) + 20);
+    fleet.clients[burst].set_rate("global", 500.0);
+    let from = fleet.now_ms();
+    let mut held_ms = 0;
+    while fleet.now_ms() < interval.end_of(surge) + 100 {
+        fleet.step();
+        if fleet.clients[burst].ratio("global") > 0.0 {
+            held_ms += 1;
+        }
+    }
+    assert!(fleet.controller(0).provisionals() >= 1, "no surge answered");
+    // Held from its guard's engaging (one or two 50 ms ticks after the step) until the answer
+    // came back: a few milliseconds, not the rest of the interval.
+    assert!(
+        held_ms <= 30,
+        "the bursting client dropped for {held_ms} ms of the {} since its burst",
+        fleet.now_ms() - from
+    );
+    assert!(fleet.clients.iter().all(|c| c.ratio("global") == 0.0));
 }

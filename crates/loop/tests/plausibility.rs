@@ -211,6 +211,7 @@ impl Zone {
             && now >= self.interval.end_of(self.liar_due)
         {
             let report = v1::Report {
+                surge: false,
                 host_id: "liar".into(),
                 zone: "z1".into(),
                 region: "r1".into(),

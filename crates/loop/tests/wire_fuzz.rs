@@ -115,6 +115,8 @@ proptest! {
                 _ => sequence,
             };
             let report = v1::Report {
+                // A surge report now and then: the rates now of a host whose guard engaged.
+                surge: rules_version % 5 == 0,
                 host_id: format!("h{host}"),
                 zone: "r1z1".into(),
                 region: "r1".into(),
@@ -130,7 +132,9 @@ proptest! {
             }
             steps.extend(zone.poll(now_ms));
             for step in steps {
-                if let ZoneStep::Forward(report) = step {
+                if let ZoneStep::Forward(report) = step
+                    && !report.surge
+                {
                     // Intervals of one length close in order; a new length starts afresh.
                     if let Some((length, last)) = closed
                         && length == report.interval_ms
@@ -176,6 +180,7 @@ proptest! {
             now_ms += 333;
             let current = interval.sequence_at(now_ms);
             let report = v1::ZoneReport {
+                surge: false,
                 zone: name.into(),
                 region: "r1".into(),
                 sequence: current - 1,
@@ -231,6 +236,7 @@ proptest! {
             now.unix_ns += 37_000_000;
             let current = core.interval().sequence_at(now.unix_ms());
             let message = v1::Instructions {
+                from_rates_now: sequence % 3 == 0,
                 issued_at_ms: now.unix_ms(),
                 ttl_ms,
                 interval_ms,

@@ -13,6 +13,7 @@ fn buckets() -> Vec<(String, String)> {
 #[test]
 fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
     let report = v1::Report {
+        surge: false,
         host_id: "payments-7f9c4d-abcde".into(),
         zone: "us-east-1a".into(),
         region: "us-east-1".into(),
@@ -34,6 +35,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
             .collect(),
     };
     let instructions = v1::Instructions {
+        from_rates_now: false,
         issued_at_ms: 1_795_973_128_004,
         ttl_ms: 5_000,
         interval_ms: 1000,

@@ -592,12 +592,26 @@ impl<'a> Engine<'a> {
 
     /// A tick of every live drop-ratio host's surge guard (every 50 ms), as the link's
     /// housekeeping runs it.
+    /// A host whose guard engaged says so at once: its surge report goes to its aggregator.
     fn guard_surges(&mut self, now: Nanos) {
+        let mut reports = Vec::new();
         for host in self.hosts.iter_mut().filter(|h| h.alive) {
             if let Limiter::Drop(_) = host.limiter {
                 let steps = host.core.guard_tick(now, &[host.totals]);
                 apply(host, now, steps);
+                if let Some(report) = host.core.take_surge_report() {
+                    reports.push((host.zone, report));
+                }
             }
+        }
+        for (zone, report) in reports {
+            let bytes = report.encoded_len() as u64;
+            self.send(
+                now,
+                self.network.host_aggregator_ms,
+                bytes,
+                Event::Report { zone, report },
+            );
         }
     }
 

@@ -281,6 +281,7 @@ mod tests {
 
     fn report(sequence: u64, offered: u64, allowed: u64, shadow: u64) -> v1::ZoneReport {
         v1::ZoneReport {
+            surge: false,
             zone: "z1".into(),
             region: "r1".into(),
             sequence,

@@ -6,7 +6,8 @@
 //! Time moves in steps of 1 ms. In each step, in this order: the messages due arrive; hosts whose
 //! deadline passed mark their tail or report (`HostCore::on_deadline`); every 50 ms the surge
 //! guards tick and every 250 ms adaptive shares expire (as the link's housekeeping does);
-//! aggregators and controllers poll every tenth of their interval (as the servers' tickers do);
+//! aggregators and controllers poll every hundredth of their interval, at most every 10 ms (as
+//! the servers' tickers do);
 //! then every client's load flows for the millisecond at the ratio its limiter holds. A message
 //! takes its link's delay, plus a seeded jitter if asked, and never overtakes an earlier one on
 //! the same link, as on a stream.
@@ -180,6 +181,9 @@ pub struct Host {
     loads: BTreeMap<String, Load>,
     /// The first drop ratio above 0 each bucket was instructed, and when (ms), until cleared.
     first_drop: HashMap<String, (f64, u64)>,
+    /// The instructions being applied answer surge reports (`from_rates_now`): not an
+    /// interval's, so they are no [`Host::first_drop`].
+    from_rates_now: bool,
 }
 
 impl Host {
@@ -229,8 +233,9 @@ impl Host {
         self.loads.get(bucket).and_then(|l| l.share)
     }
 
-    /// The first drop ratio above 0 instructed for `bucket` since the last
-    /// [`Host::clear_first_drop`], and when it arrived (simulated Unix ms).
+    /// The first drop ratio above 0 instructed for `bucket` by instructions computed from an
+    /// interval (not an answer to surge reports) since the last [`Host::clear_first_drop`], and
+    /// when it arrived (simulated Unix ms).
     pub fn first_drop(&self, bucket: &str) -> Option<(f64, u64)> {
         self.first_drop.get(bucket).copied()
     }
@@ -282,7 +287,7 @@ impl Host {
             let load = self.loads.entry(bucket.clone()).or_default();
             match step {
                 HostStep::DropRatio { ratio, ttl, .. } => {
-                    if ratio.as_f64() > 0.0 {
+                    if ratio.as_f64() > 0.0 && !self.from_rates_now {
                         self.first_drop
                             .entry(bucket)
                             .or_insert((ratio.as_f64(), self.now / NS_PER_MS));
@@ -409,6 +414,7 @@ impl Fleet {
             config: (**config).clone(),
             loads: BTreeMap::new(),
             first_drop: HashMap::new(),
+            from_rates_now: false,
         };
         let totals = host.totals();
         host.core.start(host.time(), &totals);
@@ -553,13 +559,24 @@ impl Fleet {
         let since_start = now - START_MS;
         if since_start.is_multiple_of(surge::TICK_NS / NS_PER_MS) {
             let expire = since_start.is_multiple_of(5 * surge::TICK_NS / NS_PER_MS);
-            for host in &mut self.clients {
+            for h in 0..self.clients.len() {
+                let host = &mut self.clients[h];
                 let totals = host.totals();
                 let mut steps = host.core.guard_tick(host.now, &totals);
                 if expire {
                     steps.extend(host.core.expire_shares(host.now));
                 }
                 host.apply(steps);
+                // A guard that engaged says so at once, as the link does.
+                if let Some(report) = host.core.take_surge_report() {
+                    let zone = host.zone_index;
+                    self.wire.send(
+                        now,
+                        Node::Host(h),
+                        Node::Zone(zone),
+                        Message::Report(report),
+                    );
+                }
             }
         }
         for z in 0..self.zones.len() {
@@ -590,8 +607,10 @@ impl Fleet {
         match (from, to, message) {
             (_, Node::Host(h), Message::Instructions(instructions)) => {
                 let host = &mut self.clients[h];
+                host.from_rates_now = instructions.from_rates_now;
                 let steps = host.core.on_instructions(host.time(), instructions);
                 host.apply(steps);
+                host.from_rates_now = false;
             }
             (Node::Host(h), Node::Zone(z), Message::Report(report)) => {
                 let steps = self.zones[z].core.on_report(now, h as u64, report);
@@ -673,5 +692,5 @@ impl Fleet {
 
 /// How often the servers' tickers poll their core: a tenth of the interval, 2 to 50 ms.
 fn ticker_ms(interval_ms: u64) -> u64 {
-    (interval_ms / 10).clamp(2, 50)
+    (interval_ms / 100).clamp(2, 10)
 }
