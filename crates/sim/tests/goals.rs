@@ -52,29 +52,18 @@ fn the_end_of_a_surge_costs_a_tenth_of_the_wrongful_drops_and_keeps_its_enforcem
 
 #[test]
 fn a_one_and_a_half_times_overload_overshoots_at_most_five_percent() {
-    // Peak overshoot 2.0-3.8% over seeds 1-20 but seed 6's 5.1% (15-16% on some seeds before a
-    // silent host's or zone's last counts stood in for its missing report). The peak is the
-    // highest of 40 s of 1 s windows, each admitting `offered x L / offered before` with both
-    // counts noisy: seed 6's is at 55 s, the second after one that offered 3.1% less. So each
-    // seed is held to 5% plus one standard deviation of a 1 s window's own noise (3% at three),
-    // and the seeds' mean to well under 5%. Enforcement: 1.0 s on every seed (1.0-1.1 s before
-    // the controllers instructed from their own region's rise without waiting for the peers).
-    let results = runs(
+    // Peak overshoot 1.8-3.7% over seeds 1-20 (15-16% on some seeds before a silent host's or
+    // zone's last counts stood in for its missing report); a 1 s window's own noise at the limit
+    // is 3%. Enforcement: 1.0 s on every seed (1.0-1.1 s before the controllers instructed from
+    // their own region's rise without waiting for the peers).
+    for r in runs(
         "overload-1.5x",
         None,
         Algorithm::DropRatio,
         &[1, 2, 3, 4, 5, 6, 7, 8],
-    );
-    let mut peaks = 0.0;
-    for r in &results {
+    ) {
         let m = &r.metrics;
-        let peak = m.peak_overshoot.unwrap();
-        peaks += peak;
-        assert!(
-            peak <= 0.05 + m.noise.second_3sd / 3.0,
-            "seed {}: {m:?}",
-            r.seed
-        );
+        assert!(m.peak_overshoot.unwrap() <= 0.05, "seed {}: {m:?}", r.seed);
         assert!(
             m.enforcement_delay_s.unwrap() <= 1.0 + 1e-9,
             "seed {}: {m:?}",
@@ -82,8 +71,6 @@ fn a_one_and_a_half_times_overload_overshoots_at_most_five_percent() {
         );
         assert!(m.steady_error.unwrap() <= 0.01, "seed {}: {m:?}", r.seed);
     }
-    let mean = peaks / results.len() as f64;
-    assert!(mean <= 0.04, "mean peak overshoot {mean}");
 }
 
 #[test]
@@ -92,10 +79,10 @@ fn many_small_callers_are_held_to_their_limit_from_the_second_after_the_first() 
     // no host can tell its surge from noise, so the loop enforces it. Its first instruction
     // leaves when the region's own zones are in (a controller does not wait for the peers'
     // sums when its zones show a clear rise), 10-15 ms after the interval's end where it took
-    // 100-180 ms: the second after the first admits -3.2% to 10.8% over the limit over seeds
-    // 1-20, mean 4.1% (0.6-31.8% before). The second's own noise is 13.4% at three standard
+    // 100-180 ms: the second after the first admits -5.0% to 11.4% over the limit over seeds
+    // 1-20, mean 3.2% (0.6-31.8% before). The second's own noise is 13.4% at three standard
     // deviations, so each seed is held to 10% plus one deviation, and the seeds' mean to 10%.
-    // Enforcement reads 1.0 s on 18 of 20 seeds and 1.1 s on 2 (a 100 ms sample's noise is 42%).
+    // Enforcement reads 1.0 s on 19 of 20 seeds and 1.1 s on 1 (a 100 ms sample's noise is 42%).
     let results = runs(
         "many-callers",
         Some(30.0),
@@ -181,7 +168,7 @@ fn under_overload_the_sheddable_tier_absorbs_the_drops_and_critical_traffic_is_u
     // SPEC §10: 1.5x the limit, 40% of it sheddable (half the hosts send 80%, the other half
     // none, so the split must come from the whole scope's load). The third to drop is about 5/6
     // of the sheddable traffic (the hosts' random weights move the fleet's sheddable share):
-    // seeds 1-8 drop 0.0% of critical requests and 78.3-87.0% of sheddable ones, 33.3-33.5% in
+    // seeds 1-8 drop 0.0% of critical requests and 78.4-87.0% of sheddable ones, 33.3-33.5% in
     // all (`spillway sim --scenario criticality --seed N`).
     for r in runs("criticality", None, Algorithm::DropRatio, &[1, 2, 3, 4]) {
         let m = r.metrics;

@@ -65,7 +65,9 @@ impl v1::aggregator_server::Aggregator for Service {
                             }
                             // The newest stream of a host is the one its instructions go to.
                             state.clients.insert(report.host_id.clone(), tx.clone());
-                            state.spans.on_report(report.sequence);
+                            if !report.surge {
+                                state.spans.on_report(report.sequence);
+                            }
                             let steps = state.core.on_report(now_ms(), conn, report);
                             state.send(steps);
                         }

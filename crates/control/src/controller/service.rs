@@ -66,11 +66,15 @@ impl v1::controller_server::Controller for Service {
                             let mut guard = region.lock();
                             let state = &mut *guard;
                             let now = now_ms();
-                            state.record.on_zone_report(conn, &report, now);
-                            if let Some(history) = &mut state.history {
-                                history.ledger.on_zone_report(&report, now);
+                            // A zone's estimate of the open interval (`surge`) is no
+                            // interval's sums: only the core answers it.
+                            if !report.surge {
+                                state.record.on_zone_report(conn, &report, now);
+                                if let Some(history) = &mut state.history {
+                                    history.ledger.on_zone_report(&report, now);
+                                }
+                                state.spans.on_report(report.sequence);
                             }
-                            state.spans.on_report(report.sequence);
                             let steps = state.core.on_zone_report(conn, report, now);
                             state.send(steps);
                         }
