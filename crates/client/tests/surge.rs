@@ -78,7 +78,12 @@ async fn a_linked_client_holds_a_surge_to_its_part_before_the_control_plane_answ
     // 2,000/s for 600 ms (10 requests every 5 ms), right after that instruction.
     let start = Instant::now();
     let mut late = (0u32, 0u32);
+    let mut during = vec![instructed];
     while start.elapsed() < Duration::from_millis(600) {
+        let last = status.last_instructions_ms();
+        if during.last() != Some(&last) {
+            during.push(last);
+        }
         for _ in 0..10 {
             let forwarded = client.decide(&request(), &NoHeaders).forwards();
             if start.elapsed() >= Duration::from_millis(300) {
@@ -88,10 +93,14 @@ async fn a_linked_client_holds_a_surge_to_its_part_before_the_control_plane_answ
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(
-        status.last_instructions_ms(),
-        instructed,
-        "no instruction arrived during the surge, so whatever was dropped the client dropped alone"
+    // At most one instruction arrived during the surge: the controller's answer to the client's
+    // surge report (`Report.surge`), computed from its rate now. Over the limit such an answer
+    // holds the client as tight as its guard did or tighter, never looser, so what was admitted
+    // is still the guard's doing; the next interval's instruction is later than the surge.
+    assert!(
+        during.len() <= 2,
+        "{} instructions arrived during the surge",
+        during.len() - 1
     );
     // The surge's second half: offered at 20 times the limit, admitted about the host's part
     // (100/s, 30 in 300 ms); without the guard all of it would pass.
