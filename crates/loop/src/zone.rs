@@ -219,28 +219,7 @@ impl ZoneCore {
         if !self.interval_from_controller && report.interval_ms > 0 {
             self.adopt(Interval::from_ms(report.interval_ms), now_ms);
         }
-        let mut sums = Sums::from_wire(&report.buckets);
-        let mut lowered = Vec::new();
-        plausible::check_report(
-            &mut sums,
-            &self.bounds,
-            self.interval,
-            |key, reason, from, to| {
-                lowered.push((key.clone(), reason, from, to));
-            },
-        );
-        for (bucket, reason, reported, counted) in lowered {
-            self.note(
-                now_ms,
-                Clamp {
-                    host: report.host_id.clone(),
-                    bucket,
-                    reason,
-                    reported,
-                    counted,
-                },
-            );
-        }
+        let sums = self.bounded(now_ms, &report);
         self.join(&report.host_id, conn);
         let Some(host) = self.hosts.get_mut(&report.host_id) else {
             return steps;
@@ -292,6 +271,14 @@ impl ZoneCore {
         {
             return;
         }
+        let sums = self.bounded(now_ms, &report);
+        self.surging.insert(report.host_id, sums);
+        self.surge_due = true;
+    }
+
+    /// A report's counts, each bounded by what a host's counts may say ([`crate::plausible`]),
+    /// the clamps noted.
+    fn bounded(&mut self, now_ms: u64, report: &v1::Report) -> Sums {
         let mut sums = Sums::from_wire(&report.buckets);
         let mut lowered = Vec::new();
         plausible::check_report(
@@ -314,8 +301,7 @@ impl ZoneCore {
                 },
             );
         }
-        self.surging.insert(report.host_id, sums);
-        self.surge_due = true;
+        sums
     }
 
     /// The zone's estimate of the open interval from its surge reports: the last closed

@@ -605,14 +605,19 @@ impl<'a> Engine<'a> {
             }
         }
         for (zone, report) in reports {
-            let bytes = report.encoded_len() as u64;
-            self.send(
-                now,
-                self.network.host_aggregator_ms,
-                bytes,
-                Event::Report { zone, report },
-            );
+            self.send_report(now, zone, report);
         }
+    }
+
+    /// A host's report (or surge report) to the aggregator of `zone`.
+    fn send_report(&mut self, now: Nanos, zone: usize, report: v1::Report) {
+        let bytes = report.encoded_len() as u64;
+        self.send(
+            now,
+            self.network.host_aggregator_ms,
+            bytes,
+            Event::Report { zone, report },
+        );
     }
 
     /// Every live host whose tail or report is due: the report goes to its aggregator.
@@ -633,13 +638,7 @@ impl<'a> Engine<'a> {
                 continue;
             };
             let zone = host.zone;
-            let bytes = report.encoded_len() as u64;
-            self.send(
-                now,
-                self.network.host_aggregator_ms,
-                bytes,
-                Event::Report { zone, report },
-            );
+            self.send_report(now, zone, report);
         }
     }
 
