@@ -36,6 +36,10 @@ use crate::clock::now_unix_ns;
 use crate::session::{SessionError, Stop, Target, UrlError, reconnect};
 use spillway_tls::{Expect, Role, TlsSource};
 
+/// How long a stopping host waits for its aggregator to end the stream after its last report,
+/// so that report is delivered, not reset with the stream.
+const FLUSH_WAIT: Duration = Duration::from_secs(1);
+
 /// The client as the link sees it: its clock, its control-plane buckets' counters and limiters,
 /// and its rules.
 pub trait HostLimiters: Send + Sync + 'static {
@@ -390,6 +394,14 @@ impl Driver {
                         state.core.flush(self.now(), &totals)
                     };
                     let _ = tx.try_send(report);
+                    // The report is only on its way once the stream ends cleanly: returning now
+                    // would drop the call, and a reset stream loses what it still held. So close
+                    // this side (the surge reports' sender too) and wait, briefly, for the
+                    // aggregator to end its own.
+                    drop(tx);
+                    *self.surges.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    let drained = async { while let Ok(Some(_)) = inbound.message().await {} };
+                    let _ = tokio::time::timeout(FLUSH_WAIT, drained).await;
                     return Ok(());
                 }
             }

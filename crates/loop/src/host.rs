@@ -316,11 +316,14 @@ impl HostCore {
         Some(report)
     }
 
-    /// The report of what was counted since the last one, cut short at `now` (the host is
-    /// stopping, so its last requests are counted).
+    /// The last report, of what was counted since the one before, cut short at `now`: the host
+    /// is stopping, so its last requests are counted, as counted ([`Tally::close_final`]): a
+    /// report cut short is otherwise scaled up to a whole interval, which would count the rest
+    /// of the interval twice, here and at the hosts its load moves to.
     pub fn flush(&mut self, now: HostTime, totals: &[Snapshot]) -> v1::Report {
-        self.tally.unmark_tail();
-        self.report(now.unix_ms(), totals)
+        let counted = self.counted(totals);
+        let buckets = self.tally.close_final(counted, now.unix_ms());
+        self.report_of(buckets)
     }
 
     /// An instruction set from the aggregator. When it carries rules this host does not run, the
@@ -502,6 +505,12 @@ impl HostCore {
 
     fn report(&mut self, now_ms: u64, totals: &[Snapshot]) -> v1::Report {
         let counted = self.counted(totals);
+        let buckets = self.tally.close(counted, now_ms, self.interval);
+        self.report_of(buckets)
+    }
+
+    /// The report of the interval due with `buckets`.
+    fn report_of(&self, buckets: Vec<v1::BucketCounts>) -> v1::Report {
         v1::Report {
             host_id: self.id.host_id.clone(),
             zone: self.id.zone.clone(),
@@ -509,7 +518,7 @@ impl HostCore {
             rules_version: self.rules_version,
             sequence: self.due,
             interval_ms: self.interval.ms(),
-            buckets: self.tally.close(counted, now_ms, self.interval),
+            buckets,
             surge: false,
         }
     }
@@ -543,14 +552,8 @@ impl HostCore {
             })
             .collect();
         (!buckets.is_empty()).then(|| v1::Report {
-            host_id: self.id.host_id.clone(),
-            zone: self.id.zone.clone(),
-            region: self.id.region.clone(),
-            rules_version: self.rules_version,
-            sequence: self.due,
-            interval_ms: self.interval.ms(),
-            buckets,
             surge: true,
+            ..self.report_of(buckets)
         })
     }
 

@@ -10,7 +10,8 @@
 //!    offered, so none is larger; and it speaks for one host.
 //! 2. **Against its zone** ([`bound_peers`]), when the interval closes: a host's offered load to
 //!    a bucket counts for at most `C = max(k x m, L)`, where `m` is the median offered load of
-//!    the *other* hosts of the zone that offered to the bucket in the interval, `k` is
+//!    the *other* hosts of the zone that offered to the bucket in the interval (a host that left
+//!    within it is bounded but no peer: its last report covers part of the interval), `k` is
 //!    `control.plausibility.peer_multiple` (default 4) and `L` is the bucket's limit over the
 //!    interval; its tail counts for at most `max(k x m_tail, L / 4)` the same way.
 //!
@@ -277,13 +278,19 @@ impl Factors {
     }
 }
 
-/// The median of `sorted` without its element at `skip`: 0 when nothing is left.
-fn median_without(sorted: &[u64], skip: usize) -> f64 {
-    let n = sorted.len().saturating_sub(1);
+/// The median of `sorted` without its element at `skip`, if any: 0 when nothing is left.
+fn median_without(sorted: &[u64], skip: Option<usize>) -> f64 {
+    let n = sorted.len().saturating_sub(usize::from(skip.is_some()));
     if n == 0 {
         return 0.0;
     }
-    let at = |j: usize| sorted[if j < skip { j } else { j + 1 }] as f64;
+    let at = |j: usize| {
+        sorted[if skip.is_some_and(|s| j >= s) {
+            j + 1
+        } else {
+            j
+        }] as f64
+    };
     if n % 2 == 1 {
         at(n / 2)
     } else {
@@ -301,11 +308,16 @@ fn median_without(sorted: &[u64], skip: usize) -> f64 {
 /// that is merely four times its zone's median to such a count could drop it under a limit the
 /// zone does not even reach; a host with no peer is left as it is. Once the rules came, a bucket
 /// they do not name is left as it is (the controller computes nothing for it).
+///
+/// Only hosts for which `peer` is true are the others' peers: a host that left within the
+/// interval is bounded like any, but its last report covers only part of the interval (and no
+/// tail when it left before the tail), so it is no measure of what a host offers.
 pub fn bound_peers(
     hosts: &mut BTreeMap<String, Sums>,
     bounds: &Bounds,
     interval: Interval,
     mut clamped: impl FnMut(&str, &BucketKey, ClampReason, u64, u64),
+    peer: impl Fn(&str) -> bool,
 ) -> Factors {
     let k = f64::from(bounds.plausibility.peer_multiple);
     // Per bucket, the hosts that offered to it.
@@ -323,18 +335,21 @@ pub fn bound_peers(
     for (key, offered_by) in buckets {
         let limit = bounds.limit_rps(key);
         let early = limit.is_none() && !bounds.known;
-        if !(limit.is_some() || early && offered_by.len() >= 2) {
+        let peers = || offered_by.iter().filter(|(h, _)| peer(h)).map(|(_, c)| c);
+        let mut offered: Vec<u64> = peers().map(|c| c.offered).collect();
+        let mut tails: Vec<u64> = peers().map(|c| c.offered_tail).collect();
+        if !(limit.is_some() || early && offered.len() >= 2) {
             continue;
         }
         let floor = limit.map_or(0.0, |l| per_interval(l, interval) as f64);
-        let mut offered: Vec<u64> = offered_by.iter().map(|(_, c)| c.offered).collect();
-        let mut tails: Vec<u64> = offered_by.iter().map(|(_, c)| c.offered_tail).collect();
         offered.sort_unstable();
         tails.sort_unstable();
         for (host, c) in &offered_by {
-            // Its own place in each order: any index holding its value leaves the same others.
-            let at = offered.partition_point(|&v| v < c.offered);
-            let at_tail = tails.partition_point(|&v| v < c.offered_tail);
+            // Its own place in each order, when it is among the peers: any index holding its
+            // value leaves the same others.
+            let own = peer(host);
+            let at = own.then(|| offered.partition_point(|&v| v < c.offered));
+            let at_tail = own.then(|| tails.partition_point(|&v| v < c.offered_tail));
             let most = (k * median_without(&offered, at)).max(floor);
             let most_tail = (k * median_without(&tails, at_tail)).max(floor / TAIL_PARTS as f64);
             let over = c.offered as f64 > most;
@@ -444,6 +459,7 @@ mod tests {
             &bounds(limit),
             Interval::from_ms(1000),
             |h, _, r, from, to| seen.push((h.to_owned(), r, from, to)),
+            |_| true,
         );
         seen.sort();
         let key = BucketKey::new("api", "all");
@@ -453,11 +469,54 @@ mod tests {
 
     #[test]
     fn the_median_of_the_others_leaves_out_the_host_itself() {
-        assert_eq!(median_without(&[1, 2, 3], 2), 1.5);
-        assert_eq!(median_without(&[1, 2, 3], 0), 2.5);
-        assert_eq!(median_without(&[1, 2, 3, 9], 3), 2.0);
-        assert_eq!(median_without(&[5], 0), 0.0);
-        assert_eq!(median_without(&[5, 7], 1), 5.0);
+        assert_eq!(median_without(&[1, 2, 3], Some(2)), 1.5);
+        assert_eq!(median_without(&[1, 2, 3], Some(0)), 2.5);
+        assert_eq!(median_without(&[1, 2, 3, 9], Some(3)), 2.0);
+        assert_eq!(median_without(&[5], Some(0)), 0.0);
+        assert_eq!(median_without(&[5, 7], Some(1)), 5.0);
+        // A host that is no peer is measured against all of them.
+        assert_eq!(median_without(&[1, 2, 3], None), 2.0);
+        assert_eq!(median_without(&[], None), 0.0);
+    }
+
+    #[test]
+    fn a_host_that_left_is_bounded_but_no_peer() {
+        // Two hosts at 525 offered, 150 in the tail, and one that left halfway with 225 and no
+        // tail; limit 200/s. As a peer its empty tail would bound the others' tails to 4 x 0,
+        // at most the floor of 50, and hold each of them to a third of its share.
+        let loads = [("a", 525, 150), ("b", 525, 150), ("gone", 225, 0)];
+        let mut hosts: BTreeMap<String, Sums> = loads
+            .iter()
+            .map(|&(h, o, t)| {
+                let mut sums = Sums::default();
+                sums.0.insert(BucketKey::new("api", "all"), counts(o, t));
+                (h.to_owned(), sums)
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let factors = bound_peers(
+            &mut hosts,
+            &bounds(Some(200.0)),
+            Interval::from_ms(1000),
+            |h, _, r, _, _| seen.push((h.to_owned(), r)),
+            |h| h != "gone",
+        );
+        assert!(seen.is_empty(), "{seen:?}");
+        assert!(factors.is_empty());
+        // Bounded all the same: a host that left with a count far over its peers is clamped.
+        hosts
+            .get_mut("gone")
+            .unwrap()
+            .0
+            .insert(BucketKey::new("api", "all"), counts(90_000, 0));
+        bound_peers(
+            &mut hosts,
+            &bounds(Some(200.0)),
+            Interval::from_ms(1000),
+            |h, _, r, _, _| seen.push((h.to_owned(), r)),
+            |h| h != "gone",
+        );
+        assert_eq!(seen, [("gone".to_owned(), ClampReason::OverPeers)]);
     }
 
     #[test]
@@ -537,6 +596,7 @@ mod tests {
             &other,
             Interval::from_ms(1000),
             |_, _, _, _, _| panic!("clamped"),
+            |_| true,
         );
     }
 

@@ -85,22 +85,41 @@ impl Tally {
     ) -> Vec<v1::BucketCounts> {
         self.add(counted);
         let elapsed = now_ms.saturating_sub(self.started_ms).max(1) as f64;
-        let scale = |n: u64| (n as f64 * interval.ms() as f64 / elapsed).round() as u64;
         let tail_scale = self.tail_from_ms.map(|from| {
             interval.ms() as f64 / TAIL_PARTS as f64 / now_ms.saturating_sub(from).max(1) as f64
         });
+        self.drain(now_ms, interval.ms() as f64 / elapsed, tail_scale)
+    }
+
+    /// Ends the interval at `now_ms` for good, the host stopping: the counts as counted, not
+    /// scaled to a whole interval, because the host offers nothing more in it (its load goes
+    /// elsewhere, where it is counted); the tail as counted too, 0 when it had not begun. A
+    /// host offering 450 req/s that stops halfway through a 1 s interval reports 225.
+    pub fn close_final(
+        &mut self,
+        counted: Vec<BucketReport>,
+        now_ms: u64,
+    ) -> Vec<v1::BucketCounts> {
+        self.add(counted);
+        self.drain(now_ms, 1.0, Some(1.0))
+    }
+
+    /// The counts times `scale` (the tail times `tail_scale`, none without), sorted by bucket;
+    /// counting starts afresh at `now_ms`.
+    fn drain(&mut self, now_ms: u64, scale: f64, tail_scale: Option<f64>) -> Vec<v1::BucketCounts> {
+        let scaled = |n: u64| (n as f64 * scale).round() as u64;
         let mut counts: Vec<(BucketKey, Counts)> = self.counts.drain().collect();
         counts.sort_by(|a, b| a.0.cmp(&b.0));
         *self = Self::new(now_ms);
         counts
             .into_iter()
             .map(|(key, c)| v1::BucketCounts {
-                tier_offered: tiers_to_wire(&c).into_iter().map(scale).collect(),
+                tier_offered: tiers_to_wire(&c).into_iter().map(scaled).collect(),
                 service: key.service,
                 bucket: key.bucket,
-                offered: scale(c.offered),
-                allowed: scale(c.allowed),
-                shadow_dropped: scale(c.shadow_dropped),
+                offered: scaled(c.offered),
+                allowed: scaled(c.allowed),
+                shadow_dropped: scaled(c.shadow_dropped),
                 offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
                 hosts: None,
             })
@@ -181,5 +200,20 @@ mod tests {
         let report = tally.close(counted(250), 8_000, interval);
         assert_eq!(report[0].offered, 1_000);
         assert_eq!(report[0].offered_tail, None);
+    }
+
+    #[test]
+    fn a_last_report_counts_what_was_counted_unscaled() {
+        // 450 req/s; the host stops at 7.500 s, before the tail: 225, no tail.
+        let mut tally = Tally::new(7_000);
+        let report = tally.close_final(counted(225), 7_500);
+        assert_eq!((report[0].offered, report[0].allowed), (225, 112));
+        assert_eq!(report[0].offered_tail, Some(0));
+        // Stopping at 7.900 s, within the tail: the tail as counted, 150 ms of it.
+        let mut tally = Tally::new(7_000);
+        tally.mark_tail(counted(750), 7_750);
+        let report = tally.close_final(counted(150), 7_900);
+        assert_eq!(report[0].offered, 900);
+        assert_eq!(report[0].offered_tail, Some(150));
     }
 }

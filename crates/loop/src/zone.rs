@@ -24,7 +24,7 @@ use spillway_proto::v1;
 use crate::interval::Interval;
 use crate::plausible::{self, Bounds, Clamp, ClampCounts, Factors};
 use crate::region::tier_drop_ratios;
-use crate::sums::{BucketKey, Intervals, Quorum, Sums};
+use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 
 /// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
 /// that host's clamps went without one since the last.
@@ -113,6 +113,10 @@ pub struct ZoneCore {
     /// Hosts whose surge guard engaged in the open interval, with their rates as counts of one
     /// interval (`v1::Report::surge`); forgotten when an interval closes, which counted them.
     surging: BTreeMap<String, Sums>,
+    /// Hosts that left, with what they count for in the last closed interval's sums (their
+    /// counts of it, or of the one before when they left before it closed): their rate now is
+    /// nothing, whatever they offered before. Forgotten like `surging`.
+    left: BTreeMap<String, Sums>,
     /// A surge report came since the zone last forwarded its estimate.
     surge_due: bool,
 }
@@ -139,6 +143,7 @@ impl ZoneCore {
             late_reports: 0,
             forwarded: 0,
             surging: BTreeMap::new(),
+            left: BTreeMap::new(),
             surge_due: false,
         }
     }
@@ -305,21 +310,25 @@ impl ZoneCore {
     }
 
     /// The zone's estimate of the open interval from its surge reports: the last closed
-    /// interval's sums, each surging host's counts there replaced by its rates now.
+    /// interval's sums, each surging host's counts there replaced by its rates now, and those
+    /// of each host that left since taken out (a stopped host offers nothing now).
     fn surge_estimate(&self, now_ms: u64) -> v1::ZoneReport {
         let mut estimate = self.last_sums.clone();
         for (name, now) in &self.surging {
             let before = self.hosts.get(name).map(|h| &h.last);
             for (key, counts) in &now.0 {
                 let was = before.map(|b| b.counts(key)).unwrap_or_default();
-                let entry = estimate.0.entry(key.clone()).or_default();
-                entry.offered = (entry.offered + counts.offered).saturating_sub(was.offered);
-                entry.allowed = (entry.allowed + counts.allowed).saturating_sub(was.allowed);
-                entry.offered_tail =
-                    (entry.offered_tail + counts.offered_tail).saturating_sub(was.offered_tail);
+                let entry = replace_counts(&mut estimate, key, was, *counts);
                 if was.hosts == 0 {
                     entry.hosts += counts.hosts;
                 }
+                entry.fit_tiers();
+            }
+        }
+        for last in self.left.values() {
+            for (key, was) in &last.0 {
+                let entry = replace_counts(&mut estimate, key, *was, Counts::default());
+                entry.hosts = entry.hosts.saturating_sub(was.hosts);
                 entry.fit_tiers();
             }
         }
@@ -340,7 +349,10 @@ impl ZoneCore {
     /// already reports on a newer stream).
     pub fn on_stream_end(&mut self, now_ms: u64, host: &str, conn: u64) -> Vec<ZoneStep> {
         if self.hosts.get(host).is_some_and(|h| h.conn == conn) {
-            self.hosts.remove(host);
+            if let Some(gone) = self.hosts.remove(host) {
+                self.surging.remove(host);
+                self.left.insert(host.to_owned(), gone.last);
+            }
             return self.poll(now_ms);
         }
         Vec::new()
@@ -365,6 +377,7 @@ impl ZoneCore {
                 .close_ready_quorum(now_ms, self.interval, grace, self.hosts.keys(), quorum);
         if !closed.is_empty() {
             self.surging.clear();
+            self.left.clear();
             self.surge_due = false;
         }
         let mut steps: Vec<ZoneStep> = closed
@@ -425,6 +438,7 @@ impl ZoneCore {
                     counted: b,
                 });
             },
+            |h| self.hosts.contains_key(h),
         );
         for clamp in lowered {
             self.note(now_ms, clamp);
@@ -434,11 +448,17 @@ impl ZoneCore {
         let mut zone = Sums::default();
         for (name, sums) in hosts {
             zone.add(&sums);
-            if let Some(host) = self.hosts.get_mut(&name)
-                && !estimated.contains(&name)
-            {
-                host.last = sums;
-                host.last_sequence = Some(sequence);
+            match self.hosts.get_mut(&name) {
+                Some(host) if !estimated.contains(&name) => {
+                    host.last = sums;
+                    host.last_sequence = Some(sequence);
+                }
+                Some(_) => {}
+                // It left after its last report: what it counted is in these sums, and is to be
+                // taken out of an estimate of the interval now open.
+                None => {
+                    self.left.insert(name, sums);
+                }
             }
         }
         zone
@@ -639,6 +659,21 @@ pub fn host_shares(
     }
 }
 
+/// In the zone's sums `estimate`, one host's counts `was` of `key` replaced by `now` (the host
+/// count and tiers are the caller's to mend).
+fn replace_counts<'a>(
+    estimate: &'a mut Sums,
+    key: &BucketKey,
+    was: Counts,
+    now: Counts,
+) -> &'a mut Counts {
+    let entry = estimate.0.entry(key.clone()).or_default();
+    entry.offered = (entry.offered + now.offered).saturating_sub(was.offered);
+    entry.allowed = (entry.allowed + now.allowed).saturating_sub(was.allowed);
+    entry.offered_tail = (entry.offered_tail + now.offered_tail).saturating_sub(was.offered_tail);
+    entry
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,6 +750,70 @@ mod tests {
         let steps = zone.poll(10_250);
         let sent = forwards(&steps);
         assert_eq!((sent[0].sequence, sent[0].buckets[0].offered), (9, 300));
+    }
+
+    #[test]
+    fn a_leaving_hosts_last_partial_report_counts_once_and_nothing_stands_in_for_it() {
+        let mut zone = zone();
+        zone.on_report(8_001, 1, report("a", 7, 300, 1));
+        zone.on_report(8_002, 2, report("b", 7, 100, 1));
+        // Halfway through interval 8, a stops: its last report is of what it counted so far,
+        // then its stream ends.
+        assert!(forwards(&zone.on_report(8_500, 1, report("a", 8, 150, 1))).is_empty());
+        assert!(forwards(&zone.on_stream_end(8_500, "a", 1)).is_empty());
+        let steps = zone.on_report(9_001, 2, report("b", 8, 250, 1));
+        let sent = forwards(&steps);
+        assert_eq!(sent[0].sequence, 8);
+        assert_eq!(sent[0].buckets[0].offered, 150 + 250);
+        // Interval 9 goes without a.
+        let sent = zone.on_report(10_001, 2, report("b", 9, 400, 1));
+        assert_eq!(forwards(&sent)[0].buckets[0].offered, 400);
+    }
+
+    #[test]
+    fn a_surge_estimate_counts_a_host_that_left_for_nothing() {
+        let mut zone = zone();
+        zone.on_report(8_001, 1, report("a", 7, 300, 1));
+        zone.on_report(8_002, 2, report("b", 7, 100, 1));
+        // In interval 8, a stops and b's guard engages at 400 an interval.
+        zone.on_stream_end(8_300, "a", 1);
+        zone.on_report(
+            8_400,
+            2,
+            v1::Report {
+                surge: true,
+                ..report("b", 8, 400, 1)
+            },
+        );
+        let steps = zone.poll(8_410);
+        let sent = forwards(&steps);
+        assert!(sent[0].surge);
+        // b's 100 replaced by its 400 now, and a's 300 gone with it.
+        assert_eq!(sent[0].buckets[0].offered, 400);
+        assert_eq!(sent[0].buckets[0].hosts, Some(1));
+        // c, which joined in interval 8, stops at its end: its last report (of 8) and the end
+        // of its stream come before b's report, so interval 8 closes after c left, its sums
+        // counting c.
+        zone.join("c", 3);
+        zone.on_report(9_000, 3, report("c", 8, 200, 1));
+        zone.on_stream_end(9_000, "c", 3);
+        let sent = zone.on_report(9_001, 2, report("b", 8, 400, 1));
+        assert_eq!(
+            forwards(&sent)[0].buckets[0].offered,
+            600,
+            "interval 8 counts c"
+        );
+        zone.on_report(
+            9_300,
+            2,
+            v1::Report {
+                surge: true,
+                ..report("b", 9, 500, 1)
+            },
+        );
+        let steps = zone.poll(9_310);
+        // b's 400 replaced by its 500 now, c's 200 gone.
+        assert_eq!(forwards(&steps)[0].buckets[0].offered, 500);
     }
 
     #[test]

@@ -298,7 +298,7 @@ impl<'a> Engine<'a> {
                 )),
                 Algorithm::CentralCounter => Limiter::Central,
             };
-            let id = format!("host-{i:05}");
+            let id = host_name(i);
             // Every host's stream to its aggregator is open from the start, counting from then.
             zones[zone].core.join(&id, 0);
             let mut core = HostCore::new(
@@ -383,6 +383,7 @@ impl<'a> Engine<'a> {
         let mut measured_tiers = [(0u64, 0u64); TIERS];
         let mut round_trips: HashMap<usize, (f64, u64)> = HashMap::new();
         let mut lost_region = false;
+        let mut host_left = false;
         let tick_s = TICK_NS as f64 / 1e9;
         for tick in 0..ticks {
             let now = EPOCH_NS + tick * TICK_NS;
@@ -393,6 +394,13 @@ impl<'a> Engine<'a> {
             {
                 lost_region = true;
                 self.lose_region(region);
+            }
+            if let Some((host, at)) = s.host_leave
+                && !host_left
+                && t_s >= at
+            {
+                host_left = true;
+                self.leave(host, now);
             }
             self.deliver(now);
             if tick > 0 && (tick * TICK_NS).is_multiple_of(surge::TICK_NS) {
@@ -796,6 +804,33 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Host `i` leaves as a stopping sidecar does: its last report (what it counted of the
+    /// interval so far), then the end of its stream, both at once and in that order; its load
+    /// moves to the live hosts.
+    fn leave(&mut self, i: usize, now: Nanos) {
+        let Some(host) = self.hosts.get_mut(i) else {
+            return;
+        };
+        host.alive = false;
+        let zone = host.zone;
+        let now_ms = now / 1_000_000;
+        let mut steps = Vec::new();
+        if self.algorithm != Algorithm::CentralCounter {
+            let at = HostTime {
+                clock: now,
+                unix_ns: now,
+            };
+            let last = host.core.flush(at, &[host.totals]);
+            steps = self.zones[zone].core.on_report(now_ms, 0, last);
+        }
+        steps.extend(
+            self.zones[zone]
+                .core
+                .on_stream_end(now_ms, &host_name(i), 0),
+        );
+        self.zone_steps(zone, now, steps);
+    }
+
     /// Region `r` is gone: its hosts stop, its aggregators and controller fall silent, and the
     /// load they carried moves to the other regions (the weights of the live hosts).
     fn lose_region(&mut self, r: usize) {
@@ -806,6 +841,11 @@ impl<'a> Engine<'a> {
             }
         }
     }
+}
+
+/// The name of host `i`, as its aggregator knows it.
+fn host_name(i: usize) -> String {
+    format!("host-{i:05}")
 }
 
 /// Applies a host core's steps to the host's limiter at `now`.

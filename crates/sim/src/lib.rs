@@ -18,10 +18,12 @@ pub mod engine;
 pub mod metrics;
 pub mod output;
 pub mod scenario;
+pub mod shape;
 
 pub use engine::{FleetSample, Network, Trace};
 pub use metrics::{Metrics, TierDrops};
 pub use scenario::Scenario;
+pub use shape::StepAndLeave;
 
 /// Why a simulation could not run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -7,10 +7,8 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::engine::{TICK_NS, TICKS_PER_SAMPLE};
+use crate::shape::SAMPLE_S;
 use crate::{RunResult, SimError};
-
-const SAMPLE_S: f64 = (TICK_NS * TICKS_PER_SAMPLE) as f64 / 1e9;
 
 /// The table of one scenario's runs, one row per algorithm, as Markdown (readable in a terminal
 /// and pasted as is into docs).

@@ -41,6 +41,9 @@ pub struct Scenario {
     /// This region (its hosts, aggregators and controller) is lost at this time; its load moves
     /// to the other regions.
     pub region_loss: Option<(usize, f64)>,
+    /// This host leaves at this time (its stream to the aggregator ends, as a sidecar's does when
+    /// its instance stops); its load moves to the other hosts.
+    pub host_leave: Option<(usize, f64)>,
     /// The window in which fairness and steady-state error are measured.
     pub measure: (f64, f64),
     /// Drop-ratio hosts correct a surge of their own between instructions, as the real client
@@ -52,7 +55,7 @@ pub struct Scenario {
 }
 
 /// The names of every scenario, in the order `--scenario all` runs them.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "surge-15x",
     "overload-1.5x",
     "many-callers",
@@ -60,6 +63,7 @@ pub const NAMES: [&str; 7] = [
     "control-plane-down",
     "region-loss",
     "criticality",
+    "sidecar-leaves",
 ];
 
 impl Scenario {
@@ -175,6 +179,26 @@ impl Scenario {
                 sheddable_share: 0.4,
                 ..Scenario::base()
             },
+            // The demo's fleet (`spillway demo`), so real processes and the simulator can run the
+            // same shape (bench/control): four hosts in two zones step 15x over the limit, then
+            // one leaves and its load moves to the other three.
+            "sidecar-leaves" => Scenario {
+                name: "sidecar-leaves",
+                about: "4 hosts in 2 zones step from 120 to 1,800 RPS, limit 200/s; host 4 leaves at 9 s",
+                regions: 1,
+                zones_per_region: 2,
+                hosts: 4,
+                limit_rps: 200.0,
+                duration_s: 15.0,
+                base_rps: 120.0,
+                step_rps: 1_800.0,
+                step_from_s: 3.0,
+                step_to_s: 15.0,
+                weight_sigma: 0.0,
+                host_leave: Some((3, 9.0)),
+                measure: (5.0, 9.0),
+                ..Scenario::base()
+            },
             other => {
                 return Err(SimError::UnknownScenario {
                     name: other.to_owned(),
@@ -207,6 +231,7 @@ impl Scenario {
             burst: None,
             control_down: None,
             region_loss: None,
+            host_leave: None,
             measure: (0.0, 0.0),
             surge_guard: true,
             sheddable_share: 0.0,
@@ -227,6 +252,9 @@ impl Scenario {
         };
         self.step_to_s = tail(self.step_to_s);
         self.measure.1 = tail(self.measure.1);
+        if let Some((_, at)) = &mut self.host_leave {
+            *at = tail(*at);
+        }
         self.measure.0 = self.measure.0.min(self.measure.1);
         self.duration_s = duration_s;
     }
