@@ -352,19 +352,7 @@ impl RegionCore {
             for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
                 zone_sums.entry(zone.name.clone()).or_default();
             }
-            let mut peers = Sums::default();
-            for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
-                // This interval's sums, or the latest of the two before when the peer was late
-                // or one of its messages was lost; a peer silent for longer, whose region was
-                // lost and whose load has failed over to the others, counts for nothing.
-                if let Some((_, sums)) = peer
-                    .sums
-                    .range(sequence.saturating_sub(2)..=sequence)
-                    .next_back()
-                {
-                    peers.add(sums);
-                }
-            }
+            let peers = self.peer_sums(sequence, now_ms, ttl, &HashMap::new());
             let per_zone = self.compute(config, &zone_sums, &peers, interval);
             self.instruct(&mut steps, sequence, per_zone, now_ms, Sent::Computed);
         }
@@ -410,29 +398,11 @@ impl RegionCore {
         if zone_sums.is_empty() {
             return;
         }
+        // The open interval's estimate: the peers' sums of the intervals before it, scaled.
+        let rises = rising(config, &zone_sums, &before, None);
         let ttl = config.control.instruction_ttl;
-        let mut peers = Sums::default();
-        for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
-            if let Some((_, sums)) = peer
-                .sums
-                .range(sequence.saturating_sub(1)..=sequence)
-                .next_back()
-            {
-                let mut scaled = sums.clone();
-                for (key, counts) in &mut scaled.0 {
-                    if let Some(rise) = median_rise(key, &zone_sums, &before)
-                        && rise >= PROVISIONAL_RISE
-                    {
-                        *counts = counts.scaled(rise);
-                    }
-                }
-                peers.add(&scaled);
-            }
-        }
-        let (smoothers, view) = (self.smoothers.clone(), self.view.clone());
-        let per_zone = self.compute(config, &zone_sums, &peers, interval);
-        self.smoothers = smoothers;
-        self.view = view;
+        let peers = self.peer_sums(sequence + 1, now_ms, ttl, &rises);
+        let (per_zone, _) = self.compute_aside(config, &zone_sums, &peers, interval);
         self.provisional += 1;
         self.instruct(steps, sequence, per_zone, now_ms, Sent::FromRatesNow);
     }
@@ -492,54 +462,72 @@ impl RegionCore {
         now_ms: u64,
         interval: Interval,
     ) -> Option<HashMap<String, Vec<v1::BucketInstruction>>> {
-        let ttl = config.control.instruction_ttl;
-        let mut rising = HashMap::new();
-        for (service, bucket) in config.buckets() {
-            if bucket.scope != Scope::Global || bucket.algorithm != Kind::DropRatio {
-                continue;
-            }
-            let key = BucketKey::new(&service.name, &bucket.name);
-            if let Some(rise) = median_rise(&key, zone_sums, before)
-                && rise >= PROVISIONAL_RISE
-            {
-                rising.insert(key, rise);
-            }
-        }
-        if rising.is_empty() {
+        let rises = rising(config, zone_sums, before, Some(Kind::DropRatio));
+        if rises.is_empty() {
             return None;
         }
+        let ttl = config.control.instruction_ttl;
+        let peers = self.peer_sums(sequence, now_ms, ttl, &rises);
+        let (per_zone, computed) = self.compute_aside(config, zone_sums, &peers, interval);
+        let raised = rises.keys().any(|k| {
+            let old = self.view.get(k).map_or(0.0, |v| v.drop_ratio);
+            computed
+                .get(k)
+                .is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
+        });
+        raised.then_some(per_zone)
+    }
+
+    /// The live peers' sums for interval `target`: each peer's sums of it, or else the latest
+    /// of its two before (the peer was late, or one of its messages was lost), scaled by
+    /// `rises` per bucket (a rise this region's own zones saw since). A peer silent for longer,
+    /// whose region was lost and whose load has failed over to the others, counts for nothing.
+    fn peer_sums(
+        &self,
+        target: u64,
+        now_ms: u64,
+        ttl: Duration,
+        rises: &HashMap<BucketKey, f64>,
+    ) -> Sums {
         let mut peers = Sums::default();
         for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
-            if let Some(sums) = peer.sums.get(&sequence) {
+            if let Some(sums) = peer.sums.get(&target) {
                 peers.add(sums);
             } else if let Some((_, sums)) = peer
                 .sums
-                .range(sequence.saturating_sub(2)..sequence)
+                .range(target.saturating_sub(2)..target)
                 .next_back()
             {
                 let mut scaled = sums.clone();
                 for (key, counts) in &mut scaled.0 {
-                    if let Some(&rise) = rising.get(key) {
+                    if let Some(&rise) = rises.get(key) {
                         *counts = counts.scaled(rise);
                     }
                 }
                 peers.add(&scaled);
             }
         }
-        let in_force: HashMap<BucketKey, f64> = rising
-            .keys()
-            .map(|k| (k.clone(), self.view.get(k).map_or(0.0, |v| v.drop_ratio)))
-            .collect();
+        peers
+    }
+
+    /// [`RegionCore::compute`] on the side, for instructions that estimate (provisional ones,
+    /// answers to surges): the instructions and the view they give, with the smoothing state
+    /// and the view left as they were for the instructions computed from the real sums.
+    fn compute_aside(
+        &mut self,
+        config: &Config,
+        zone_sums: &HashMap<String, Sums>,
+        peers: &Sums,
+        interval: Interval,
+    ) -> (
+        HashMap<String, Vec<v1::BucketInstruction>>,
+        HashMap<BucketKey, BucketView>,
+    ) {
         let (smoothers, view) = (self.smoothers.clone(), self.view.clone());
-        let per_zone = self.compute(config, zone_sums, &peers, interval);
-        let raised = in_force.iter().any(|(k, &old)| {
-            self.view
-                .get(k)
-                .is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
-        });
+        let per_zone = self.compute(config, zone_sums, peers, interval);
         self.smoothers = smoothers;
-        self.view = view;
-        raised.then_some(per_zone)
+        let computed = std::mem::replace(&mut self.view, view);
+        (per_zone, computed)
     }
 
     /// Provisional instructions sent so far ([`RegionCore::provisional`]).
@@ -753,6 +741,25 @@ pub const PROVISIONAL_STEP: f64 = 0.02;
 /// Zones whose previous interval offered fewer requests of a bucket than this say nothing
 /// about its rise.
 const RISE_MIN_REQUESTS: u64 = 10;
+
+/// Per global bucket of `config` (of algorithm `kind` only, when given), the median zone's rise
+/// from `before` to `now` ([`median_rise`]), when it is at least [`PROVISIONAL_RISE`].
+fn rising(
+    config: &Config,
+    now: &HashMap<String, Sums>,
+    before: &HashMap<String, Sums>,
+    kind: Option<Kind>,
+) -> HashMap<BucketKey, f64> {
+    config
+        .buckets()
+        .filter(|(_, b)| b.scope == Scope::Global && kind.is_none_or(|k| b.algorithm == k))
+        .filter_map(|(service, bucket)| {
+            let key = BucketKey::new(&service.name, &bucket.name);
+            let rise = median_rise(&key, now, before)?;
+            (rise >= PROVISIONAL_RISE).then_some((key, rise))
+        })
+        .collect()
+}
 
 /// The median over the zones of `now` that also reported `before` of how much one bucket's load
 /// rose (`offered_for_rise` now over `offered` before); `None` when no zone had enough load
