@@ -27,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use plotters::prelude::*;
 use spillway_demo::load::{BIN, Recorder, Stream, run_stream, upstream};
+use spillway_sim::shape::SAMPLE_S;
 use spillway_sim::{Algorithm, Scenario, StepAndLeave};
 use support::fleet::{Proc, admin_get, metric, wait_for};
 use support::free_port;
@@ -38,7 +39,8 @@ const STEP_AT: f64 = 3.0;
 const LEAVE_AFTER: f64 = 6.0;
 const END_AFTER: f64 = 12.0;
 const PROXIES: usize = 4;
-const SAMPLE_BINS: usize = 2;
+/// Samples of the chart's trailing window: 300 ms.
+const CHART_WINDOW: usize = 3;
 
 fn rules(limit: f64) -> String {
     format!(
@@ -199,9 +201,11 @@ fn real_run(runtime: &tokio::runtime::Runtime, phase: f64) -> Vec<(u64, u64)> {
         recorder
     });
     let series = &recorder.series[0];
-    let samples = (end / (BIN.as_secs_f64() * SAMPLE_BINS as f64)).floor() as usize;
+    // The recorder's 50 ms bins, two to a sample.
+    let per_sample = (SAMPLE_S / BIN.as_secs_f64()).round() as usize;
+    let samples = (end / SAMPLE_S).floor() as usize;
     let count = |v: &[std::sync::atomic::AtomicU64], i: usize| -> u64 {
-        v[i * SAMPLE_BINS..(i + 1) * SAMPLE_BINS]
+        v[i * per_sample..(i + 1) * per_sample]
             .iter()
             .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
             .sum()
@@ -296,10 +300,11 @@ fn table(real: &[StepAndLeave], sim: &[StepAndLeave], runs: usize, seeds: u64) -
 
 /// Admitted per second over a trailing 300 ms, sample by sample, from `from_s` on.
 fn smoothed(samples: &[(u64, u64)], from_s: f64) -> Vec<(f64, f64)> {
-    (3..=samples.len())
+    let window_s = CHART_WINDOW as f64 * SAMPLE_S;
+    (CHART_WINDOW..=samples.len())
         .map(|k| {
-            let n: u64 = samples[k - 3..k].iter().map(|s| s.1).sum();
-            (k as f64 * 0.1 - from_s, n as f64 / 0.3)
+            let n: u64 = samples[k - CHART_WINDOW..k].iter().map(|s| s.1).sum();
+            (k as f64 * SAMPLE_S - from_s, n as f64 / window_s)
         })
         .collect()
 }

@@ -351,7 +351,12 @@ impl ZoneCore {
         if self.hosts.get(host).is_some_and(|h| h.conn == conn) {
             if let Some(gone) = self.hosts.remove(host) {
                 self.surging.remove(host);
-                self.left.insert(host.to_owned(), gone.last);
+                // Its counts are in the last closed interval's sums when it reported that
+                // interval, or the one before, which then stood in for it.
+                let closed = self.window.closed_through();
+                if gone.last_sequence.is_some_and(|last| last + 1 >= closed) {
+                    self.left.insert(host.to_owned(), gone.last);
+                }
             }
             return self.poll(now_ms);
         }
@@ -700,6 +705,13 @@ mod tests {
         }
     }
 
+    fn surge_report(host: &str, sequence: u64, offered: u64) -> v1::Report {
+        v1::Report {
+            surge: true,
+            ..report(host, sequence, offered, 1)
+        }
+    }
+
     fn forwards(steps: &[ZoneStep]) -> Vec<&v1::ZoneReport> {
         steps
             .iter()
@@ -777,14 +789,7 @@ mod tests {
         zone.on_report(8_002, 2, report("b", 7, 100, 1));
         // In interval 8, a stops and b's guard engages at 400 an interval.
         zone.on_stream_end(8_300, "a", 1);
-        zone.on_report(
-            8_400,
-            2,
-            v1::Report {
-                surge: true,
-                ..report("b", 8, 400, 1)
-            },
-        );
+        zone.on_report(8_400, 2, surge_report("b", 8, 400));
         let steps = zone.poll(8_410);
         let sent = forwards(&steps);
         assert!(sent[0].surge);
@@ -803,17 +808,24 @@ mod tests {
             600,
             "interval 8 counts c"
         );
-        zone.on_report(
-            9_300,
-            2,
-            v1::Report {
-                surge: true,
-                ..report("b", 9, 500, 1)
-            },
-        );
+        zone.on_report(9_300, 2, surge_report("b", 9, 500));
         let steps = zone.poll(9_310);
         // b's 400 replaced by its 500 now, c's 200 gone.
         assert_eq!(forwards(&steps)[0].buckets[0].offered, 500);
+        // d reports interval 9 only: 10 closes with its counts standing in, 11 without them
+        // (no stand-in past one interval). When it leaves in 12, nothing of it is in the last
+        // closed interval's sums to take out of the estimate.
+        zone.join("d", 4);
+        zone.on_report(10_000, 4, report("d", 9, 200, 1));
+        let sent = zone.on_report(10_001, 2, report("b", 9, 500, 1));
+        assert_eq!(forwards(&sent)[0].buckets[0].offered, 700);
+        zone.on_report(11_001, 2, report("b", 10, 500, 1));
+        assert_eq!(forwards(&zone.poll(11_250))[0].buckets[0].offered, 700);
+        zone.on_report(12_001, 2, report("b", 11, 500, 1));
+        assert_eq!(forwards(&zone.poll(12_250))[0].buckets[0].offered, 500);
+        zone.on_stream_end(12_300, "d", 4);
+        zone.on_report(12_400, 2, surge_report("b", 12, 600));
+        assert_eq!(forwards(&zone.poll(12_410))[0].buckets[0].offered, 600);
     }
 
     #[test]
