@@ -3,7 +3,7 @@
 # Redis, envoyproxy/ratelimit's model (issue 21's performance goal), in one run.
 #   bench/rls/run.sh [ROUNDS] [RATE] [SECONDS]      (defaults 8, 2000, 4)
 #   IN_FLIGHT=32 CONNECTIONS=4 SAT_SECONDS=2 WARMUP=1 VALUES=1000 LINK_DELAY_US=250 NO_BUILD=1
-#   REPORT=FILE
+#   REPORT=FILE PROFILE=release (or dist: the whole-program optimised build, Cargo.toml)
 #
 # One `spillway proxy --rls-listen` (the release binary) with three descriptor buckets, one per
 # domain, every call carrying one descriptor (remote_address, 10.x.y.z) going round VALUES
@@ -40,17 +40,18 @@ warmup=${WARMUP:-1}
 values=${VALUES:-1000}
 link_delay_us=${LINK_DELAY_US:-250}
 target_dir=${CARGO_TARGET_DIR:-target}
+profile=${PROFILE:-release}
 
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "installing redis-server from Debian" >&2
   apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >&2
 fi
 if [ -z "${NO_BUILD:-}" ]; then
-  cargo build --release -q -p spillway-cli
-  cargo build --release -q -p spillway-rls --example rls_load
+  cargo build --profile "$profile" -q -p spillway-cli
+  cargo build --profile "$profile" -q -p spillway-rls --example rls_load
 fi
-spillway=$target_dir/release/spillway
-load=$target_dir/release/examples/rls_load
+spillway=$target_dir/$profile/spillway
+load=$target_dir/$profile/examples/rls_load
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -145,11 +146,12 @@ wait_port "$link_rls_port"
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 load_start=$(loadavg)
 if [ -n "${NO_BUILD:-}" ]; then
-  commit="binaries built beforehand (NO_BUILD=1)"
+  commit="binaries built beforehand (NO_BUILD=1, profile $profile)"
 else
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo "an unknown commit")
   git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null ||
     commit="$commit (with uncommitted changes)"
+  commit="$commit, profile $profile"
 fi
 
 results=$WORK/results
