@@ -29,7 +29,7 @@ use plotters::prelude::*;
 use spillway_demo::load::{BIN, Recorder, Stream, run_stream, upstream};
 use spillway_sim::shape::SAMPLE_S;
 use spillway_sim::{Algorithm, Scenario, StepAndLeave};
-use support::fleet::{Proc, admin_get, metric, wait_for};
+use support::fleet::{Proc, admin_get, aggregator, controller, linked_proxy, metric, wait_for};
 use support::free_port;
 
 const LIMIT: f64 = 200.0;
@@ -63,61 +63,27 @@ impl Fleet {
         let proxy_file = dir.join("proxy.yaml");
         std::fs::write(&proxy_file, rules(1_000_000.0)).unwrap();
         let controller_port = free_port();
-        let controller = Proc::spawn(&[
-            "controller",
-            "--listen",
-            &format!("127.0.0.1:{controller_port}"),
-            "--region",
-            "r1",
-            "-c",
-            &controller_file.display().to_string(),
-        ]);
+        let controller = controller(controller_port, &controller_file, &[]);
         let zones = ["r1z1", "r1z2"];
         let aggregator_ports: Vec<u16> = zones.iter().map(|_| free_port()).collect();
         let aggregators = zones
             .iter()
             .zip(&aggregator_ports)
-            .map(|(zone, port)| {
-                Proc::spawn(&[
-                    "aggregator",
-                    "--listen",
-                    &format!("127.0.0.1:{port}"),
-                    "--region",
-                    "r1",
-                    "--zone",
-                    zone,
-                    "--controller",
-                    &format!("http://127.0.0.1:{controller_port}"),
-                ])
-            })
+            .map(|(zone, port)| aggregator(*port, zone, controller_port, &[]))
             .collect();
         // Proxy `i` in zone `i % 2`, as the simulator spreads its hosts.
         let proxies = (0..PROXIES)
             .map(|i| {
-                let (listen, admin) = (free_port(), free_port());
-                let state = dir.join(format!("p{i}-state"));
-                let proc = Proc::spawn(&[
-                    "proxy",
-                    "-c",
-                    &proxy_file.display().to_string(),
-                    "--listen",
-                    &format!("127.0.0.1:{listen}"),
-                    "--upstream",
-                    &format!("http://127.0.0.1:{upstream}"),
-                    "--aggregator",
-                    &format!("http://127.0.0.1:{}", aggregator_ports[i % 2]),
-                    "--region",
-                    "r1",
-                    "--zone",
-                    zones[i % 2],
-                    "--host-id",
-                    &format!("p{}", i + 1),
-                    "--state-dir",
-                    &state.display().to_string(),
-                    "--admin",
-                    &format!("127.0.0.1:{admin}"),
-                ]);
-                (proc, listen, admin)
+                let zone = zones[i % 2];
+                let host = format!("p{}", i + 1);
+                linked_proxy(
+                    dir,
+                    &proxy_file,
+                    upstream,
+                    aggregator_ports[i % 2],
+                    zone,
+                    &host,
+                )
             })
             .collect();
         let fleet = Fleet {

@@ -4,11 +4,13 @@
 
 mod support;
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use support::fleet::{Load, Proc, admin_get, keep_alive_upstream, metric, wait_for};
+use support::fleet::{
+    Load, Proc, admin_get, aggregator, controller, keep_alive_upstream, linked_proxy, metric,
+    wait_for,
+};
 use support::free_port;
 const TTL: Duration = Duration::from_secs(1);
 
@@ -33,19 +35,9 @@ impl Fleet {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("rules.yaml"), rules(limit)).unwrap();
         let controller_port = free_port();
-        let controller = Fleet::controller(dir.path(), controller_port);
+        let controller = controller(controller_port, &dir.path().join("rules.yaml"), &[]);
         let aggregator_port = free_port();
-        let aggregator = Proc::spawn(&[
-            "aggregator",
-            "--listen",
-            &format!("127.0.0.1:{aggregator_port}"),
-            "--region",
-            "r1",
-            "--zone",
-            "z1",
-            "--controller",
-            &format!("http://127.0.0.1:{controller_port}"),
-        ]);
+        let aggregator = aggregator(aggregator_port, "z1", controller_port, &[]);
         let upstream = keep_alive_upstream();
         let mut fleet = Fleet {
             dir,
@@ -61,47 +53,12 @@ impl Fleet {
         fleet
     }
 
-    fn controller(dir: &Path, port: u16) -> Proc {
-        Proc::spawn(&[
-            "controller",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--region",
-            "r1",
-            "-c",
-            &dir.join("rules.yaml").display().to_string(),
-        ])
-    }
-
     /// A linked proxy: (process, listen port, admin port). Its file has a limit nobody uses, so
     /// only rules from the control plane can make it drop.
     fn proxy(&self, host: &str, aggregator: u16, upstream: u16) -> (Proc, u16, u16) {
         let file = self.dir.path().join(format!("{host}.yaml"));
         std::fs::write(&file, rules(1_000_000)).unwrap();
-        let (listen, admin) = (free_port(), free_port());
-        let state = self.dir.path().join(format!("{host}-state"));
-        let proc = Proc::spawn(&[
-            "proxy",
-            "-c",
-            &file.display().to_string(),
-            "--listen",
-            &format!("127.0.0.1:{listen}"),
-            "--upstream",
-            &format!("http://127.0.0.1:{upstream}"),
-            "--aggregator",
-            &format!("http://127.0.0.1:{aggregator}"),
-            "--region",
-            "r1",
-            "--zone",
-            "z1",
-            "--host-id",
-            host,
-            "--state-dir",
-            &state.display().to_string(),
-            "--admin",
-            &format!("127.0.0.1:{admin}"),
-        ]);
-        (proc, listen, admin)
+        linked_proxy(self.dir.path(), &file, upstream, aggregator, "z1", host)
     }
 
     fn metrics(&self, i: usize) -> String {
@@ -199,7 +156,11 @@ fn killing_the_controller_makes_the_proxies_fail_open_within_the_ttl() {
         );
     }
     // A restarted controller brings enforcement back.
-    fleet.controller = Fleet::controller(fleet.dir.path(), fleet.controller_port);
+    fleet.controller = controller(
+        fleet.controller_port,
+        &fleet.dir.path().join("rules.yaml"),
+        &[],
+    );
     let before: Vec<u64> = loads.iter().map(|l| l.counts().1).collect();
     wait_for(Duration::from_secs(10), "enforcement back on both", || {
         loads

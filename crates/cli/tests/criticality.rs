@@ -8,7 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::fleet::{Load, Proc, admin_get, keep_alive_upstream, metric, wait_for};
+use support::fleet::{
+    Load, Proc, admin_get, aggregator, controller, keep_alive_upstream, linked_proxy, metric,
+    wait_for,
+};
 use support::free_port;
 
 /// One global drop-ratio bucket of `limit`/s, reports every 250 ms.
@@ -33,27 +36,9 @@ fn at_one_and_a_half_times_the_limit_sheddable_traffic_absorbs_the_drops_across_
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yaml"), rules(100)).unwrap();
     let controller_port = free_port();
-    let _controller = Proc::spawn(&[
-        "controller",
-        "--listen",
-        &format!("127.0.0.1:{controller_port}"),
-        "--region",
-        "r1",
-        "-c",
-        &dir.path().join("rules.yaml").display().to_string(),
-    ]);
+    let _controller = controller(controller_port, &dir.path().join("rules.yaml"), &[]);
     let aggregator_port = free_port();
-    let _aggregator = Proc::spawn(&[
-        "aggregator",
-        "--listen",
-        &format!("127.0.0.1:{aggregator_port}"),
-        "--region",
-        "r1",
-        "--zone",
-        "z1",
-        "--controller",
-        &format!("http://127.0.0.1:{controller_port}"),
-    ]);
+    let _aggregator = aggregator(aggregator_port, "z1", controller_port, &[]);
     let upstream = keep_alive_upstream();
     let proxies: Vec<(Proc, u16, u16)> = (1..=4)
         .map(|n| {
@@ -61,32 +46,7 @@ fn at_one_and_a_half_times_the_limit_sheddable_traffic_absorbs_the_drops_across_
             // A limit nobody reaches: only the controller's rules make a proxy drop.
             let file = dir.path().join(format!("{host}.yaml"));
             std::fs::write(&file, rules(1_000_000)).unwrap();
-            let (listen, admin) = (free_port(), free_port());
-            let proc = Proc::spawn(&[
-                "proxy",
-                "-c",
-                &file.display().to_string(),
-                "--listen",
-                &format!("127.0.0.1:{listen}"),
-                "--upstream",
-                &format!("http://127.0.0.1:{upstream}"),
-                "--aggregator",
-                &format!("http://127.0.0.1:{aggregator_port}"),
-                "--region",
-                "r1",
-                "--zone",
-                "z1",
-                "--host-id",
-                &host,
-                "--state-dir",
-                &dir.path()
-                    .join(format!("{host}-state"))
-                    .display()
-                    .to_string(),
-                "--admin",
-                &format!("127.0.0.1:{admin}"),
-            ]);
-            (proc, listen, admin)
+            linked_proxy(dir.path(), &file, upstream, aggregator_port, "z1", &host)
         })
         .collect();
     wait_for(

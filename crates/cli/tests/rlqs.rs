@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::fleet::{Proc, metric, wait_for};
+use support::fleet::{Proc, aggregator, controller, metric, wait_for};
 use support::{SPILLWAY, free_port};
 
 /// Reports every 500 ms; `checkout` a drop-ratio bucket of `limit`/s, `search` a local fixed
@@ -51,31 +51,19 @@ impl Zone {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("rules.yaml"), rules_yaml).unwrap();
         let controller_port = free_port();
-        let controller = Proc::spawn(&[
-            "controller",
-            "--listen",
-            &format!("127.0.0.1:{controller_port}"),
-            "--region",
-            "r1",
-            "-c",
-            dir.path().join("rules.yaml").to_str().unwrap(),
-        ]);
+        let controller = controller(controller_port, &dir.path().join("rules.yaml"), &[]);
         let (rlqs, aggregator_admin) = (free_port(), free_port());
-        let aggregator = Proc::spawn(&[
-            "aggregator",
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--region",
-            "r1",
-            "--zone",
+        let aggregator = aggregator(
+            free_port(),
             "z1",
-            "--controller",
-            &format!("http://127.0.0.1:{controller_port}"),
-            "--admin",
-            &format!("127.0.0.1:{aggregator_admin}"),
-            "--rlqs-listen",
-            &format!("127.0.0.1:{rlqs}"),
-        ]);
+            controller_port,
+            &[
+                "--admin",
+                &format!("127.0.0.1:{aggregator_admin}"),
+                "--rlqs-listen",
+                &format!("127.0.0.1:{rlqs}"),
+            ],
+        );
         wait_for(Duration::from_secs(30), "the aggregator is ready", || {
             support::get(([127, 0, 0, 1], aggregator_admin).into(), "/readyz")
                 .is_ok_and(|(status, _)| status == 200)

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spillway_rls::pb::{self, Code, RateLimitServiceClient, request};
-use support::fleet::{Proc, admin_get, metric, wait_for};
+use support::fleet::{admin_get, aggregator, controller, metric, wait_for};
 use support::{SPILLWAY, free_port, get};
 
 fn example() -> PathBuf {
@@ -147,28 +147,12 @@ fn linked_to_an_aggregator_it_is_a_host_of_its_zone() {
     .unwrap();
     let (controller_port, controller_admin, aggregator_port) =
         (free_port(), free_port(), free_port());
-    let _controller = Proc::spawn(&[
-        "controller",
-        "--listen",
-        &format!("127.0.0.1:{controller_port}"),
-        "--region",
-        "r1",
-        "--admin",
-        &format!("127.0.0.1:{controller_admin}"),
-        "-c",
-        rules.to_str().unwrap(),
-    ]);
-    let _aggregator = Proc::spawn(&[
-        "aggregator",
-        "--listen",
-        &format!("127.0.0.1:{aggregator_port}"),
-        "--region",
-        "r1",
-        "--zone",
-        "z1",
-        "--controller",
-        &format!("http://127.0.0.1:{controller_port}"),
-    ]);
+    let _controller = controller(
+        controller_port,
+        &rules,
+        &["--admin", &format!("127.0.0.1:{controller_admin}")],
+    );
+    let _aggregator = aggregator(aggregator_port, "z1", controller_port, &[]);
     // Its own file has no buckets: the control plane's rules come down the link.
     let own = dir.path().join("own.yaml");
     std::fs::write(&own, "version: 1\nservices: {}\n").unwrap();

@@ -3,12 +3,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::SPILLWAY;
+use super::{SPILLWAY, free_port};
 
 /// A child process, killed when dropped so a failing test leaves nothing behind.
 pub struct Proc(pub Child);
@@ -66,6 +67,80 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `spillway controller` of region `r1` on `port`, watching the rules file `rules`, with
+/// `extra` arguments.
+pub fn controller(port: u16, rules: &Path, extra: &[&str]) -> Proc {
+    let (listen, rules) = (format!("127.0.0.1:{port}"), rules.display().to_string());
+    let mut args = vec![
+        "controller",
+        "--listen",
+        &listen,
+        "--region",
+        "r1",
+        "-c",
+        &rules,
+    ];
+    args.extend_from_slice(extra);
+    Proc::spawn(&args)
+}
+
+/// `spillway aggregator` of zone `zone` in region `r1` on `port`, linked to the controller on
+/// `controller`, with `extra` arguments.
+pub fn aggregator(port: u16, zone: &str, controller: u16, extra: &[&str]) -> Proc {
+    let listen = format!("127.0.0.1:{port}");
+    let controller = format!("http://127.0.0.1:{controller}");
+    let mut args = vec![
+        "aggregator",
+        "--listen",
+        &listen,
+        "--region",
+        "r1",
+        "--zone",
+        zone,
+        "--controller",
+        &controller,
+    ];
+    args.extend_from_slice(extra);
+    Proc::spawn(&args)
+}
+
+/// A `spillway proxy` of region `r1` linked to the aggregator of `zone` on `aggregator`: its
+/// own configuration `file`, host id `host`, its state in `dir/HOST-state`, in front of the
+/// upstream on `upstream`. Returns the process, its listen port and its admin port.
+pub fn linked_proxy(
+    dir: &Path,
+    file: &Path,
+    upstream: u16,
+    aggregator: u16,
+    zone: &str,
+    host: &str,
+) -> (Proc, u16, u16) {
+    let (listen, admin) = (free_port(), free_port());
+    let state = dir.join(format!("{host}-state"));
+    let proc = Proc::spawn(&[
+        "proxy",
+        "-c",
+        &file.display().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{listen}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{upstream}"),
+        "--aggregator",
+        &format!("http://127.0.0.1:{aggregator}"),
+        "--region",
+        "r1",
+        "--zone",
+        zone,
+        "--host-id",
+        host,
+        "--state-dir",
+        &state.display().to_string(),
+        "--admin",
+        &format!("127.0.0.1:{admin}"),
+    ]);
+    (proc, listen, admin)
 }
 
 /// A real upstream answering `200 ok` to every request on keep-alive connections.
