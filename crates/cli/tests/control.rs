@@ -67,8 +67,10 @@ impl Fleet {
 
     /// Both proxies hear from the control plane and run `limit`.
     fn wait_live(&self, limit: u32) {
+        // Bounded generously, as the criticality test's start-up (processes starting on a machine
+        // running other tests).
         wait_for(
-            Duration::from_secs(20),
+            Duration::from_secs(30),
             "both proxies linked and running the controller's rules",
             || {
                 (0..2).all(|i| {
