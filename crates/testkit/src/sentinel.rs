@@ -23,6 +23,8 @@ const QUORUM: usize = 2;
 const DOWN_AFTER_MS: u64 = 1000;
 /// Bounds one failover attempt; Redis's default is 3 minutes.
 const FAILOVER_TIMEOUT_MS: u64 = 3000;
+/// How many of each sentinel's last log events a failover that did not come reports.
+const FAILOVER_EVENTS: usize = 8;
 
 struct Sentinel {
     port: u16,
@@ -58,7 +60,7 @@ pub struct RedisSentinelSet {
     // while the set is being dropped.
     sentinels: Vec<Sentinel>,
     nodes: Vec<RedisServer>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl RedisSentinelSet {
@@ -93,7 +95,7 @@ impl RedisSentinelSet {
         let set = RedisSentinelSet {
             sentinels,
             nodes: vec![primary, replica],
-            _dir: dir,
+            dir,
         };
         set.wait_until_acquainted()?;
         Ok(set)
@@ -158,7 +160,12 @@ impl RedisSentinelSet {
     /// says it is a primary. Returns the new primary's address.
     pub fn wait_for_failover(&self, old: SocketAddr, timeout: Duration) -> Result<SocketAddr> {
         wait_for(
-            || format!("the sentinels to fail over from {old}"),
+            || {
+                format!(
+                    "the sentinels to fail over from {old}; {}",
+                    self.failover_state()
+                )
+            },
             timeout,
             || {
                 let reports: Vec<_> = self.sentinels.iter().map(Sentinel::primary).collect();
@@ -168,6 +175,33 @@ impl RedisSentinelSet {
                 (agreed && role.as_deref() == Some("master")).then_some(new)
             },
         )
+    }
+
+    /// What each sentinel says of the primary, whether it is in TILT mode (a sentinel whose
+    /// timer ran late, on a loaded machine, stops acting for 30 s), and the last failover events
+    /// of its log: why a failover did not come.
+    fn failover_state(&self) -> String {
+        self.sentinels
+            .iter()
+            .enumerate()
+            .map(|(i, sentinel)| {
+                let tilt = info_field(sentinel.addr(), "sentinel", "sentinel_tilt");
+                let log = fs::read_to_string(self.dir.path().join(format!("sentinel-{i}.log")))
+                    .unwrap_or_default();
+                let events: Vec<&str> = log
+                    .lines()
+                    .filter(|line| line.contains(" +") || line.contains(" -"))
+                    .collect();
+                let last = events[events.len().saturating_sub(FAILOVER_EVENTS)..].join(" | ");
+                format!(
+                    "{} reports the primary {:?}, tilt {}, last events: {last}",
+                    sentinel.addr(),
+                    sentinel.primary(),
+                    tilt.as_deref().unwrap_or("unknown"),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// Every sentinel must have met the others (through the primary's hello channel) and the

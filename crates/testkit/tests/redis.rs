@@ -163,6 +163,27 @@ fn every_sentinel_names_the_primary() {
 }
 
 #[test]
+fn a_failover_that_does_not_come_says_what_each_sentinel_saw() {
+    let set = RedisSentinelSet::start().expect("start the sentinel set");
+    let primary = set.nodes()[0].addr();
+    // The primary is alive, so no failover comes.
+    let Err(Error::Timeout { what, .. }) = set.wait_for_failover(primary, Duration::from_secs(2))
+    else {
+        panic!("a failover from a live primary");
+    };
+    for sentinel in set.sentinel_addrs() {
+        assert!(
+            what.contains(&format!(
+                "{sentinel} reports the primary Some({primary}), tilt 0"
+            )),
+            "{what}"
+        );
+    }
+    // Each sentinel's log holds at least its +monitor event.
+    assert!(what.contains("+monitor master mymaster"), "{what}");
+}
+
+#[test]
 fn sentinels_promote_the_replica_when_the_primary_is_killed() {
     let mut set = RedisSentinelSet::start().expect("start the sentinel set");
     let replica = set.nodes()[1].addr();
