@@ -18,6 +18,7 @@ client spins until each call is due, so its vCPU stays awake and its own CPU is 
 Standard library only; Linux.
 """
 
+import ast
 import os
 import resource
 import select
@@ -121,7 +122,7 @@ def run(family, kind, rate, seconds, where):
             server(family, kind, count, where, ready_w, result_w)
         finally:
             os._exit(0)
-    address = eval(os.read(ready_r, 4096).decode())
+    address = ast.literal_eval(os.read(ready_r, 4096).decode())
     clients = []
     for _ in range(CONNECTIONS):
         conn = socket.socket(socket.AF_INET if family == "tcp" else socket.AF_UNIX)
