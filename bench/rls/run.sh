@@ -5,7 +5,7 @@
 #   IN_FLIGHT=32 CONNECTIONS=4 SAT_SECONDS=2 WARMUP=1 VALUES=1000 LINK_DELAY_US=250 NO_BUILD=1
 #   REPORT=FILE PROFILE=release (or dist: the whole-program optimised build, Cargo.toml)
 #
-# One `spillway proxy --rls-listen` (the release binary) with three descriptor buckets, one per
+# One `spillway proxy --rls-listen` (the binary of PROFILE) with three descriptor buckets, one per
 # domain, every call carrying one descriptor (remote_address, 10.x.y.z) going round VALUES
 # addresses:
 #   local    token-bucket, store local, per address (limit far above the load)
