@@ -45,13 +45,13 @@ pub enum Command {
     /// A single-node deployment in one process: controller, aggregator, proxy, rules service and
     /// their admin endpoints.
     Up(UpArgs),
-    /// The sidecar: a reverse proxy that decides every request in-process (G1).
+    /// The sidecar: a reverse proxy that decides every request in-process.
     Proxy(ProxyArgs),
-    /// The zone aggregator: sums its clients' reports (G6).
+    /// The zone aggregator: sums its clients' reports.
     Aggregator(AggregatorArgs),
-    /// The regional controller: computes drop ratios and coordinates with peer regions (G7).
+    /// The regional controller: computes drop ratios and coordinates with peer regions.
     Controller(ControllerArgs),
-    /// The rules service and its admin client (S1-S4).
+    /// The rules service and its admin client.
     Rules {
         #[command(subcommand)]
         command: RulesCommand,
@@ -64,7 +64,7 @@ pub enum Command {
     },
     /// Print the JSON Schema of the configuration file.
     Schema,
-    /// Convert another rate limiter's configuration into Spillway's (SPEC §8).
+    /// Convert another rate limiter's configuration into Spillway's.
     Import {
         #[command(subcommand)]
         command: crate::commands::import::ImportCommand,
@@ -72,21 +72,21 @@ pub enum Command {
     /// The fleet simulator: the real decision and control code in simulated time.
     Sim(SimArgs),
     /// Envoy's rate limit service (RLS v3) without the proxy: a drop-in for envoyproxy/ratelimit
-    /// behind Envoy or Istio, decided by the same engine as the sidecar (SPEC §8).
+    /// behind Envoy or Istio, decided by the same engine as the sidecar.
     Rls(RlsArgs),
-    /// The Rate Limit Configurator: limits proposed from traffic history (SPEC §9).
+    /// The Rate Limit Configurator: limits proposed from traffic history.
     Configure {
         #[command(subcommand)]
         command: crate::commands::configure::ConfigureCommand,
     },
-    /// A development PKI for mutual TLS on the control plane (SPEC §7).
+    /// A development PKI for mutual TLS on the control plane.
     Certs {
         #[command(subcommand)]
         command: CertsCommand,
     },
 }
 
-/// Mutual TLS on the control plane and server TLS on the admin port (SPEC §7).
+/// Mutual TLS on the control plane and server TLS on the admin port.
 #[derive(Debug, Clone, Args)]
 pub struct TlsArgs {
     /// This process's certificate chain (PEM, leaf first); its URI SAN is its identity,
@@ -511,7 +511,7 @@ pub enum RulesCommand {
         /// `sqlite://PATH` (embedded) or `postgres://...`.
         #[arg(long, default_value = "sqlite://spillway-rules.db")]
         database: String,
-        /// Modifications each admin may make per UTC day (S3).
+        /// Modifications each admin may make per UTC day.
         #[arg(long, env = "SPILLWAY_RULES_ADMIN_BUDGET", default_value_t = 10)]
         admin_budget: u32,
         /// Modifications each service account (automation such as the configurator) may make per

@@ -1,4 +1,4 @@
-//! Criticality tiers end to end through the real binary (SPEC §10, issue 22): a controller, a
+//! Criticality tiers end to end through the real binary: a controller, a
 //! zone aggregator and four linked proxies on loopback share one global drop-ratio bucket at
 //! 1.5x its limit. Two proxies carry only critical traffic; the other two mostly sheddable
 //! traffic, named by the client in `rpc-criticality`. The sheddable requests absorb the drops,

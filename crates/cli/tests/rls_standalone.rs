@@ -1,4 +1,4 @@
-//! `spillway rls` as a process (SPEC §8): Envoy's `ShouldRateLimit` without the proxy, over a
+//! `spillway rls` as a process: Envoy's `ShouldRateLimit` without the proxy, over a
 //! real socket with Envoy's generated client, decided from `examples/envoy-ratelimit.yaml`,
 //! reloaded when the file changes, counted in its `/metrics`; linked to a real controller and
 //! aggregator, a host of its zone whose drop-ratio descriptor bucket follows the fleet; and its

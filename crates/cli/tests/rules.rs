@@ -345,7 +345,7 @@ fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
     eprintln!("rule enforced {delay:?} after its commit");
     assert!(
         delay < Duration::from_secs(1),
-        "a committed change is enforced within a second (S4): {delay:?}"
+        "a committed change is enforced within a second: {delay:?}"
     );
     assert_eq!(
         status("/other"),

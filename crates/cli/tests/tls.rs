@@ -1,4 +1,4 @@
-//! Mutual TLS on the control plane through the real binary (SPEC §7): a development PKI made by
+//! Mutual TLS on the control plane through the real binary: a development PKI made by
 //! `spillway certs`, a TLS fleet of one controller, two aggregators and four proxies on loopback
 //! (every role's region, zone and host taken from its certificate), paced load at 1.5x a global
 //! limit, impostors played by a Python grpcio client built from the project's own proto, and a

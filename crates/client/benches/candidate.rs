@@ -1,4 +1,4 @@
-//! What a bucket's `candidate` (SPEC §9) costs a decision: one request decided against one
+//! What a bucket's `candidate` costs a decision: one request decided against one
 //! bucket, without a candidate and with one (the twin tried in shadow beside it), for a local
 //! token bucket and for a drop-ratio bucket, in one run so the price reads as a ratio; and the
 //! same request against rules where another bucket has the candidate, which must cost nothing.

@@ -141,8 +141,8 @@ impl Client {
         self.reload(config::load_file(path)?)
     }
 
-    /// Installs a drop-ratio instruction (G8): drop `ratio` of the bucket's requests for `ttl`,
-    /// after which the bucket admits everything again unless a newer instruction came (G9).
+    /// Installs a drop-ratio instruction: drop `ratio` of the bucket's requests for `ttl`,
+    /// after which the bucket admits everything again unless a newer instruction came.
     pub fn set_drop_ratio(
         &self,
         service: &str,
@@ -154,7 +154,7 @@ impl Client {
     }
 
     /// Like [`Client::set_drop_ratio`], each criticality tier dropping its own ratio of `tiers`
-    /// (SPEC §10); `ratio` is the bucket's, as readings show it.
+    ///; `ratio` is the bucket's, as readings show it.
     pub fn set_drop_ratio_tiers(
         &self,
         service: &str,
@@ -207,7 +207,7 @@ impl Client {
         rules.sweep(now)
     }
 
-    /// Instructions that expired before a newer one arrived (G9).
+    /// Instructions that expired before a newer one arrived.
     pub fn instructions_expired(&self) -> u64 {
         self.expired.load(Ordering::Relaxed)
     }

@@ -1,6 +1,6 @@
 //! The client's side of the control plane: reports the counts of its control-plane buckets to
 //! the zone's aggregator every interval and applies what comes back (drop ratios, adaptive
-//! token bucket shares and rules), failing open when the instructions stop (G5, G8-G10, G12).
+//! token bucket shares and rules), failing open when the instructions stop.
 //!
 //! [`ControlPlane::spawn`] runs a [`ClientLink`] (which drives the host's sans-IO core,
 //! `spillway_loop::HostCore`) over a [`Client`]: the client gives the link its counters and

@@ -1,4 +1,4 @@
-//! Envoy descriptors (SPEC §8): the one bucket that decides a request descriptor, and its
+//! Envoy descriptors: the one bucket that decides a request descriptor, and its
 //! decision at a cost (Envoy's `hits_addend`) with what Envoy is told about the limit:
 //! `current_limit`, `limit_remaining` and `duration_until_reset`.
 //!
@@ -199,7 +199,7 @@ impl Rules {
     }
 
     /// Asks Redis for a `store: redis` descriptor bucket, through the store's circuit breaker;
-    /// when Redis cannot answer in time, the bucket's `on_store_failure` decides (S8). Counts it.
+    /// when Redis cannot answer in time, the bucket's `on_store_failure` decides. Counts it.
     pub async fn finish_descriptor(&self, check: DescriptorCheck) -> DescriptorStatus {
         let Some(bucket) = self.buckets.get(check.id.index()) else {
             return DescriptorStatus::UNMATCHED;

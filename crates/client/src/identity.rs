@@ -22,7 +22,7 @@ use spillway_core::pattern::{RequestAttrs, SubjectKind};
 
 pub use path::PathBuffer;
 
-/// Read access to a request's headers, for identity and for costs read from a header (W3).
+/// Read access to a request's headers, for identity and for costs read from a header.
 pub trait Headers {
     /// The value of header `name` (lower case) if it is present and visible ASCII; the first one
     /// if it was sent more than once.
@@ -243,7 +243,7 @@ impl IdentityExtractor {
     pub fn criticality_of(&self, value: Option<&str>) -> Criticality {
         match value.and_then(Criticality::from_header) {
             Some(tier) if self.criticality_trusted => tier,
-            // A client lowers its own tier, never raises it (SPEC §10).
+            // A client lowers its own tier, never raises it.
             Some(tier) => tier.max(Criticality::default()),
             None => Criticality::default(),
         }

@@ -1,4 +1,4 @@
-//! Spillway's data-plane engine: decides every request in-process (G1), embeddable in any Rust
+//! Spillway's data-plane engine: decides every request in-process, embeddable in any Rust
 //! service, and the heart of the `spillway proxy` sidecar.
 //!
 //! A [`Client`] holds the compiled [`Rules`] (the configuration, its matcher and one limiter per

@@ -28,7 +28,7 @@ use crate::subjects::SubjectMap;
 pub(crate) enum Limiters {
     Shared(Limiter),
     PerSubject(SubjectKind, SubjectMap),
-    /// A descriptor bucket with entries of any value (SPEC §8): one limiter per combination of
+    /// A descriptor bucket with entries of any value: one limiter per combination of
     /// the request's values of those entries.
     PerValue(SubjectMap),
     /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies
@@ -42,11 +42,11 @@ pub(crate) enum Limiters {
 #[derive(Debug)]
 pub(crate) struct BucketState {
     pub(crate) limiters: Limiters,
-    /// When the current drop-ratio instruction expires (0: none), to count expiries (G9).
+    /// When the current drop-ratio instruction expires (0: none), to count expiries.
     pub(crate) instruction_expires: AtomicU64,
 }
 
-/// How a request's cost is found (W3).
+/// How a request's cost is found.
 #[derive(Debug, Clone)]
 enum CompiledCost {
     Fixed(u64),
@@ -59,7 +59,7 @@ pub struct CompiledBucket {
     service: Arc<str>,
     bucket: Bucket,
     mode: Mode,
-    /// A candidate's twin (SPEC §9): counted, but never part of the request's decision.
+    /// A candidate's twin: counted, but never part of the request's decision.
     trial: bool,
     cost: CompiledCost,
     /// The limit as the algorithms read it.
@@ -176,7 +176,7 @@ pub struct Rules {
     config: Arc<Config>,
     identity: IdentityExtractor,
     matcher: Matcher,
-    /// The descriptor buckets, by domain (SPEC §8).
+    /// The descriptor buckets, by domain.
     pub(crate) descriptors: DescriptorMatcher,
     pub(crate) buckets: Box<[CompiledBucket]>,
     /// The Redis of `store: redis` buckets, kept across reloads that leave `redis` unchanged so
@@ -402,7 +402,7 @@ impl Rules {
 
     /// Asks Redis for each `store: redis` bucket of `pending`, through the store's circuit
     /// breaker; a bucket whose Redis cannot answer in time is decided by its
-    /// `on_store_failure` (S8). Every such bucket counts the request.
+    /// `on_store_failure`. Every such bucket counts the request.
     pub async fn finish(&self, pending: RedisChecks) -> Decision {
         let mut decision = pending.local;
         for check in pending.checks {

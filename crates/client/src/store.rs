@@ -1,4 +1,4 @@
-//! `store: redis` buckets (S5, S8): their keys and algorithms, and the one Redis endpoint they
+//! `store: redis` buckets: their keys and algorithms, and the one Redis endpoint they
 //! share, behind its circuit breaker. Built only with the `redis` feature; without it,
 //! `store_off.rs` stands in with the same items, none of which can exist.
 //!
@@ -156,7 +156,7 @@ pub(crate) struct ExactBucket {
     algo: ExactAlgo,
     /// The service the bucket belongs to, so two services' buckets never share a key.
     service: Box<str>,
-    /// S5's `{scope}`: the bucket's subject, or `caller` when it has none (SPEC §4).
+    /// S5's `{scope}`: the bucket's subject, or `caller` when it has none.
     scope: &'static str,
     /// S5's `{api}`: the bucket's procedure, `*` for every procedure.
     api: Box<str>,

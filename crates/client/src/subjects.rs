@@ -16,7 +16,7 @@
 //! plus the key rounded up to a 16-byte allocator chunk. `tests/subjects_memory.rs` measures
 //! about 150 bytes for 1,000,000 subjects with 12-byte ids, `tests/subjects_long.rs` about 425
 //! for 1,000,000 of 256 bytes and about 235 for 1,000,000 of 1 KiB. A sliding-window-log subject
-//! adds 16 bytes per request in its window (W6). A bucket holds at most
+//! adds 16 bytes per request in its window. A bucket holds at most
 //! [`DEFAULT_MAX_SUBJECTS`] (1,048,576) subjects, so one bucket with a million active users stays
 //! under 1,048,576 x 512 B = 512 MiB however long their ids, and under 256 MiB with ids of up to
 //! 64 bytes; a subject arriving when the map is full and nothing idle can be evicted is admitted

@@ -1,5 +1,5 @@
 //! Decisions of the client against fake time: combining buckets, shadow mode, drop-ratio
-//! instructions and their expiry (G9), and reloads that keep unchanged buckets' state.
+//! instructions and their expiry, and reloads that keep unchanged buckets' state.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +72,7 @@ fn drop_ratio_follows_instructions_and_fails_open_when_they_expire() {
     let (c, clock) = client(
         "version: 1\nservices:\n  api:\n    buckets:\n      - { name: global, limit: 100/s }\n",
     );
-    // No instruction yet: everything passes (G9).
+    // No instruction yet: everything passes.
     assert!((0..100).all(|_| c.decide(&search(), &NoHeaders).forwards()));
     c.set_drop_ratio("api", "global", Ratio::ONE, Duration::from_secs(5))
         .unwrap();

@@ -1,4 +1,4 @@
-//! Descriptor buckets decided through the client (SPEC §8), against fake time: the code and what
+//! Descriptor buckets decided through the client, against fake time: the code and what
 //! Envoy is told (`current_limit`, `limit_remaining`, `duration_until_reset`), per-value counts,
 //! shadow mode, the `unlimited`, `allow` and `over-limit` answers, `replaces`, and that no HTTP
 //! request ever reaches a descriptor bucket.

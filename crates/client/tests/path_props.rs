@@ -1,4 +1,4 @@
-//! Properties of path normalisation (SPEC §3a) over arbitrary paths built from the bytes that
+//! Properties of path normalisation over arbitrary paths built from the bytes that
 //! matter (`/`, `.`, `%`, hex digits, unreserved and reserved characters): normalising twice is
 //! normalising once, a path the fast scan passes is returned unchanged, and the result is a clean
 //! absolute path (no empty inner segment, no dot segment, every `%` a valid upper-case escape of

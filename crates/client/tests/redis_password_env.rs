@@ -1,4 +1,4 @@
-//! `SPILLWAY_REDIS_PASSWORD` (SPEC §7): without a `password_file`, the process's environment
+//! `SPILLWAY_REDIS_PASSWORD`: without a `password_file`, the process's environment
 //! gives the Redis password. One test in this binary: it sets the variable for its process.
 #![cfg(feature = "redis")]
 

@@ -1,4 +1,4 @@
-//! `redis.password_file` (SPEC §7): a Redis that requires a password is reached with the
+//! `redis.password_file`: a Redis that requires a password is reached with the
 //! process's own file, and the password never appears in an error or a printed configuration.
 #![cfg(feature = "redis")]
 

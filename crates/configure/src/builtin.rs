@@ -1,4 +1,4 @@
-//! The built-in history source, `builtin:DATABASE_URL` (SPEC §9): what the controllers with
+//! The built-in history source, `builtin:DATABASE_URL`: what the controllers with
 //! `--database` wrote into the rules store, each its own region's counts per bucket per
 //! `--history-resolution`, read back as per-minute rates with the regions summed.
 //!

@@ -77,7 +77,7 @@ impl CurrentLimits {
         CurrentLimits { buckets }
     }
 
-    /// The rules of `GET /v1/rules` (SPEC §4). Incident overrides (rules with `expires_at`) are
+    /// The rules of `GET /v1/rules`. Incident overrides (rules with `expires_at`) are
     /// temporary and left out: a plan is about the standing limits.
     pub fn from_rules(rules: &Value) -> Result<Self, String> {
         let list = rules

@@ -1,4 +1,4 @@
-//! The policies behind one trait (RLC2): `historical`, `forecast` and `fixed`. A policy reads a
+//! The policies behind one trait: `historical`, `forecast` and `fixed`. A policy reads a
 //! series' history and says what the limit should rest on; the headroom, the clamps and the
 //! rounding are the same for every policy and live here once ([`finish`]).
 
@@ -96,7 +96,7 @@ pub enum Suggestion {
     Keep { reason: String },
 }
 
-/// A strategy of limits (RLC2): new ones implement this and get a [`PolicyKind`].
+/// A strategy of limits: new ones implement this and get a [`PolicyKind`].
 pub trait Policy: Sync {
     fn kind(&self) -> PolicyKind;
 

@@ -22,7 +22,7 @@ use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Target
 /// SPEC §9's default: offered load per bucket (every decision summed).
 pub const DEFAULT_METRIC: &str = "spillway_requests_total";
 /// Every decision but `candidate_dropped`, which counts again requests that were decided
-/// (SPEC §9): what was offered.
+///: what was offered.
 pub const OFFERED: &str = "decision!=\"candidate_dropped\"";
 
 /// Prometheus refuses a range query of more than 11,000 points per series.

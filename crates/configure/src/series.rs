@@ -156,7 +156,7 @@ pub enum SourceError {
 }
 
 /// The limit a validation window tries: a shadow bucket's own, or an enforcing bucket's
-/// `candidate` (SPEC §9), whose virtual drops are counted as `candidate_dropped`.
+/// `candidate`, whose virtual drops are counted as `candidate_dropped`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trial {
     Shadow,

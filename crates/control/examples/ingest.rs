@@ -1,4 +1,4 @@
-//! What mutual TLS (SPEC §7) costs the control plane: one aggregator on loopback, measured in
+//! What mutual TLS costs the control plane: one aggregator on loopback, measured in
 //! plaintext and over mutual TLS in the same run, interleaved (plain, TLS, plain, TLS, ...) so
 //! the machine's noise falls on both.
 //!

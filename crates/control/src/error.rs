@@ -19,7 +19,7 @@ pub enum ControlError {
     Bind(#[from] BindError),
     #[error(transparent)]
     Url(#[from] UrlError),
-    /// The process's certificate does not name the role it runs as (SPEC §7).
+    /// The process's certificate does not name the role it runs as.
     #[error("{0}")]
     Identity(String),
 }

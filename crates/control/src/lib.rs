@@ -1,4 +1,4 @@
-//! Spillway's control plane servers (G5-G13): zone aggregators and regional controllers that
+//! Spillway's control plane servers: zone aggregators and regional controllers that
 //! coordinate global buckets with their peers.
 //!
 //! ```text

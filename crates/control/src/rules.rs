@@ -1,6 +1,6 @@
-//! The YAML file as a source of the rules a controller sends down (G12, G13), watched by polling
+//! The YAML file as a source of the rules a controller sends down, watched by polling
 //! its modification time. What goes down is rendered from the parsed file, never its text
-//! (SPEC §7): its `control` and `services` as data, without its comments or its `redis` section.
+//!: its `control` and `services` as data, without its comments or its `redis` section.
 //!
 //! The controller reads rules from a `watch` channel, so any source plugs in the same way: this
 //! file, or the rules service's store (`spillway_rules::follow`).

@@ -1,4 +1,4 @@
-//! Who may speak to a control-plane server (SPEC §7).
+//! Who may speak to a control-plane server.
 //!
 //! With TLS, every connection has completed a mutual-TLS handshake against the process's CA, and
 //! its certificate's SPIFFE identity decides what it may do:

@@ -1,4 +1,4 @@
-//! A controller's dialled peers over mutual TLS (SPEC §7): a peer whose server certificate
+//! A controller's dialled peers over mutual TLS: a peer whose server certificate
 //! names region r2 may send r2's sums, and is heard; one that sends a third region's sums under
 //! that certificate is refused (`spillway_control_plane_rejected_total{reason="region"}`), its
 //! stream dropped and redialled, and never heard as a peer. The lying peer is a gRPC server of

@@ -1,4 +1,4 @@
-//! A compromised proxy against a real aggregator and controller over gRPC on loopback (SPEC §7):
+//! A compromised proxy against a real aggregator and controller over gRPC on loopback:
 //! four honest clients report 100/s each to a bucket of 1,000/s, and one more client of the same
 //! zone reports `offered = 1e9` every interval. The drop ratio the honest clients receive stays
 //! within the bound of `spillway_loop::plausible`, `1 - L / (R + max(L, k x m))`, here

@@ -1,4 +1,4 @@
-//! The link carries rules as data (SPEC §7): whatever connects to an aggregator receives the
+//! The link carries rules as data: whatever connects to an aggregator receives the
 //! controller's services and control section, never its file's text, its comments or its
 //! `redis` section; and a linked host runs those services with its own identity and Redis.
 

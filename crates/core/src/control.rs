@@ -1,4 +1,4 @@
-//! Drop-ratio control math (G8): from offered load and limit to a smoothed drop ratio.
+//! Drop-ratio control math: from offered load and limit to a smoothed drop ratio.
 //!
 //! Pure functions and small structs, no I/O: the controller calls them once per bucket per
 //! interval, the simulator calls the same code in simulated time. Loads are rates or counts over

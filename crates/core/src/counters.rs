@@ -4,7 +4,7 @@
 //! counter would make every core fight over one cache line; instead each bucket has a few
 //! cache-line-padded stripes, each thread writes to its own stripe, and the reporter sums the
 //! stripes once per interval. Offered is not stored: it is `allowed + dropped + shadow_dropped`,
-//! which saves an atomic add per request. Each counter is kept per criticality tier (SPEC §10),
+//! which saves an atomic add per request. Each counter is kept per criticality tier,
 //! which costs nothing on the hot path (the tier picks the counter) and fits the same cache
 //! lines: twelve counters in a stripe of 128 bytes.
 

@@ -1,4 +1,4 @@
-//! A request's criticality (SPEC §10): the four tiers of Google's SRE practice, lowest last.
+//! A request's criticality: the four tiers of Google's SRE practice, lowest last.
 //!
 //! Where traffic must be shed, the lowest tiers go first: the concurrency gate
 //! ([`crate::concurrency::Gate`]) sheds by tier, and a drop-ratio bucket's one ratio becomes a

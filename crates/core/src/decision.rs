@@ -1,7 +1,7 @@
 //! A decision is a value: allow, drop (with bucket and retry-after) or shadow-drop.
 //!
 //! Algorithms answer with a [`Verdict`] about their own state; the caller, which knows the bucket
-//! and its mode (G4), turns it into a [`Decision`]. Being limited is a value, never an error.
+//! and its mode, turns it into a [`Decision`]. Being limited is a value, never an error.
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ impl BucketId {
     }
 }
 
-/// Whether a bucket denies or only counts what it would have denied (G4).
+/// Whether a bucket denies or only counts what it would have denied.
 #[derive(
     Debug,
     Clone,
@@ -50,7 +50,7 @@ pub enum Verdict {
     /// The request fits; the algorithm has already charged its cost.
     Allow,
     /// The request does not fit and nothing was charged. The same request sent `retry_after`
-    /// later is admitted if nothing else arrives in between (W4); [`NEVER`] if it can never fit.
+    /// later is admitted if nothing else arrives in between; [`NEVER`] if it can never fit.
     Deny { retry_after: Duration },
 }
 

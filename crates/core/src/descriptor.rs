@@ -185,7 +185,7 @@ fn write_word(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
 }
 
 /// A request descriptor's entries, borrowed from wherever the request keeps them.
-/// The entry key that carries a request descriptor's criticality tier (SPEC §10): Envoy's
+/// The entry key that carries a request descriptor's criticality tier: Envoy's
 /// `request_headers` action with `descriptor_key: criticality`. It is read as the tier and never
 /// matched ([`WithoutTier`]), so one bucket serves a descriptor with or without it.
 pub const CRITICALITY_KEY: &str = "criticality";

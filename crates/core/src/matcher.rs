@@ -121,7 +121,7 @@ impl Matcher {
     }
 
     /// Like [`Matcher::compile`], where a `None` takes its bucket's id but matches no request:
-    /// how descriptor buckets (SPEC §8), which only Envoy's RLS requests reach, keep their ids.
+    /// how descriptor buckets, which only Envoy's RLS requests reach, keep their ids.
     ///
     /// # Panics
     /// With more than `u32::MAX` specs.

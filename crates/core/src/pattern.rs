@@ -1,6 +1,6 @@
 //! Patterns in `match`: exact strings and globs with `*`, and the match spec of a bucket.
 //!
-//! A bucket's `match` names up to three things: the caller (G2), the procedure (G2) and at most one
+//! A bucket's `match` names up to three things: the caller, the procedure and at most one
 //! subject (`user`, `org`, `api_key` or `ip`, S2). Every key is optional; a missing key matches
 //! anything. A value is exact, or a glob where `*` stands for any run of characters
 //! (`/payments.v1.Payments/*`). On a subject, the lone value `"*"` means something stronger than
@@ -206,7 +206,7 @@ pub struct RequestAttrs<'a> {
     pub procedure: Option<&'a str>,
     /// Indexed by [`SubjectKind::index`].
     pub subjects: [Option<&'a str>; 4],
-    /// The request's tier (SPEC §10): which drops it absorbs first. No bucket matches on it.
+    /// The request's tier: which drops it absorbs first. No bucket matches on it.
     pub criticality: Criticality,
 }
 

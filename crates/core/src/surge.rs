@@ -1,4 +1,4 @@
-//! In-interval correction on one client (G11): between two instructions, a client that sees its
+//! In-interval correction on one client: between two instructions, a client that sees its
 //! own offered load jump drops the excess over its part of the limit at once, instead of letting
 //! the surge through until the control plane's next instruction; and one whose load falls holds
 //! the rate it was granted instead of the ratio, so the end of a surge is not a second of
@@ -45,7 +45,7 @@
 //! limit.
 //!
 //! The guard acts only while an instruction is in force: a client whose instructions expired
-//! fails open (G9) and the guard with it. Sans-IO: times are passed in, so the client's link and
+//! fails open and the guard with it. Sans-IO: times are passed in, so the client's link and
 //! the simulator run the same code.
 
 use std::collections::VecDeque;
@@ -269,7 +269,7 @@ impl SurgeGuard {
     /// own; more when the window's count shows a surge over the client's part of the limit; less
     /// when its load fell clearly below what the instruction was computed from ([`FALL_SIGMAS`]),
     /// so that it holds the rate it was granted, its part, rather than the ratio. 0 once the
-    /// instruction expired (G9), or before any.
+    /// instruction expired, or before any.
     pub fn current(&mut self, now: Nanos) -> Ratio {
         let Some(part) = self.part else {
             return Ratio::ZERO;
@@ -544,7 +544,7 @@ mod tests {
         let mut guard = SurgeGuard::new();
         let (_, now) = steady(&mut guard, 10, 0);
         guard.instruct(instructed(0.0, 100.0, 40.0, 4, now), now);
-        // The instruction expires 5 s after `now`: a surge after that fails open (G9).
+        // The instruction expires 5 s after `now`: a surge after that fails open.
         let later = now + 6 * SEC;
         assert_eq!(guard.tick(1_000, later), Ratio::ZERO);
         assert_eq!(guard.tick(1_000, later + TICK_NS), Ratio::ZERO);

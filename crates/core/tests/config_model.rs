@@ -106,7 +106,7 @@ fn services_keep_file_order() {
     assert_eq!(names, ["zeta", "alpha", "mid"]);
 }
 
-/// The rules service accepts whole configurations in JSON (SPEC §4); JSON is YAML, so the same
+/// The rules service accepts whole configurations in JSON; JSON is YAML, so the same
 /// loader reads it, errors included.
 #[test]
 fn json_configurations_load_too() {

@@ -80,7 +80,7 @@ pub struct LinkOptions {
     /// The rules version the client starts with (its last good rules from disk), 0 for none.
     pub rules_version: u64,
     pub backoff: Backoff,
-    /// Mutual TLS (SPEC §7): the process's certificate files. The aggregator must then prove
+    /// Mutual TLS: the process's certificate files. The aggregator must then prove
     /// it is this region's and zone's (`spiffe://T/spillway/aggregator/REGION/ZONE`), and the
     /// URL must be `https://`.
     pub tls: Option<Arc<TlsSource>>,

@@ -62,7 +62,7 @@ pub fn endpoint(url: &str) -> Result<Endpoint, UrlError> {
         .keep_alive_while_idle(true))
 }
 
-/// Where a link dials and how: an endpoint, and for mutual TLS (SPEC §7) the connector that
+/// Where a link dials and how: an endpoint, and for mutual TLS the connector that
 /// presents the process's certificate and verifies the server's identity. The URL's scheme and
 /// the transport must agree (`https://` with TLS, `http://` without), so a link never downgrades
 /// silently.

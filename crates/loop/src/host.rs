@@ -1,6 +1,6 @@
 //! The host's side of the control loop as a sans-IO state machine: when to count and report, what
 //! an instruction set means for each control-plane bucket, the surge guard between instructions,
-//! and the expiry that makes a host fail open (G5, G8-G10, G12).
+//! and the expiry that makes a host fail open.
 //!
 //! [`HostCore`] reads no clock and holds no limiter. Its owner passes the time and the counters'
 //! totals in, and applies the [`HostStep`]s that come out to its limiters: the link of
@@ -53,8 +53,8 @@ pub struct HostId {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostStep {
     /// A drop-ratio bucket drops `ratio` of its requests until `ttl` from now, unless a newer
-    /// instruction comes (G8); after that it admits everything again (G9). Each criticality tier
-    /// drops its own ratio of `tiers`, the lowest first (SPEC §10).
+    /// instruction comes; after that it admits everything again. Each criticality tier
+    /// drops its own ratio of `tiers`, the lowest first.
     DropRatio {
         bucket: usize,
         ratio: Ratio,
@@ -72,10 +72,10 @@ pub enum HostStep {
         tiers: TierRatios,
         until: Nanos,
     },
-    /// An adaptive token bucket refills at `share` of its limit (G10).
+    /// An adaptive token bucket refills at `share` of its limit.
     Share { bucket: usize, share: Share },
     /// An adaptive token bucket's share expired: it refills at its whole limit again, as a host
-    /// alone would, until the control plane sends a new one (G9).
+    /// alone would, until the control plane sends a new one.
     ShareExpired { bucket: usize },
     /// New rules as version `version`, the message as it came (of either shape: read it with
     /// [`crate::LinkRules::decode`] and run it with the host's own settings,

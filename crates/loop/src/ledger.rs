@@ -39,7 +39,7 @@ pub struct HistoryRow {
     pub offered: u64,
     pub admitted: u64,
     pub shadow_dropped: u64,
-    /// What the bucket's candidate limit would have dropped (SPEC §9).
+    /// What the bucket's candidate limit would have dropped.
     pub candidate_dropped: u64,
 }
 

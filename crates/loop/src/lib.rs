@@ -1,4 +1,4 @@
-//! The control loop's sans-IO cores (G5-G13): every tier's state machine, with events and time in
+//! The control loop's sans-IO cores: every tier's state machine, with events and time in
 //! and steps out, and no I/O, clock or task of its own.
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! What one host's report may count for in its zone's sums (SPEC §7): a broken or compromised
+//! What one host's report may count for in its zone's sums: a broken or compromised
 //! proxy that reports absurd load, `offered = 1e9` for a bucket, must not make every proxy of the
 //! fleet drop everything.
 //!

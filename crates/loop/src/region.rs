@@ -1,4 +1,4 @@
-//! The regional controller's state machine (G7): sums its zones into region usage, exchanges the
+//! The regional controller's state machine: sums its zones into region usage, exchanges the
 //! sums of global buckets with the other regions' controllers, computes every bucket's drop ratio
 //! (and adaptive token bucket shares) and hands them down to the zones once per interval, with the
 //! rules when they changed.
@@ -565,7 +565,7 @@ impl RegionCore {
                         sequence,
                         buckets,
                         rules_version: rules.version,
-                        // The rules as data, never the source's text (SPEC §7).
+                        // The rules as data, never the source's text.
                         rules: send_rules.then(|| rules.message()),
                         provisional: sent != Sent::Computed,
                         from_rates_now: sent == Sent::FromRatesNow,
@@ -577,8 +577,8 @@ impl RegionCore {
     }
 
     /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
-    /// smoothed drop ratio per bucket and scope (G8), and each zone's share of the scope's load
-    /// for adaptive token buckets (G10).
+    /// smoothed drop ratio per bucket and scope, and each zone's share of the scope's load
+    /// for adaptive token buckets.
     ///
     /// The ratio's target comes from the scope's offered load, or from its tail when that shows
     /// a surge that started within the interval ([`crate::sums::Counts::offered_for_rise`]): the first
@@ -608,11 +608,11 @@ impl RegionCore {
                 continue;
             }
             let key = BucketKey::new(&service.name, &bucket.name);
-            // A region-scoped bucket may have a limit of this region's own (RLC4).
+            // A region-scoped bucket may have a limit of this region's own.
             let limit = bucket.limit_in(&self.region).per_second();
             let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
             // `tiers`: the scope's load per criticality tier, which the ratio is split by so the
-            // lowest tiers absorb it first (SPEC §10).
+            // lowest tiers absorb it first.
             let mut instruction =
                 |zone: &str, ratio: f64, share: f64, scope: &Counts, scope_offered: f64| {
                     per_zone

@@ -1,4 +1,4 @@
-//! The rules every tier passes down (G12, G13), as data (SPEC §7).
+//! The rules every tier passes down, as data.
 //!
 //! A controller's source (its YAML file, or the rules service's store) gives a validated
 //! configuration; what goes down the link is only what the hosts run from it, the `control`
@@ -35,7 +35,7 @@ pub enum RulesError {
     },
 }
 
-/// The rules as the link carries them (SPEC §7): the control loop's timing, which the whole
+/// The rules as the link carries them: the control loop's timing, which the whole
 /// fleet shares with its controller, and the services with their buckets. Nothing of a process's
 /// own settings: a host reads its request attributes with its own `identity` and counts exact
 /// buckets in its own `redis`.

@@ -1,4 +1,4 @@
-//! The zone aggregator's state machine (G6): sums its hosts' reports per bucket and interval,
+//! The zone aggregator's state machine: sums its hosts' reports per bucket and interval,
 //! forwards each interval to the region's controller as soon as it is complete, and relays
 //! instructions and rules back down to its hosts.
 //!

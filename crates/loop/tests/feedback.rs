@@ -351,7 +351,7 @@ fn adaptive_token_bucket_shares_follow_each_hosts_part_of_the_global_load() {
         &["{ name: adaptive, limit: 1000/s, scope: global, algorithm: adaptive-token-bucket }"],
     );
     let mut fleet = Fleet::start(&yaml, 2, 2, 1);
-    // 500/s in all: each host's share is its part of it (G10).
+    // 500/s in all: each host's share is its part of it.
     let rates = [250.0, 125.0, 75.0, 50.0];
     for (client, rate) in fleet.clients.iter_mut().zip(rates) {
         client.set_rate("adaptive", rate);

@@ -1,4 +1,4 @@
-//! A compromised proxy against the real cores on simulated time (SPEC §7): honest `HostCore`s
+//! A compromised proxy against the real cores on simulated time: honest `HostCore`s
 //! and one host that reports absurd counts, one `ZoneCore`, one `RegionCore`, messages handed
 //! over at once. The drop ratio every honest host applies must stay within the bound of
 //! `spillway_loop::plausible`, `1 - L / (R + max(L, k x m))`, at every simulated millisecond;

@@ -1,4 +1,4 @@
-//! Wire evolution (SPEC §7): control-plane messages of the previous shape still decode and apply,
+//! Wire evolution: control-plane messages of the previous shape still decode and apply,
 //! and what a newer controller sends still works for an older host, so a fleet upgrades one
 //! process at a time.
 //!

@@ -94,7 +94,7 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     out
 }
 
-/// The in-flight limit on the upstream (SPEC §10): the limit and the requests in flight (0 and
+/// The in-flight limit on the upstream: the limit and the requests in flight (0 and
 /// 0 without a `concurrency` section), and the requests refused by tier, all four always shown.
 fn register_concurrency(registry: &mut Registry, gate: &Gate) {
     let limit = Gauge::<i64>::default();
@@ -133,7 +133,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     let subjects = Family::<Labels, Gauge>::default();
     let overflow = Family::<Labels, Counter>::default();
     for stats in client.stats() {
-        // A candidate's twin (SPEC §9) shows only as its bucket's `candidate_dropped`.
+        // A candidate's twin shows only as its bucket's `candidate_dropped`.
         if let Some(parent) = spillway_core::config::candidate_of(&stats.bucket) {
             for tier in Criticality::ALL {
                 let labels = vec![

@@ -1,6 +1,6 @@
-//! Every answer the proxy gives on its own account (SPEC §3), in one place: a drop becomes a 429
+//! Every answer the proxy gives on its own account, in one place: a drop becomes a 429
 //! problem document with the RateLimit headers, or a trailers-only gRPC `RESOURCE_EXHAUSTED`; a
-//! request over the concurrency limit a 503 (SPEC §10); an unreachable upstream becomes a 502; an identity that cannot be read a 400. The proxy never turns
+//! request over the concurrency limit a 503; an unreachable upstream becomes a 502; an identity that cannot be read a 400. The proxy never turns
 //! its own fault into a drop.
 
 use std::time::Duration;
@@ -114,7 +114,7 @@ pub fn dropped(
     response
 }
 
-/// The answer to a request the concurrency limit refused (SPEC §10): the upstream has as many
+/// The answer to a request the concurrency limit refused: the upstream has as many
 /// requests in flight as it is let have. `503` with `retry-after: 1` and a problem document of
 /// type `urn:spillway:problem:overloaded`, or a trailers-only gRPC `RESOURCE_EXHAUSTED`. Never
 /// forwarded, so it costs the upstream nothing.
@@ -147,7 +147,7 @@ pub fn overloaded(rejected: &Rejected, grpc: bool) -> Response<Full<Bytes>> {
     response
 }
 
-/// The answer to a request whose identity cannot be read (SPEC §3a): an identity header sent
+/// The answer to a request whose identity cannot be read: an identity header sent
 /// twice or with bytes that are not visible ASCII. `400` with a problem document naming the
 /// header (never its value, which may be a secret such as an API key), or a trailers-only gRPC
 /// `INVALID_ARGUMENT`.
@@ -167,7 +167,7 @@ pub fn bad_identity(bad: &BadIdentity, grpc: bool) -> Response<Full<Bytes>> {
     problem(StatusCode::BAD_REQUEST, &body)
 }
 
-/// The answer to an HTTP/1.1 request with no `Host`, or to any request with two (SPEC §3a): 400
+/// The answer to an HTTP/1.1 request with no `Host`, or to any request with two: 400
 /// with a problem document, before the request is identified or forwarded.
 pub fn bad_host(detail: &str) -> Response<Full<Bytes>> {
     let body = serde_json::json!({
@@ -222,7 +222,7 @@ pub fn draining(grpc: bool) -> Response<Full<Bytes>> {
 }
 
 /// The answer to a request whose body made no progress for the body timeout before any answer
-/// began (SPEC §3a): `408` with a problem document, and `connection: close` when `close` (an
+/// began: `408` with a problem document, and `connection: close` when `close` (an
 /// HTTP/1.1 body left unread ends its connection), or a trailers-only gRPC `DEADLINE_EXCEEDED`.
 pub fn body_timed_out(after: Duration, grpc: bool, close: bool) -> Response<Full<Bytes>> {
     let detail = format!(
@@ -248,7 +248,7 @@ pub fn body_timed_out(after: Duration, grpc: bool, close: bool) -> Response<Full
     response
 }
 
-/// The answer to a request whose body could not be read (SPEC §3a): a malformed chunked body,
+/// The answer to a request whose body could not be read: a malformed chunked body,
 /// a body shorter than its `content-length`, a reset HTTP/2 stream. The client's fault, not the
 /// upstream's: `400` with a problem document and `connection: close` when `close` (what is left
 /// of an HTTP/1.1 body cannot be framed), or a trailers-only gRPC `INVALID_ARGUMENT`.

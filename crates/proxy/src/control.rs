@@ -1,5 +1,5 @@
 //! The sidecar on the control plane (`spillway proxy --aggregator`): which rules it starts with,
-//! and the link that reports its counts and applies drop ratios, shares and rules (G5-G10).
+//! and the link that reports its counts and applies drop ratios, shares and rules.
 //!
 //! Linked, the proxy starts from the last good rules the control plane sent (kept in the state
 //! directory), or from its file when there are none yet, and from then on takes its rules from

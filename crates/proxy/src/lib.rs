@@ -1,12 +1,12 @@
 //! The Spillway sidecar (`spillway proxy`): an HTTP/1.1 and h2c reverse proxy that decides every
-//! request in-process with [`spillway_client`] (G1) and forwards what it admits.
+//! request in-process with [`spillway_client`] and forwards what it admits.
 //!
 //! [`Proxy::start`] binds the listener (and the admin listener), loads the rules from the file
 //! and watches it; [`Proxy::shutdown`] stops accepting and drains the requests in flight. What the
 //! proxy answers on its own account (429, gRPC `RESOURCE_EXHAUSTED`, 502) is decided in one
 //! place, [`answer`].
 //!
-//! What one client can hold is bounded (SPEC §3a): connections ([`ProxyOptions::max_connections`],
+//! What one client can hold is bounded: connections ([`ProxyOptions::max_connections`],
 //! derived by [`default_max_connections`] from the descriptor limit that [`raise_fd_limit`]
 //! raises), the time a connection waits for a request or an HTTP/2 connection has no stream
 //! ([`ProxyOptions::header_timeout`], [`ProxyOptions::idle_timeout`]), the time a request body

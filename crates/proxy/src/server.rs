@@ -194,7 +194,7 @@ pub(crate) struct Shared {
     /// The open downstream connections and their cap (`spillway_connections`,
     /// `spillway_connections_refused_total`).
     pub(crate) connections: Arc<Connections>,
-    /// The in-flight limit on the upstream (SPEC §10); off without a `concurrency` section.
+    /// The in-flight limit on the upstream; off without a `concurrency` section.
     pub(crate) concurrency: Arc<Gate>,
 }
 

@@ -1,4 +1,4 @@
-//! What one client can hold of the proxy, and for how long (SPEC §3a): HTTP/2 connections with
+//! What one client can hold of the proxy, and for how long: HTTP/2 connections with
 //! no open stream close after the idle timeout, a request body that makes no progress is cut
 //! with `408`, connections beyond `max_connections` are refused at once, and a request head past
 //! the cap is answered `431`. Black-box, over real sockets, with raw bytes where the finding is

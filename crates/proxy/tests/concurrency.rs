@@ -1,4 +1,4 @@
-//! The concurrency limit in front of the upstream (SPEC §10), black-box over real sockets: past
+//! The concurrency limit in front of the upstream, black-box over real sockets: past
 //! the limit a request is answered `503` (gRPC `RESOURCE_EXHAUSTED`) without reaching the
 //! upstream, the metrics show the limit, the requests in flight and the refusals by tier, a
 //! reload turns the limit on, and the gradient algorithm brings the limit down to what a slow

@@ -1,4 +1,4 @@
-//! What the proxy adds for the upstream and what it refuses at the door (SPEC §3a, issue 18):
+//! What the proxy adds for the upstream and what it refuses at the door:
 //! `x-forwarded-for` with this hop's peer appended (several received lines as one list) and
 //! `x-forwarded-proto`; a request with two `Host` headers, or an HTTP/1.1 one without any, is
 //! answered 400 and never reaches the upstream. Raw bytes over a real socket.

@@ -1,4 +1,4 @@
-//! Identities a client cannot spoof around a limit (SPEC §3a, issue 18): each finding of the
+//! Identities a client cannot spoof around a limit: each finding of the
 //! outside test as a black-box test over a real socket, in raw bytes where the finding is about
 //! bytes. A client's own `rpc-procedure` does not replace the path; `x-forwarded-for` is counted
 //! from the right, `identity.xff_trusted_hops` trusted hops deep; an identity header sent twice or

@@ -190,7 +190,7 @@ async fn drop_ratio_buckets_follow_instructions_and_admit_without_one() {
     )
     .await;
     let addr = running.proxy.addr();
-    // Standalone, no instruction: fail-open (G9).
+    // Standalone, no instruction: fail-open.
     assert_eq!(statuses(addr, "/", 10).await, (10, 0));
     let client = running.proxy.client();
     client

@@ -1,4 +1,4 @@
-//! HTTP/1.1 upgrades through the proxy (SPEC §3a, issue 18): a real WebSocket client and server
+//! HTTP/1.1 upgrades through the proxy: a real WebSocket client and server
 //! (Python's `websockets`, from the virtual environment scripts/test makes, SPILLWAY_PYTHON)
 //! talk through the proxy once the limiter admitted the handshake; a handshake over the limit is
 //! answered 429 and never reaches the upstream; an upgraded connection is not cut by the idle

@@ -23,11 +23,11 @@ pub enum ExactAlgo {
     /// Holds up to `capacity` tokens, refilled at `rate` (S5: 10,000 tokens at 1,000/s).
     TokenBucket { rate: Rate, capacity: NonZeroU64 },
     /// Drains at `rate`; admits while the backlog is at most `burst` intervals, like
-    /// `spillway_core::algo::LeakyBucket` (S6).
+    /// `spillway_core::algo::LeakyBucket`.
     LeakyBucket { rate: Rate, burst: u64 },
     /// At most `rate.count()` units per window of `rate.period()`, aligned on the Unix epoch.
     FixedWindow { rate: Rate },
-    /// At most `rate.count()` units in any window of `rate.period()` (W1).
+    /// At most `rate.count()` units in any window of `rate.period()`.
     SlidingWindowLog { rate: Rate },
     /// At most `rate.count()` units per aligned window of `rate.period()`, and about that many in
     /// any sliding window, estimated from two counters like

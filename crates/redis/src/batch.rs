@@ -1,4 +1,4 @@
-//! Hot-key batching (S10): take tokens from Redis N at a time and spend them locally.
+//! Hot-key batching: take tokens from Redis N at a time and spend them locally.
 //!
 //! A bucket hit thousands of times a second by one proxy costs a Redis call per request. Here
 //! a proxy asks the token-bucket script for up to N tokens in one call, admits the request, and

@@ -1,4 +1,4 @@
-//! A circuit breaker per Redis endpoint (S8): stop asking a Redis that fails, probe it on a
+//! A circuit breaker per Redis endpoint: stop asking a Redis that fails, probe it on a
 //! timer, and ramp requests back to it over about a second.
 //!
 //! The hot path: whether a request may call Redis ([`CircuitBreaker::permit`]) reads one atomic

@@ -1,5 +1,5 @@
 //! Exact decisions behind the endpoint's circuit breaker, with each bucket's failure policy
-//! (S8), and the breaker's prober.
+//!, and the breaker's prober.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Redis key names of exact buckets: `rl:{scope:scope_value:api}` (S5), one Cluster slot each.
+//! Redis key names of exact buckets: `rl:{scope:scope_value:api}`, one Cluster slot each.
 
 use std::fmt;
 

@@ -1,17 +1,17 @@
 //! Exact limits in Redis: one atomic Lua call per decision, behind a circuit breaker.
 //!
-//! Buckets with `store: redis` (S5, W1) are decided here instead of in the proxy's memory, so a
+//! Buckets with `store: redis` are decided here instead of in the proxy's memory, so a
 //! per-user quota holds exactly across every proxy. [`RedisLimiter`] runs one Lua script per
 //! algorithm ([`ExactAlgo`]: token bucket, leaky bucket, fixed window, sliding-window log,
 //! sliding-window counter and GCRA, every algorithm the configuration allows with
 //! `store: redis`) against a single node, a Sentinel-managed primary or a Redis Cluster
-//! ([`Target`]), with time from Redis `TIME` (W2), weighted costs (W3) and our own
-//! `EVALSHA`-then-`EVAL` path (W5). A bucket's keys share one hash tag ([`RedisKey`]), so on a
+//! ([`Target`]), with time from Redis `TIME`, weighted costs and our own
+//! `EVALSHA`-then-`EVAL` path. A bucket's keys share one hash tag ([`RedisKey`]), so on a
 //! cluster each decision is one call to the node that owns the bucket's slot.
 //! [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
-//! `on_store_failure` when Redis cannot answer in time (S8).
+//! `on_store_failure` when Redis cannot answer in time.
 //!
-//! # When Redis fails (S8)
+//! # When Redis fails
 //!
 //! Five consecutive failed calls open the endpoint's breaker: requests are then decided by their
 //! bucket's `on_store_failure` at once, without waiting on Redis. Recovery is driven by time,
@@ -23,7 +23,7 @@
 //! state and counters are [`BreakerStats`]; [`CircuitBreaker`] has the details, the log lines
 //! and the metrics.
 //!
-//! # The sliding-window log in Redis (W1-W6)
+//! # The sliding-window log in Redis
 //!
 //! W6 asks for about 100 bytes per logged request, so that a 10,000-unit daily quota takes about
 //! 1 MB. One large sorted set does not get there reliably: past 128 entries Redis keeps it as a
@@ -45,8 +45,8 @@
 //! that reaches a chunk already moved fails (a store error, S8). A call expires entries from the head chunk only, and
 //! drops whole chunks from the head by the units and newest time the meta knows, without
 //! reading them; it adds to the tail chunk only: O(1) chunks per call, amortized. A denial's
-//! retry-after (W4) skips chunks whose known units are not enough and reads only the first
-//! entries of the chunk where enough have left. Time comes from `TIME` (W2), clamped to the
+//! retry-after skips chunks whose known units are not enough and reads only the first
+//! entries of the chunk where enough have left. Time comes from `TIME`, clamped to the
 //! newest logged time, so the log stays time-ordered if Redis's clock steps back (decisions
 //! then wait for the clock to catch up). The keys expire with `PEXPIRE` once the newest entry
 //! has left the window, the meta last.

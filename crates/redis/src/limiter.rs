@@ -11,7 +11,7 @@ use crate::password::{Password, PasswordError};
 use crate::script::ScriptKind;
 
 /// Why Redis could not decide. Every variant is a store failure: the caller applies the
-/// bucket's `on_store_failure` (S8), it never turns one into a drop by itself.
+/// bucket's `on_store_failure`, it never turns one into a drop by itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ExactError {
     #[error("redis did not answer within {0:?}")]
@@ -60,7 +60,7 @@ impl Default for StoreOptions {
 /// Everything a script says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer {
-    /// Allowed, or denied with the time after which the same request fits (W4).
+    /// Allowed, or denied with the time after which the same request fits.
     pub verdict: Verdict,
     /// Units that would still be admitted right after this request (for `ratelimit` headers).
     pub remaining: u64,
@@ -142,7 +142,7 @@ impl RedisLimiter {
     }
 
     /// Decides a request of `cost` and, when it fits, takes up to `want` units at once (at least
-    /// `cost`), for the caller to spend locally (S10). Only the token bucket takes more than
+    /// `cost`), for the caller to spend locally. Only the token bucket takes more than
     /// `cost`; the other algorithms grant exactly `cost`.
     pub async fn take(
         &self,

@@ -1,5 +1,5 @@
 //! The Redis password: each process's own, from its `redis.password_file` or its environment
-//! (SPEC §7), never from the control plane, and never printed.
+//!, never from the control plane, and never printed.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

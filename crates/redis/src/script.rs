@@ -1,4 +1,4 @@
-//! The Lua scripts and how they are called: `EVALSHA` first, `EVAL` when Redis lost them (W5).
+//! The Lua scripts and how they are called: `EVALSHA` first, `EVAL` when Redis lost them.
 //!
 //! redis-rs's `Script` answers `NOSCRIPT` with `SCRIPT LOAD` and a second `EVALSHA`, two more
 //! round trips. We send `EVAL` with the source instead: one round trip that also puts the
@@ -106,10 +106,10 @@ mod tests {
     /// How each script's opening comment names the algorithm it implements.
     fn title(kind: ScriptKind) -> &'static str {
         match kind {
-            ScriptKind::TokenBucket => "-- Token bucket (S5)",
-            ScriptKind::LeakyBucket => "-- Leaky bucket (S6)",
+            ScriptKind::TokenBucket => "-- Token bucket",
+            ScriptKind::LeakyBucket => "-- Leaky bucket",
             ScriptKind::FixedWindow => "-- Fixed window:",
-            ScriptKind::SlidingWindowLog => "-- Sliding-window log (W1-W6)",
+            ScriptKind::SlidingWindowLog => "-- Sliding-window log",
             ScriptKind::SlidingWindowCounter => "-- Sliding-window counter:",
             ScriptKind::Gcra => "-- GCRA,",
         }

@@ -1,4 +1,4 @@
-//! Hot-key batching against a real redis-server (S10): fewer calls, bounded admission.
+//! Hot-key batching against a real redis-server: fewer calls, bounded admission.
 
 mod common;
 

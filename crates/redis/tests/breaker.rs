@@ -1,4 +1,4 @@
-//! The circuit breaker against a real redis-server that dies and comes back under load (S8):
+//! The circuit breaker against a real redis-server that dies and comes back under load:
 //! recovery is bounded in time whatever the rate. The idle case is `breaker_idle.rs`.
 
 mod common;

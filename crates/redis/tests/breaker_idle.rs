@@ -1,4 +1,4 @@
-//! The circuit breaker of an idle proxy (S8): with no requests at all, its probes close it
+//! The circuit breaker of an idle proxy: with no requests at all, its probes close it
 //! once Redis is back, before the next request arrives.
 //!
 //! A test binary of its own: it reads the log lines of the prober's task through a

@@ -1,5 +1,5 @@
-//! The Lua scripts against a real redis-server: exactness under concurrency (S5), window
-//! boundaries (W6), a lost script cache (W5), retry-after (W4) and memory per logged request.
+//! The Lua scripts against a real redis-server: exactness under concurrency, window
+//! boundaries, a lost script cache, retry-after and memory per logged request.
 
 mod common;
 
@@ -478,7 +478,7 @@ async fn sliding_log_memory_per_logged_request() {
     );
 }
 
-/// The units the sliding log at `key` holds, from the costs its members record (W3).
+/// The units the sliding log at `key` holds, from the costs its members record.
 async fn logged_units(con: &mut redis::aio::MultiplexedConnection, key: &RedisKey) -> u64 {
     let mut units = 0;
     for (k, _) in chunks_of(con, key).await {

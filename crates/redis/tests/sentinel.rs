@@ -1,4 +1,4 @@
-//! Exact decisions through Sentinel while the primary is killed under load (S9).
+//! Exact decisions through Sentinel while the primary is killed under load.
 
 mod common;
 

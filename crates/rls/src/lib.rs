@@ -1,4 +1,4 @@
-//! Envoy's Rate Limit Service v3 (SPEC §8): `envoy.service.ratelimit.v3.RateLimitService/
+//! Envoy's Rate Limit Service v3: `envoy.service.ratelimit.v3.RateLimitService/
 //! ShouldRateLimit` answered from the process's own [`spillway_client::Client`], so a descriptor
 //! bucket that counts locally or follows the control plane is decided without a network call,
 //! and a `store: redis` one with the one Redis call the HTTP path makes.

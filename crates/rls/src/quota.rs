@@ -1,4 +1,4 @@
-//! One Envoy instance on the RLQS stream (SPEC §8) as a host of the zone, sans-IO: its usage
+//! One Envoy instance on the RLQS stream as a host of the zone, sans-IO: its usage
 //! reports become the offered load the host side of the loop reports ([`HostCore`]), and the
 //! instructions the zone sends it become assignments Envoy enforces by itself.
 //!
@@ -24,7 +24,7 @@
 //! Envoy reads TTLs and fill intervals as whole seconds; an assignment lives for three report
 //! intervals of the loop (3 s at 1 s) and every assignment is sent again each interval, so a
 //! stream whose zone loses its controller lets its assignments lapse, as a host's instructions
-//! expire (G9); Envoy then applies its `expired_assignment_behavior`.
+//! expire; Envoy then applies its `expired_assignment_behavior`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The RLS listener over mutual TLS (SPEC §7): a client certificate that chains to the CA is
+//! The RLS listener over mutual TLS: a client certificate that chains to the CA is
 //! required, and `--allow-client-san` patterns decide which certificates' URI SANs may call;
 //! the others are answered PERMISSION_DENIED, naming their SANs.
 

@@ -1,4 +1,4 @@
--- Spillway's rules store (S2): users, rules, the audit log and one global rules version.
+-- Spillway's rules store: users, rules, the audit log and one global rules version.
 -- Portable SQL: it runs unchanged on PostgreSQL and SQLite. Identifiers are UUIDs as text and
 -- times are Unix milliseconds (UTC), so both engines compare them the same way.
 

@@ -1,4 +1,4 @@
-//! Users and tokens over REST (SPEC §7), for admins only: `/v1/users` and `/v1/tokens`, behind
+//! Users and tokens over REST, for admins only: `/v1/users` and `/v1/tokens`, behind
 //! `spillway rules user ...` and `spillway rules token ...`.
 //!
 //! A change here reaches every instance of the service within

@@ -410,7 +410,7 @@ struct ApplyQuery {
 }
 
 #[utoipa::path(post, path = "/v1/rules:apply", security(("bearer" = [])), params(ApplyQuery),
-    request_body(content = String, description = "A whole configuration file (SPEC §2), YAML or JSON", content_type = "application/yaml"),
+    request_body(content = String, description = "A whole configuration file, YAML or JSON", content_type = "application/yaml"),
     responses(
         (status = 200, description = "What changed (or would change)", body = ApplyAnswer),
         (status = 400, description = "The body is not text, or a reason longer than 4096 bytes", body = Problem, content_type = "application/problem+json"),
@@ -508,8 +508,8 @@ pub(crate) struct Problem {
     detail: String,
 }
 
-/// A rule as sent: a bucket of the configuration file (SPEC §2) plus its service. With a `ttl`
-/// it is an incident override (G13) that ends by itself; it then needs a `reason`.
+/// A rule as sent: a bucket of the configuration file plus its service. With a `ttl`
+/// it is an incident override that ends by itself; it then needs a `reason`.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct RuleBody {
@@ -639,7 +639,7 @@ impl Modify for BearerAuth {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Spillway rules service", description = "Rules (SPEC §2 buckets plus their service), audited, within a daily modification budget (S1-S4)."),
+    info(title = "Spillway rules service", description = "Rules (SPEC §2 buckets plus their service), audited, within a daily modification budget."),
     paths(healthz, readyz, metrics, openapi, list_rules, get_rule, create_rule, update_rule, delete_rule, apply, audit, whoami,
         access::list_users, access::create_user, access::update_user, access::delete_user,
         access::list_tokens, access::create_token, access::revoke_token, access::rotate_token),

@@ -100,7 +100,7 @@ enum Trust {
     Ca(PathBuf),
 }
 
-/// A blocking client of the rules service's REST API (SPEC §4), one bearer token per client.
+/// A blocking client of the rules service's REST API, one bearer token per client.
 pub struct RulesClient {
     server: String,
     token: Option<String>,

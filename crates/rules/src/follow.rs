@@ -1,4 +1,4 @@
-//! Following the store (S4) from the consumer's side: the one loop that turns each rule set a
+//! Following the store from the consumer's side: the one loop that turns each rule set a
 //! [`RulesWatcher`] announces into what its consumer runs, so the controller command, `spillway
 //! up`, the demo and the proxy cannot drift apart in how they follow.
 

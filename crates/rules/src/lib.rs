@@ -1,4 +1,4 @@
-//! Spillway's rules service (S1-S4): rules in PostgreSQL or SQLite, changed through one audited
+//! Spillway's rules service: rules in PostgreSQL or SQLite, changed through one audited
 //! REST API within a daily budget, and announced to every follower as soon as they commit.
 //!
 //! - [`store`] holds users, rules, the audit log and the rules version;

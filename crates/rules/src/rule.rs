@@ -1,4 +1,4 @@
-//! A rule: one bucket of the configuration file (SPEC §2) plus its `service`, validated by
+//! A rule: one bucket of the configuration file plus its `service`, validated by
 //! spillway-core so that the rules service and the YAML file accept exactly the same buckets.
 
 use std::time::Duration;
@@ -87,7 +87,7 @@ pub fn check_reason(reason: Option<&str>, place: &str) -> Result<(), String> {
 pub struct RuleInput {
     pub service: String,
     pub bucket: BucketFile,
-    /// An incident override (G13) expires by itself after this long.
+    /// An incident override expires by itself after this long.
     pub ttl: Option<Duration>,
     /// Why the change was made; kept in the audit log and, for an override, on the rule.
     pub reason: Option<String>,
@@ -222,7 +222,7 @@ pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
 }
 
 /// The S2 columns of a validated bucket. A rule's subject is its match's subject key, or
-/// `caller` when it has none (SPEC §4); an absent caller or procedure is `*`, as core reads it.
+/// `caller` when it has none; an absent caller or procedure is `*`, as core reads it.
 pub fn key_of(bucket: &config::Bucket) -> RuleKey {
     let spec = &bucket.match_spec;
     let (subject_scope, subject_value) = match &spec.subject {

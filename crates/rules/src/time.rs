@@ -1,5 +1,5 @@
 //! Wall-clock time as Unix milliseconds, RFC 3339 text for answers, and UTC day boundaries for
-//! the daily modification budget (S3).
+//! the daily modification budget.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

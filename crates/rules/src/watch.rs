@@ -1,4 +1,4 @@
-//! Propagation (S4): a [`RulesWatcher`] follows the store and yields each new [`RuleSet`].
+//! Propagation: a [`RulesWatcher`] follows the store and yields each new [`RuleSet`].
 //!
 //! On PostgreSQL it LISTENs on [`CHANNEL`]; NOTIFY is not durable, so after a lost connection
 //! it resyncs by comparing the stored version with the one it holds. On SQLite the store that

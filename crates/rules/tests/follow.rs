@@ -1,4 +1,4 @@
-//! Following the store (S4) as the controller, `spillway up` and the demo do: every committed
+//! Following the store as the controller, `spillway up` and the demo do: every committed
 //! change becomes a snapshot with the store's version and the consumer's own identity and control
 //! sections, and a change that cannot be rendered leaves the rules in force.
 

@@ -1,4 +1,4 @@
-//! The rules service over TLS (SPEC §7), on real sockets with certificates of the development
+//! The rules service over TLS, on real sockets with certificates of the development
 //! PKI: answers over https to a client that trusts the CA, nothing to plaintext http, no
 //! handshake holding up another, a rotated certificate on the next connection without a
 //! restart, and a stop that does not wait for a stalled handshake.

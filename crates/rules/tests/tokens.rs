@@ -1,4 +1,4 @@
-//! Users and tokens (SPEC §7). A revoked, rotated, expired, demoted or deleted user's token
+//! Users and tokens. A revoked, rotated, expired, demoted or deleted user's token
 //! stops working within a second on every instance: each such change is made through instance
 //! A, and instance B, another process's worth of service (its own pool, its own memory of
 //! verified tokens) on the same PostgreSQL, is asked every 50 ms until it refuses. Then the API

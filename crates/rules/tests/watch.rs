@@ -1,4 +1,4 @@
-//! Propagation (S4): a RulesWatcher sees every committed change, on PostgreSQL through
+//! Propagation: a RulesWatcher sees every committed change, on PostgreSQL through
 //! LISTEN/NOTIFY and on SQLite in-process, resyncs after PostgreSQL restarts, and drops an
 //! incident override when its time is up even with no rules service running.
 

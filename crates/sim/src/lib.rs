@@ -1,4 +1,4 @@
-//! Spillway's fleet simulator (SPEC §6): thousands of hosts in zones and regions, the real core
+//! Spillway's fleet simulator: thousands of hosts in zones and regions, the real core
 //! decisions and the real aggregator and controller computation, in simulated time.
 //!
 //! A run is deterministic for a seed: arrivals, delays, losses and coins all come from seeded
@@ -48,7 +48,7 @@ pub enum Algorithm {
     /// The control plane's drop ratio, applied by each host's drop schedule (G8;
     /// `spillway_core::algo::DropRatio`).
     DropRatio = 0,
-    /// Each host refills at its share of the limit, shares from the controller (G10).
+    /// Each host refills at its share of the limit, shares from the controller.
     AdaptiveTokenBucket = 1,
     /// One exact token bucket in a central store, one round trip per request (Redis per
     /// request).

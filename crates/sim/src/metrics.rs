@@ -70,7 +70,7 @@ pub struct Metrics {
     pub round_trip_p50_ms: f64,
     pub round_trip_p99_ms: f64,
     /// The share of each tier's requests dropped in the measured window, when the scenario
-    /// sends more than one tier (SPEC §10).
+    /// sends more than one tier.
     pub tier_drops: Option<TierDrops>,
 }
 

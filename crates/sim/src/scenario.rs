@@ -49,7 +49,7 @@ pub struct Scenario {
     /// Drop-ratio hosts correct a surge of their own between instructions, as the real client
     /// does (`spillway_core::surge`); off, they wait for the control plane.
     pub surge_guard: bool,
-    /// The part of the fleet's requests that is `sheddable`, the rest `critical` (SPEC §10):
+    /// The part of the fleet's requests that is `sheddable`, the rest `critical`:
     /// half the hosts send twice this share, the other half the rest.
     pub sheddable_share: f64,
 }
@@ -71,7 +71,7 @@ impl Scenario {
     /// (phases keep their start and end relative to the end, see each scenario).
     pub fn named(name: &str, duration_s: Option<f64>) -> Result<Scenario, SimError> {
         let mut s = match name {
-            // GRL's published case (G16): 22K to 367K RPS, 1,000 caller hosts, 3 regions x 3
+            // GRL's published case: 22K to 367K RPS, 1,000 caller hosts, 3 regions x 3
             // zones, against a limit a little above the usual load.
             "surge-15x" => Scenario {
                 name: "surge-15x",

@@ -1,4 +1,4 @@
-//! The accuracy the shared cores reach on the simulator's scenarios (issue 20), as invariants
+//! The accuracy the shared cores reach on the simulator's scenarios, as invariants
 //! over several seeds: each bound sits above the scenario's own noise band (`Metrics::noise`),
 //! and each names the figure it was measured at with `cargo run -p spillway-sim --example seeds
 //! -- SCENARIO 1 8` (docs/simulation.md).

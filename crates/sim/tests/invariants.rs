@@ -19,7 +19,7 @@ fn drop_ratio_converges_to_the_limit_within_three_seconds_and_is_fair() {
     let jain = m.jain.unwrap();
     assert!(jain > 0.98, "Jain {jain}");
     assert!(m.control_bytes_per_host_s > 0.0);
-    assert_eq!(m.round_trip_p50_ms, 0.0, "decisions are local (G1)");
+    assert_eq!(m.round_trip_p50_ms, 0.0, "decisions are local");
 }
 
 #[test]

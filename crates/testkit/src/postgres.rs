@@ -1,5 +1,5 @@
 //! A private PostgreSQL server: `initdb` in a temporary folder and `postgres` on a free
-//! loopback port, with trust authentication, which a test may stop and restart (S2, S4).
+//! loopback port, with trust authentication, which a test may stop and restart.
 
 use std::fs;
 use std::os::unix::fs::chown;

@@ -1,5 +1,5 @@
 //! A private Redis Sentinel deployment: a primary, a replica and three sentinels tuned to fail
-//! over within a few seconds, so a test can kill the primary and watch clients follow (S9).
+//! over within a few seconds, so a test can kill the primary and watch clients follow.
 
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -1,4 +1,4 @@
-//! Who is on the other end of a control-plane link: SPIFFE IDs under a trust domain (SPEC §7).
+//! Who is on the other end of a control-plane link: SPIFFE IDs under a trust domain.
 //!
 //! ```text
 //! spiffe://T/spillway/proxy/REGION/ZONE/HOST

@@ -1,4 +1,4 @@
-//! Spillway's transport security (SPEC §7): SPIFFE identities ([`identity`]), a process's
+//! Spillway's transport security: SPIFFE identities ([`identity`]), a process's
 //! certificate files re-read when they change ([`files`]), the dialling side of a mutual-TLS
 //! link that verifies the server by identity ([`client`]), listeners that hand each
 //! connection's verified identity to the services ([`server`], feature `server`), and a

@@ -1,4 +1,4 @@
-//! `spillway certs init|issue` (SPEC §7): a development PKI, so a TLS deployment takes a few
+//! `spillway certs init|issue`: a development PKI, so a TLS deployment takes a few
 //! commands. Production uses the operator's PKI; any CA and leaves with the same URI SANs work.
 
 use std::process::ExitCode;

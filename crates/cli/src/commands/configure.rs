@@ -1,4 +1,4 @@
-//! `spillway configure plan`: limits proposed from traffic history (SPEC §9), nothing changed.
+//! `spillway configure plan`: limits proposed from traffic history, nothing changed.
 //! Wiring only: the sources, policies and reports are in `spillway-configure`.
 
 use std::path::{Path, PathBuf};

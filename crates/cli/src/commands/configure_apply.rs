@@ -1,5 +1,5 @@
 //! `spillway configure apply`: a plan rolled out shadow-first through the rules API as a `service`
-//! user (SPEC §9). Wiring only: what to do is `spillway_configure::rollout`'s decision.
+//! user. Wiring only: what to do is `spillway_configure::rollout`'s decision.
 
 use std::process::ExitCode;
 use std::time::Duration;

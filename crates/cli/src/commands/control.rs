@@ -1,4 +1,4 @@
-//! `spillway aggregator` and `spillway controller` (SPEC §1, G6, G7): wiring only, the work is in
+//! `spillway aggregator` and `spillway controller`: wiring only, the work is in
 //! `spillway-control`.
 
 use std::future::Future;
@@ -60,7 +60,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
-        // Envoy's RLQS: each stream a client of this zone (SPEC §8).
+        // Envoy's RLQS: each stream a client of this zone.
         let rlqs = rlqs_listener.map(|(listener, addr)| {
             let service = Rlqs::new(aggregator.local_clients())
                 .with_allowed_sans(SanPolicy::new(args.allow_client_san));

@@ -1,4 +1,4 @@
-//! `spillway demo` (SPEC §1): wiring only, the fleet, the load and the view are in
+//! `spillway demo`: wiring only, the fleet, the load and the view are in
 //! `spillway-demo`.
 
 use std::io::IsTerminal;

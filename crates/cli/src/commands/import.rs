@@ -1,4 +1,4 @@
-//! `spillway import envoy-ratelimit FILE...` (SPEC §8): envoyproxy/ratelimit's files printed as
+//! `spillway import envoy-ratelimit FILE...`: envoyproxy/ratelimit's files printed as
 //! one Spillway configuration. Wiring only: the conversion is
 //! `spillway_core::import::envoy_ratelimit`.
 

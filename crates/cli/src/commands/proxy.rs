@@ -1,5 +1,5 @@
 //! `spillway proxy`: the sidecar, standalone from its file or linked to its zone's aggregator
-//! (SPEC §1). Wiring only: the work is in `spillway-proxy`.
+//!. Wiring only: the work is in `spillway-proxy`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -134,7 +134,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
             return ExitCode::from(if err.is_usage() { 2 } else { 1 });
         }
     };
-    // Envoy's RLS, decided by the same engine as the proxied requests (SPEC §8).
+    // Envoy's RLS, decided by the same engine as the proxied requests.
     let rls = rls_listener.map(|(listener, addr)| {
         let options = RlsOptions {
             response_headers: args.rls_response_headers,
@@ -172,7 +172,7 @@ async fn follow_store(
     Ok((base, watcher))
 }
 
-/// Applies every rule set the store announces (S4), until the proxy stops. A rule set the proxy
+/// Applies every rule set the store announces, until the proxy stops. A rule set the proxy
 /// cannot run (a `store: redis` rule without a `redis` section in the file) is logged and the
 /// rules in force stay.
 async fn apply_store_rules(

@@ -1,4 +1,4 @@
-//! `spillway rls`: Envoy's rate limit service without the proxy (SPEC §8), a drop-in for
+//! `spillway rls`: Envoy's rate limit service without the proxy, a drop-in for
 //! envoyproxy/ratelimit. The engine is the sidecar's (`spillway_proxy::start_engine`: its file,
 //! or the control plane's rules with --aggregator), the service `spillway-rls`'s, the admin port
 //! the engine's metrics. Wiring only.

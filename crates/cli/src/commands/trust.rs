@@ -1,4 +1,4 @@
-//! What every long-running role checks of its transport flags before it starts (SPEC §7):
+//! What every long-running role checks of its transport flags before it starts:
 //! the certificate files load, the certificate names the role the process runs as (and fills in
 //! the `--region`, `--zone` and `--host-id` left out), plaintext listens on loopback only unless
 //! `--insecure-plaintext`, and an admin port off loopback has a token. Each failure is a usage

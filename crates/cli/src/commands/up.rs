@@ -1,4 +1,4 @@
-//! `spillway up -c FILE` (SPEC §1): a single node in one process. Wiring only: the node is
+//! `spillway up -c FILE`: a single node in one process. Wiring only: the node is
 //! `spillway_node::Node`.
 
 use std::process::ExitCode;
@@ -20,7 +20,7 @@ pub fn up(args: UpArgs) -> ExitCode {
         }
     };
     // One process with no TLS and no admin tokens: every listener on loopback, or a clear
-    // refusal (SPEC §7); the roles run apart take TLS and tokens.
+    // refusal; the roles run apart take TLS and tokens.
     let listeners = [
         ("--listen", args.listen),
         ("--admin", args.admin),

@@ -1,4 +1,4 @@
-//! The client address in `x-forwarded-for` (SPEC §3a), counted from the right past the trusted
+//! The client address in `x-forwarded-for`, counted from the right past the trusted
 //! hops, as nginx's realip module and Envoy's `xff_num_trusted_hops` count it.
 //!
 //! Each hop appends the address it received the request from, so only the right end of the list

@@ -1,4 +1,4 @@
-//! Paths as matched (SPEC §3a): RFC 3986 normalisation, so `/%69p/search`, `//ip/search` and
+//! Paths as matched: RFC 3986 normalisation, so `/%69p/search`, `//ip/search` and
 //! `/./ip/search` fall in the bucket of `/ip/search` while the upstream still gets what was sent.
 //!
 //! Three things change, in one pass over the segments:

@@ -1,5 +1,5 @@
 //! Clients of the zone in the aggregator's own process: an Envoy instance on the RLQS listener
-//! (SPEC §8) is a host of the zone like a sidecar, but it speaks Envoy's protocol, so whoever
+//! is a host of the zone like a sidecar, but it speaks Envoy's protocol, so whoever
 //! serves that protocol reports for it here and takes its instructions from here, with no
 //! control-plane stream between them. The zone's core cannot tell the two kinds of host apart.
 

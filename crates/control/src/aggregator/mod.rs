@@ -1,4 +1,4 @@
-//! The zone aggregator (G6): a thin driver of `spillway_loop::ZoneCore` over real streams. Clients
+//! The zone aggregator: a thin driver of `spillway_loop::ZoneCore` over real streams. Clients
 //! stream reports in ([`service`]); the core sums them per bucket and interval and says when an
 //! interval is complete; its sums go up to the region's controller ([`upstream`]) and the
 //! controller's instructions come back down to every client.
@@ -43,7 +43,7 @@ pub struct AggregatorOptions {
     /// How the admin listener is protected (TLS, token); the default leaves it open.
     pub admin_auth: spillway_net::admin::AdminAuth,
     pub backoff: Backoff,
-    /// Mutual TLS (SPEC §7): the listener then accepts only proxies of this region and zone,
+    /// Mutual TLS: the listener then accepts only proxies of this region and zone,
     /// each under its certificate's host id, and the controller (`https://`) must prove it is
     /// this region's.
     pub tls: Option<Arc<TlsSource>>,

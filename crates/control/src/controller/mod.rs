@@ -1,4 +1,4 @@
-//! The regional controller (G7): a thin driver of `spillway_loop::RegionCore` over real streams.
+//! The regional controller: a thin driver of `spillway_loop::RegionCore` over real streams.
 //! Aggregators stream their zones' sums in ([`service`]), peer controllers exchange the sums of
 //! global buckets ([`peers`]), and the core's instructions go back down to every aggregator with
 //! the rules when they changed. What it computed shows on its admin listener ([`admin`]), with
@@ -48,7 +48,7 @@ pub struct ControllerOptions {
     pub backoff: Backoff,
     /// The rules in force; a new value is sent down at the next interval.
     pub rules: watch::Receiver<Arc<RulesSnapshot>>,
-    /// Mutual TLS (SPEC §7): the listener then accepts only this region's aggregators and, as
+    /// Mutual TLS: the listener then accepts only this region's aggregators and, as
     /// peers, other regions' controllers; the peers dialled (`https://`) must prove they are
     /// other regions' controllers.
     pub tls: Option<Arc<TlsSource>>,

@@ -1,4 +1,4 @@
-//! Adaptive token bucket (G10): each host refills at its share of the limit and keeps unused
+//! Adaptive token bucket: each host refills at its share of the limit and keeps unused
 //! tokens in a ring of per-second slots that expire as they age.
 //!
 //! GRL's earlier mode, kept as an alternative and as the baseline the simulator compares
@@ -185,7 +185,7 @@ impl AdaptiveTokenBucket {
     }
 
     /// The shortest wait after which `cost` tokens are held, if nothing is spent meanwhile and
-    /// the share stays; `None` if that never happens. Exact (W4): the same computation
+    /// the share stays; `None` if that never happens. Exact: the same computation
     /// `advance` does, solved for time second by second.
     fn wait_for(&self, s: &State, now: Nanos, cost: u64) -> Option<Nanos> {
         let (num, den) = self.earn_rate(s.share);

@@ -1,5 +1,5 @@
-//! Drop-by-ratio (G8): drop the share of requests the control plane sent, until the instruction
-//! expires (G9).
+//! Drop-by-ratio: drop the share of requests the control plane sent, until the instruction
+//! expires.
 //!
 //! Which requests are dropped follows a **drop schedule** per host and bucket by default:
 //! error diffusion, which admits about `(1 - r) x n` of every `n` requests, spread evenly, where
@@ -16,7 +16,7 @@
 //! shares differ by the noise alone). The coin is kept ([`DropRatio::with_coin`]) as the
 //! baseline the simulator compares with.
 //!
-//! **Criticality** (SPEC §10): an instruction may carry a ratio per tier
+//! **Criticality**: an instruction may carry a ratio per tier
 //! ([`crate::criticality::shed_lowest_first`]), and so may the client's own ratio; each request
 //! is dropped at its tier's ratio, on a schedule of its tier's own (one shared schedule would
 //! let a sheddable request's debt drop a critical one). An instruction without tiers drops every
@@ -226,7 +226,7 @@ impl DropRatio {
 
     /// Installs the client's own ratio until `until`: while it holds it is dropped instead of the
     /// instruction's, which it may raise (a surge, [`crate::surge`]) or lower (the load fell
-    /// below what the instruction was computed from). It never outlives the instruction (G9),
+    /// below what the instruction was computed from). It never outlives the instruction,
     /// and once `until` passes the instruction's ratio applies again, so an owner that stops
     /// ticking leaves the control plane's ratio in force.
     pub fn set_surge(&self, ratio: Ratio, until: Nanos) {

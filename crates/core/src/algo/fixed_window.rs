@@ -2,7 +2,7 @@
 //!
 //! Cheapest of the exact counters, but a client can spend a window's quota at its very end and
 //! the next window's at the very start, so up to twice the count passes within one period
-//! across a boundary (W6). The sliding-window log does not have that flaw.
+//! across a boundary. The sliding-window log does not have that flaw.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -78,7 +78,7 @@ impl Meter {
                 Check::BeforeCharge => start - now,
             };
             if reach > self.tolerance {
-                // Exact (W4): at `now + excess` the reach is exactly the tolerance.
+                // Exact: at `now + excess` the reach is exactly the tolerance.
                 return deny_after(reach - self.tolerance);
             }
             match self

@@ -1,4 +1,4 @@
-//! Leaky bucket (S6): smooth pacing at the rate, for backends that need an even flow.
+//! Leaky bucket: smooth pacing at the rate, for backends that need an even flow.
 //!
 //! The bucket is a queue drained at the rate. A request is admitted when the queue in front of it
 //! drains within `burst` emission intervals (0 by default: only an empty queue admits), and then

@@ -143,7 +143,7 @@ impl Rate {
     }
 }
 
-/// The algorithms by name, as the configuration spells them (SPEC §2), in SPEC order.
+/// The algorithms by name, as the configuration spells them, in SPEC order.
 /// `drop-ratio` is the default.
 #[derive(
     Debug,
@@ -159,10 +159,10 @@ impl Rate {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
-    /// The control plane computes a drop ratio that every client applies (G8).
+    /// The control plane computes a drop ratio that every client applies.
     #[default]
     DropRatio,
-    /// Each client refills at its share of the global load (G10).
+    /// Each client refills at its share of the global load.
     AdaptiveTokenBucket,
     TokenBucket,
     LeakyBucket,
@@ -226,7 +226,7 @@ pub enum Limiter {
 impl Limiter {
     /// Builds the algorithm `kind` for `rate`, with `burst` where the kind takes one (it is
     /// ignored otherwise; configuration validation reports it). A drop-ratio limiter starts with
-    /// no instruction, so it admits everything until the control plane sends one (G9), and
+    /// no instruction, so it admits everything until the control plane sends one, and
     /// suggests the rate's period as retry-after.
     pub fn new(kind: Kind, rate: Rate, burst: Option<u64>) -> Result<Self, ParamError> {
         Ok(match kind {

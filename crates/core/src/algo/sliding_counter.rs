@@ -150,7 +150,7 @@ impl SlidingWindowCounter {
 
     /// The earliest wait after which the estimate admits `cost`, if nothing else arrives: later
     /// in this window as `prev` fades, or in the next one, where this window's `cur` becomes the
-    /// fading previous count. Exact (W4): one nanosecond earlier the estimate is still too high.
+    /// fading previous count. Exact: one nanosecond earlier the estimate is still too high.
     fn retry_after(&self, prev: u64, cur: u64, offset: Nanos, cost: u64) -> Nanos {
         let p = self.period;
         let p128 = u128::from(p);

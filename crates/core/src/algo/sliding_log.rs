@@ -1,4 +1,4 @@
-//! Sliding-window log (W1, W4, W6): the exact sliding window, one entry per admitted request.
+//! Sliding-window log: the exact sliding window, one entry per admitted request.
 //!
 //! The only algorithm here that keeps a list, so it sits behind a mutex: it is the exact and the
 //! expensive one. Memory is bounded by the limit, not by traffic: entries hold at least one unit
@@ -17,10 +17,10 @@ use crate::decision::Verdict;
 /// An exact sliding window of `count` units per `period`.
 ///
 /// A request at `now` is admitted when the units admitted in `(now - period, now]` plus its cost
-/// are at most `count`. Retry-after comes from the oldest entries (W4): at 100 per minute with
+/// are at most `count`. Retry-after comes from the oldest entries: at 100 per minute with
 /// entries of 60 units at 10 s and 40 at 30 s, a request of 50 at 40 s must wait for the 10 s
 /// entry to leave, at 70 s, and is told to retry in 30 s. No window boundary lets twice the limit
-/// through (W6).
+/// through.
 #[derive(Debug)]
 pub struct SlidingWindowLog {
     log: Mutex<Log>,

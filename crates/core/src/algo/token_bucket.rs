@@ -1,4 +1,4 @@
-//! Token bucket (S5): a capacity of tokens refilled at a rate; a request takes `cost` tokens.
+//! Token bucket: a capacity of tokens refilled at a rate; a request takes `cost` tokens.
 //!
 //! Stored as the instant the bucket will be full again (see [`super::gcra`]), which needs one
 //! atomic word where "tokens and last refill time" would need two updated together.

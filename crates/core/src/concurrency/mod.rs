@@ -1,4 +1,4 @@
-//! Adaptive concurrency limits (SPEC §10): how many requests may be in flight to an upstream,
+//! Adaptive concurrency limits: how many requests may be in flight to an upstream,
 //! learnt from how long its answers take.
 //!
 //! A rate limit in requests per second cannot see an upstream that slows down; a limit on the

@@ -1,4 +1,4 @@
-//! The configuration file (SPEC §2): typed model, loading and validation with precise errors.
+//! The configuration file: typed model, loading and validation with precise errors.
 //!
 //! Loading runs in three steps, each of which can reject the file with
 //! `FILE:LINE:COLUMN: what is wrong`:

@@ -24,7 +24,7 @@ use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 ///
 /// [`Kind`]: crate::algo::Kind
 pub use crate::algo::Kind as Algorithm;
-/// Whether drops are real (G4): `enforce` (the default) or `shadow`.
+/// Whether drops are real: `enforce` (the default) or `shadow`.
 pub use crate::decision::Mode;
 
 /// The whole file.
@@ -71,7 +71,7 @@ pub struct DocumentFile {
     /// The Redis that `store: redis` buckets count in.
     #[serde(default)]
     pub redis: Option<RedisFile>,
-    /// An adaptive limit on the requests in flight to the proxy's upstream (SPEC §10); none
+    /// An adaptive limit on the requests in flight to the proxy's upstream; none
     /// when absent.
     #[serde(default)]
     pub concurrency: Option<ConcurrencyFile>,
@@ -152,9 +152,9 @@ impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Identity {
-    /// The calling service (G2). Default `header:rpc-caller`.
+    /// The calling service. Default `header:rpc-caller`.
     pub caller: Sources,
-    /// The procedure or API (G2, S2). Default `path`: the HTTP path, which for gRPC is the method
+    /// The procedure or API. Default `path`: the HTTP path, which for gRPC is the method
     /// (`/package.Service/Method`).
     pub procedure: Sources,
     /// Default `header:x-user-id`.
@@ -167,12 +167,12 @@ pub struct Identity {
     /// `xff_trusted_hops`.
     pub ip: Sources,
     /// For `ip: header:x-forwarded-for`: how many hops in front of the proxy are trusted to
-    /// append to `x-forwarded-for` (SPEC §3a). The proxy appends its peer to the list it received,
+    /// append to `x-forwarded-for`. The proxy appends its peer to the list it received,
     /// and the client is the address this many places left of that last one: with peer 10.0.0.9
     /// and `x-forwarded-for: 203.0.113.7, 10.0.0.5`, 0 gives 10.0.0.9, 1 gives 10.0.0.5 and 2
     /// gives 203.0.113.7. Default 1 (one load balancer).
     pub xff_trusted_hops: u32,
-    /// The request's criticality tier (SPEC §10): `critical_plus`, `critical` (the default, also
+    /// The request's criticality tier: `critical_plus`, `critical` (the default, also
     /// for a request without it or with a value that names no tier), `sheddable_plus` or
     /// `sheddable`, in any case. Default `header:rpc-criticality`. Where a drop-ratio bucket must
     /// drop a share of its traffic, the lowest tiers absorb it first.
@@ -321,15 +321,15 @@ impl JsonSchema for Sources {
     }
 }
 
-/// The control loop's timing (G5, G9).
+/// The control loop's timing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Control {
-    /// How often each client reports its per-bucket rates (G5). Default `1s`.
+    /// How often each client reports its per-bucket rates. Default `1s`.
     #[serde(with = "duration_text")]
     #[schemars(with = "DurationText")]
     pub report_interval: Duration,
-    /// Instructions older than this are ignored and the client fails open (G9). Default `5s`.
+    /// Instructions older than this are ignored and the client fails open. Default `5s`.
     #[serde(with = "duration_text")]
     #[schemars(with = "DurationText")]
     pub instruction_ttl: Duration,
@@ -473,10 +473,10 @@ pub struct BucketFile {
     pub store: Option<StateStore>,
     #[serde(default)]
     pub cost: Cost,
-    /// Defaults to `closed` for `store: redis` (S8), else `open` (G9).
+    /// Defaults to `closed` for `store: redis`, else `open`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_failure: Option<FailurePolicy>,
-    /// Hot-key batching (S10), for `store: redis` token buckets: each proxy takes up to this many
+    /// Hot-key batching, for `store: redis` token buckets: each proxy takes up to this many
     /// tokens per Redis call and spends them locally (as many as about 100 ms of the key's
     /// traffic on that proxy, so a quiet key still takes one at a time). Fewer Redis calls, at
     /// the price of up to `batch - 1` tokens held per proxy and key. Default: no batching, one
@@ -493,7 +493,7 @@ pub struct BucketFile {
     /// controller enforces its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region_limits: Option<BTreeMap<String, Limit>>,
-    /// A limit on trial beside `limit` (SPEC §9): the proxies evaluate it in shadow and count
+    /// A limit on trial beside `limit`: the proxies evaluate it in shadow and count
     /// the requests it would have dropped as `decision="candidate_dropped"`, while `limit` stays
     /// in force; promoting it replaces `limit` in one change. `spillway configure` sets and
     /// promotes candidates. Only for an enforcing bucket that matches HTTP requests.
@@ -577,7 +577,7 @@ pub struct MatchFile {
     pub api_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
-    /// An Envoy rate-limit descriptor (SPEC §8): the bucket answers Envoy's RLS requests of this
+    /// An Envoy rate-limit descriptor: the bucket answers Envoy's RLS requests of this
     /// domain whose descriptor it is the most specific match for, and no HTTP request. Takes no
     /// other key of `match`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -617,7 +617,7 @@ pub struct DescriptorEntryFile {
     pub value: Option<String>,
 }
 
-/// Where a bucket's limit holds (G3).
+/// Where a bucket's limit holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scope {
@@ -635,9 +635,9 @@ pub enum Scope {
 pub enum StateStore {
     /// In the proxy's memory: the limit holds per proxy instance.
     Local,
-    /// In Redis, exactly, one Lua call per decision (S5, W1).
+    /// In Redis, exactly, one Lua call per decision.
     Redis,
-    /// Counted by the control plane from the clients' reports (G5-G8).
+    /// Counted by the control plane from the clients' reports.
     ControlPlane,
 }
 
@@ -734,7 +734,7 @@ impl fmt::Display for FailurePolicy {
     }
 }
 
-/// What one request costs (W3): a fixed number, or read from a header.
+/// What one request costs: a fixed number, or read from a header.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Cost {
@@ -815,7 +815,7 @@ pub struct RedisFile {
     /// A single node: `redis://HOST:PORT[/DB]` (or `rediss://` for TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    /// A primary watched by Redis Sentinel (S9).
+    /// A primary watched by Redis Sentinel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sentinel: Option<SentinelFile>,
     /// The nodes of a Redis Cluster to start from.

@@ -36,7 +36,7 @@ pub struct Config {
     /// In file order.
     pub services: Vec<Service>,
     pub redis: Option<Redis>,
-    /// The proxy's in-flight limit on its upstream (SPEC §10), when the file has one. It stays
+    /// The proxy's in-flight limit on its upstream, when the file has one. It stays
     /// with the process that read the file: the rules a control plane sends carry none.
     pub concurrency: Option<crate::concurrency::Settings>,
 }
@@ -67,7 +67,7 @@ pub struct Bucket {
     /// What the compiled matcher needs. Empty for a descriptor bucket, which HTTP requests never
     /// match.
     pub match_spec: MatchSpec,
-    /// `Some` for a descriptor bucket (SPEC §8): it answers Envoy's RLS requests only.
+    /// `Some` for a descriptor bucket: it answers Envoy's RLS requests only.
     pub descriptor: Option<DescriptorSpec>,
     pub limit: Limit,
     /// `Some` exactly for algorithms with a burst; defaults to the limit's count, so a
@@ -81,9 +81,9 @@ pub struct Bucket {
     pub store: StateStore,
     pub cost: Cost,
     pub on_store_failure: FailurePolicy,
-    /// Hot-key batching (S10): `Some(N)` (2 to 1000) only for `store: redis` token buckets.
+    /// Hot-key batching: `Some(N)` (2 to 1000) only for `store: redis` token buckets.
     pub batch: Option<u64>,
-    /// The limit on trial beside `limit` (SPEC §9), if the bucket has one. The service also
+    /// The limit on trial beside `limit`, if the bucket has one. The service also
     /// holds the candidate's twin right after this bucket (see [`CANDIDATE_SUFFIX`]).
     pub candidate: Option<Candidate>,
     /// The limits of single regions (`scope: region` only), by region name, sorted.
@@ -209,7 +209,7 @@ impl From<&Redis> for RedisFile {
 }
 
 /// `on_store_failure` when the file says nothing: Redis fails closed behind its circuit
-/// breaker (S8); everything else fails open, as the control plane must (G9).
+/// breaker; everything else fails open, as the control plane must.
 pub fn default_failure_policy(store: StateStore) -> FailurePolicy {
     match store {
         StateStore::Redis => FailurePolicy::Closed,
@@ -329,7 +329,7 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
                 return Err(check.at_key(
                     &child(&bucket_path, "match"),
                     format!(
-                        "bucket \"{}\" conflicts with bucket \"{}\" (line {}): both limit {} on {}; a service has one rule per (subject, subject value, api) (S2), so merge them or make one match narrower",
+                        "bucket \"{}\" conflicts with bucket \"{}\" (line {}): both limit {} on {}; a service has one rule per (subject, subject value, api), so merge them or make one match narrower",
                         bucket.name,
                         other.name,
                         first_at.line,
@@ -588,7 +588,7 @@ fn check_bucket(
             return Err(check.at_value(
                 &child(path, "burst_window"),
                 format!(
-                    "burst_window {} is too long; unused tokens are kept for at most 20s (G10)",
+                    "burst_window {} is too long; unused tokens are kept for at most 20s",
                     format_duration(window)
                 ),
             ));
@@ -926,7 +926,7 @@ fn check_descriptor(
         if entry.key == crate::descriptor::CRITICALITY_KEY {
             return Err(check.at_value(
                 &child(&entry_path, "key"),
-                "the key `criticality` names a request's tier (SPEC §10) and is never matched: a descriptor that carries it is matched without it, so leave it out of the bucket's entries",
+                "the key `criticality` names a request's tier and is never matched: a descriptor that carries it is matched without it, so leave it out of the bucket's entries",
             ));
         }
         if let Some(value) = &entry.value {
@@ -972,7 +972,7 @@ fn check_descriptor(
 }
 
 /// S2's unique key: (subject, subject value, api). A rule without a subject key is about its
-/// caller (SPEC §4); an absent caller or procedure is the same as `*`.
+/// caller; an absent caller or procedure is the same as `*`.
 fn rule_key(spec: &MatchSpec) -> (&'static str, String, String) {
     let (subject, value) = match &spec.subject {
         Some(s) => (s.kind.key(), s.value.as_str().to_owned()),

@@ -27,8 +27,8 @@ impl fmt::Display for Warning {
 
 /// The warnings about the `identity` section: a header named as the source of `procedure` or
 /// `caller`, which decides the bucket a request falls in and which a client writes itself unless
-/// a trusted hop sets it (SPEC §3a), a criticality header trusted to raise a request's tier
-/// (SPEC §10), and an `xff_trusted_hops` that nothing reads.
+/// a trusted hop sets it, a criticality header trusted to raise a request's tier
+///, and an `xff_trusted_hops` that nothing reads.
 pub(crate) fn identity(identity: &Identity, positions: &Positions, file: &str) -> Vec<Warning> {
     let mut warnings = Vec::new();
     let mut warn = |key: &str, message: String| {

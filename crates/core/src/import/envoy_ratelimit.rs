@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit's YAML configuration files as one Spillway configuration (SPEC §8): each
+//! envoyproxy/ratelimit's YAML configuration files as one Spillway configuration: each
 //! file's `domain` becomes a service, and each of its descriptors that envoyproxy/ratelimit
 //! answers in a way of its own becomes a descriptor bucket (`match: { descriptor: ... }`).
 //!

@@ -1,4 +1,4 @@
--- Leaky bucket (S6): a queue drained at the rate, for backends that need an even flow.
+-- Leaky bucket: a queue drained at the rate, for backends that need an even flow.
 --
 -- Same semantics as spillway-core's LeakyBucket: a request is admitted when the backlog in front
 -- of it drains within `burst` emission intervals, and then adds `cost` intervals of work.

@@ -1,4 +1,4 @@
--- Sliding-window log (W1-W6), kept in chunks: sorted sets of at most 128 entries each, small
+-- Sliding-window log, kept in chunks: sorted sets of at most 128 entries each, small
 -- enough to stay in Redis's compact listpack encoding (zset-max-listpack-entries, 128 by
 -- default), about 15 bytes per entry instead of about 100 in one large sorted set (crate docs).
 --

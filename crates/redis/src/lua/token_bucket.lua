@@ -1,8 +1,8 @@
--- Token bucket (S5): one hash per bucket, read, refilled and decremented atomically.
+-- Token bucket: one hash per bucket, read, refilled and decremented atomically.
 --
 -- KEYS[1]  the bucket hash: curr_tokens, refill_rate (tokens/s, for operators), last_refill (us)
 -- ARGV[1]  capacity (tokens)      ARGV[2] count   ARGV[3] period (us): refill count per period
--- ARGV[4]  cost (W3)              ARGV[5] want: tokens to take when they are there (>= cost;
+-- ARGV[4]  cost              ARGV[5] want: tokens to take when they are there (>= cost;
 --          more than cost only for hot-key batching, S10)
 -- Returns  {allowed, retry_after_us (-1: never), remaining, granted}
 local key = KEYS[1]

@@ -1,4 +1,4 @@
-//! The daily modification budget (S3): how many changes each role may make per UTC day, counted
+//! The daily modification budget: how many changes each role may make per UTC day, counted
 //! from the audit log under the writers' lock.
 
 use sqlx::{Any, Transaction};
@@ -14,7 +14,7 @@ pub struct Budgets {
 }
 
 impl Default for Budgets {
-    /// Ten a day for an admin (S3); automation gets more, since it applies whole files.
+    /// Ten a day for an admin; automation gets more, since it applies whole files.
     fn default() -> Self {
         Budgets {
             admin: 10,

@@ -44,7 +44,7 @@ pub use users::{Role, User, UserInfo};
 
 use audit::Audit;
 
-/// The PostgreSQL channel every commit is announced on, with the new version as payload (S4).
+/// The PostgreSQL channel every commit is announced on, with the new version as payload.
 pub const CHANNEL: &str = "spillway_rules";
 
 /// How long a PostgreSQL call waits for a pooled connection before it fails. Writers hold their

@@ -183,7 +183,7 @@ pub(super) async fn all_in(tx: &mut Transaction<'static, Any>) -> Result<Vec<Rul
 }
 
 /// Refuses a rule whose (service, subject, subject value, api) or (service, name) another
-/// rule already holds (S2), naming that rule.
+/// rule already holds, naming that rule.
 pub(super) async fn check_conflict(
     tx: &mut Transaction<'static, Any>,
     input: &RuleInput,
@@ -211,7 +211,7 @@ pub(super) async fn check_conflict(
             )
         } else {
             format!(
-                "it limits the same (subject {} \"{}\", api \"{}\") in service \"{}\" (S2)",
+                "it limits the same (subject {} \"{}\", api \"{}\") in service \"{}\"",
                 input.key.subject_scope, input.key.subject_value, input.key.api, input.service
             )
         };
@@ -341,7 +341,7 @@ fn unique_to_conflict(err: sqlx::Error) -> ChangeError {
     match &err {
         sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation => {
             ChangeError::Conflict(format!(
-                "another rule already limits the same (subject, subject value, api) or has the same name in this service (S2): {}",
+                "another rule already limits the same (subject, subject value, api) or has the same name in this service: {}",
                 db.message()
             ))
         }

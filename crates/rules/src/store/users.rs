@@ -14,7 +14,7 @@ use crate::time::{format_millis, now_millis};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Reads and writes, within the admin budget (S3).
+    /// Reads and writes, within the admin budget.
     Admin,
     /// Reads only.
     Viewer,
