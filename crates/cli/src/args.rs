@@ -1,4 +1,4 @@
-//! The command line of SPEC §1, declared with clap.
+//! The command line, declared with clap.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

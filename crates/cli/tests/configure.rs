@@ -1,7 +1,7 @@
 //! `spillway configure plan` as a user runs it: the built binary, the synthetic source, and a
 //! configuration file, quota files and policy files written by the test. The history behind the
 //! numbers is the synthetic source's; what is checked here is what the binary promises whatever
-//! the history: SPEC §9's JSON, the headroom and the clamps, the charts, and the exit codes (2 for
+//! the history: the plan's JSON, the headroom and the clamps, the charts, and the exit codes (2 for
 //! bad input, 1 for a history source that cannot be reached, as `spillway rules` does for a
 //! database that does not answer).
 

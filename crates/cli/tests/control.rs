@@ -1,6 +1,6 @@
 //! `spillway proxy --aggregator` end to end through the real binary: a controller, a zone
 //! aggregator and two linked proxies as processes on loopback, a real upstream, and paced load
-//! whose 429s are counted at the proxies (MISSION G5, G8, G9, G12).
+//! whose 429s are counted at the proxies.
 
 mod support;
 

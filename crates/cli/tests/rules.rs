@@ -1,6 +1,6 @@
 //! `spillway rules ...` end to end through the real binary: bootstrap users in an SQLite store,
 //! serve the REST API on a loopback port, and drive it with the admin client commands, users and
-//! tokens included; over TLS with a development CA, and plaintext only where SPEC §7 allows it.
+//! tokens included; over TLS with a development CA, and plaintext only where the transport rules allow it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -417,7 +417,7 @@ fn token_id(token: &str) -> &str {
         .0
 }
 
-/// SPEC §7 through the CLI: an admin makes a user and tokens, lists them (never a secret),
+/// Through the CLI: an admin makes a user and tokens, lists them (never a secret),
 /// revokes, rotates, demotes and deletes; each change is refused by the server at once.
 #[test]
 fn an_admin_manages_users_and_tokens_through_the_cli() {

@@ -1,4 +1,4 @@
-//! W7: wait for capacity instead of failing. [`Client::acquire`] retries after the retry-after
+//! wait for capacity instead of failing. [`Client::acquire`] retries after the retry-after
 //! that each drop names, until the request is admitted or its deadline would pass.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Where request attributes come from (SPEC §2 `identity`, §3a): headers, the path or the peer,
+//! Where request attributes come from (the configuration's `identity`, and the edge's trust rules): headers, the path or the peer,
 //! the first source present winning, read so that a client cannot decide one way and be served
 //! another.
 //!

@@ -6,7 +6,7 @@
 //! `HandleErrorLayer`). The peer address is not known at this layer, so `identity` sources of
 //! `peer` find nothing; read the client address from a header (`ip: header:x-forwarded-for`,
 //! counted from the right past `xff_trusted_hops` as if the unknown peer had been appended). A
-//! request whose identity cannot be read (an identity header sent twice or not in ASCII, SPEC §3a)
+//! request whose identity cannot be read (an identity header sent twice or not in ASCII)
 //! never reaches the inner service either: the layer answers `Err(BadIdentity)` (boxed), which
 //! the application maps to its 400 or `INVALID_ARGUMENT`.
 //!

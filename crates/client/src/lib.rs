@@ -5,7 +5,7 @@
 //! bucket) behind `arc-swap`, so a reload is one pointer swap and a decision never takes a lock
 //! for buckets that are not per-subject. Drop-ratio buckets follow the instructions the control
 //! plane sends ([`Client::set_drop_ratio`]); with no instruction, or an expired one, they admit
-//! everything (fail-open, G9).
+//! everything (fail-open).
 //!
 //! ```
 //! use spillway_client::{Client, NoHeaders};

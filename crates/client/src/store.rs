@@ -6,7 +6,7 @@
 //! [`GuardedLimiter`]: one multiplexed connection and one breaker for the endpoint, since when
 //! Redis is down it is down for every bucket. Each request costs one `EVALSHA` per matching
 //! exact bucket, so the limit holds exactly across every proxy that shares the Redis, unless the
-//! bucket asks for hot-key batching (`batch: N`, S10): then its keys are decided through a
+//! bucket asks for hot-key batching (`batch: N`): then its keys are decided through a
 //! [`Batcher`] of its own, which takes up to N tokens per call and spends them locally, trading
 //! up to N - 1 tokens per proxy and key of exactness for up to N times fewer calls. The batcher
 //! lives with the bucket's state, so a reload that leaves the bucket alone keeps its leases.

@@ -2,7 +2,7 @@
 //! the rules in force (logging `FILE:LINE:COLUMN`) when it does not.
 //!
 //! Polling the file's bytes every half second costs one small read and needs no platform
-//! notification API; an edit is live within about half a second, well inside G12's "seconds".
+//! notification API; an edit is live within about half a second, well inside a few seconds.
 
 use std::path::PathBuf;
 use std::sync::Arc;

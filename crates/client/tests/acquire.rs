@@ -1,4 +1,4 @@
-//! W7: `acquire` waits for capacity by the retry-after instead of failing, within a deadline.
+//! `acquire` waits for capacity by the retry-after instead of failing, within a deadline.
 
 use std::time::Duration;
 

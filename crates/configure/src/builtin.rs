@@ -7,7 +7,7 @@
 //! from without a row for the bucket had no traffic for it; a minute no region was heard from is
 //! a gap. A bucket is summed over regions, so a global bucket's series is its global load,
 //! except the region-scoped buckets given to `per_region` (`--per-region`,
-//! MISSION RLC4): each has one series per region heard from in the window, that region's own
+//! ): each has one series per region heard from in the window, that region's own
 //! load, for a limit of that region's own.
 //!
 //! The store is async; this source drives a runtime of its own so that it can stay behind the

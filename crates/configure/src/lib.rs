@@ -1,4 +1,4 @@
-//! The Rate Limit Configurator (SPEC §9, MISSION RLC1-RLC4): proposes limits that follow each
+//! The Rate Limit Configurator: proposes limits that follow each
 //! bucket's traffic history, and explains every proposal.
 //!
 //! The crate is sans-IO at its centre and thin at its edges:

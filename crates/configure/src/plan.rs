@@ -118,7 +118,7 @@ pub struct Evidence {
     pub reason: Option<String>,
 }
 
-/// One bucket's proposal (SPEC §9's JSON).
+/// One bucket's proposal (the plan's JSON).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Proposal {
     pub service: String,

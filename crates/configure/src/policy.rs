@@ -368,7 +368,7 @@ mod tests {
         }
     }
 
-    /// SPEC §9's worked numbers: a quantile of 800 with 25% headroom is 1000; against a
+    /// The documented worked numbers: a quantile of 800 with 25% headroom is 1000; against a
     /// current 400 and C = 1 it is clamped to 800; against 3000 it is raised to 1500.
     #[test]
     fn worked_clamps() {

@@ -19,7 +19,7 @@ use ureq::tls::{RootCerts, TlsConfig, TlsProvider};
 
 use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Target, Trial, Window};
 
-/// SPEC §9's default: offered load per bucket (every decision summed).
+/// the configurator's default: offered load per bucket (every decision summed).
 pub const DEFAULT_METRIC: &str = "spillway_requests_total";
 /// Every decision but `candidate_dropped`, which counts again requests that were decided
 ///: what was offered.

@@ -1,4 +1,4 @@
-//! A plan for people (a table) and for programs (SPEC §9's JSON).
+//! A plan for people (a table) and for programs (the plan's JSON).
 
 use serde_json::json;
 
@@ -134,7 +134,7 @@ pub fn table(plan: &Plan) -> String {
     out
 }
 
-/// SPEC §9's `{"proposals": [...]}`, with the lookback beside them.
+/// The plan's `{"proposals": [...]}`, with the lookback beside them.
 pub fn json(plan: &Plan) -> serde_json::Value {
     json!({
         "lookback": {

@@ -1,4 +1,4 @@
-//! Shadow-first rollout (SPEC §9, MISSION RLC3): what `spillway configure apply` does with a plan,
+//! Shadow-first rollout: what `spillway configure apply` does with a plan,
 //! decided here without I/O.
 //!
 //! A new bucket is created in `shadow`: it drops nothing and counts what it would have dropped.

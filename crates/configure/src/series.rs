@@ -196,7 +196,7 @@ pub trait HistorySource {
     }
 
     /// Reads each of `buckets` (service, bucket; the region-scoped buckets in force) as one
-    /// series per region (`--per-region`, MISSION RLC4). Only a source that knows regions can.
+    /// series per region (`--per-region`). Only a source that knows regions can.
     fn per_region(&mut self, _buckets: &[(String, String)]) -> Result<(), SourceError> {
         Err(SourceError::Usage(format!(
             "--per-region needs a history per region, which {} does not keep: use a builtin: \

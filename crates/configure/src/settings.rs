@@ -12,14 +12,14 @@ use serde::de::{self, Deserializer, Visitor};
 use crate::policy::PolicyKind;
 
 /// How much above the evidence a limit goes: a fixed share, or one derived from the history's
-/// own volatility (`auto`, RLC4's buffer tuning; see [`crate::policy`]).
+/// own volatility (`auto`, the buffer tuned to the series; see [`crate::policy`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Headroom {
     Fixed(f64),
     Auto,
 }
 
-/// The parameters of one service's proposals; SPEC §9's defaults.
+/// The parameters of one service's proposals; the configurator's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub policy: PolicyKind,

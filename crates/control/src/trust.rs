@@ -302,7 +302,7 @@ impl Trust {
     }
 }
 
-/// Checks that the process's own certificate names `expected` (SPEC §7: `--region`, `--zone`
+/// Checks that the process's own certificate names `expected` (`--region`, `--zone`
 /// and `--host-id`, given, must agree with the certificate).
 pub fn own_identity(
     source: &TlsSource,

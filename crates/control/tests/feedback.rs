@@ -1,6 +1,6 @@
 //! The 3-tier feedback loop end to end over real gRPC on loopback: simulated clients linked by
 //! `ClientLink`, zone aggregators and regional controllers exchanging global sums, and what the
-//! controllers show on their admin listeners (MISSION G3, G6-G9, G12).
+//! controllers show on their admin listeners.
 //!
 //! The loop's numbers and its timing are pinned on simulated time by `spillway-loop`'s
 //! `tests/feedback.rs`; here each test waits, with a deadline of tens of intervals, for the

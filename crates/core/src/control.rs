@@ -50,7 +50,7 @@ pub fn client_throttle(requests: f64, accepts: f64, k: f64) -> f64 {
 /// dip in the measured load does not let a burst through and a calm does not oscillate: with
 /// release 0.3, from 2/3 towards 1/3 it takes 17 intervals to come within 0.001, where it snaps
 /// to the target. Once the offered load is at or under the limit (target 0) there is nothing left
-/// to protect, and every request still dropped would be a wrongful drop (G8: "else 0"), so the
+/// to protect, and every request still dropped would be a wrongful drop ("else 0"), so the
 /// ratio goes to 0 in one step. The output never leaves the range of the targets it was given.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Smoother {
@@ -158,7 +158,7 @@ pub struct Sample {
 /// How a controller turns samples into drop ratios.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
-    /// `max(0, 1 - limit / offered)`, smoothed (the default, G8).
+    /// `max(0, 1 - limit / offered)`, smoothed (the default).
     Proportional(Smoother),
     /// Google SRE's client-side throttling with this K, unsmoothed.
     ClientThrottle { k: f64 },

@@ -86,7 +86,7 @@ pub enum Decision {
         bucket: BucketId,
         retry_after: Duration,
     },
-    /// Forward it, but count it as a virtual drop of `bucket` (shadow mode, G4).
+    /// Forward it, but count it as a virtual drop of `bucket` (shadow mode).
     ShadowDrop {
         bucket: BucketId,
         retry_after: Duration,

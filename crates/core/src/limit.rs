@@ -1,6 +1,6 @@
 //! Limits: `N/s`, `N/min`, `N/h`, `N/d` and `N per 30s`, parsed into a count over a period.
 //!
-//! A limit is a whole number of requests (or cost units, W3) over a period, so `100 per 60s` keeps
+//! A limit is a whole number of requests (or cost units) over a period, so `100 per 60s` keeps
 //! its exact meaning for a sliding window of 60 s while the control plane reads it as a rate:
 //! `100 per 60s` is 1.67 requests a second, `5000/s` is 5000. Durations (`250ms`, `30s`, `2m`, `1h`,
 //! `1d`) share one syntax with the rest of the configuration and are parsed here too.

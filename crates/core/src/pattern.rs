@@ -1,7 +1,7 @@
 //! Patterns in `match`: exact strings and globs with `*`, and the match spec of a bucket.
 //!
 //! A bucket's `match` names up to three things: the caller, the procedure and at most one
-//! subject (`user`, `org`, `api_key` or `ip`, S2). Every key is optional; a missing key matches
+//! subject (`user`, `org`, `api_key` or `ip`). Every key is optional; a missing key matches
 //! anything. A value is exact, or a glob where `*` stands for any run of characters
 //! (`/payments.v1.Payments/*`). On a subject, the lone value `"*"` means something stronger than
 //! "any": one bucket per distinct value (`user: "*"` gives every user a bucket of their own).

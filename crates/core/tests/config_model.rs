@@ -1,4 +1,4 @@
-//! The loaded model: SPEC §2's file gives the values and defaults SPEC §2 states.
+//! The loaded model: a file gives the values and the documented defaults.
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,10 +19,7 @@ fn example(name: &str) -> config::Config {
 fn the_spec_file_loads_with_the_values_it_states() {
     let config = example("spec.yaml");
     assert_eq!(config.version, 1);
-    assert_eq!(
-        config.identity.procedure.0,
-        vec![Source::Header("rpc-procedure".into()), Source::Path]
-    );
+    assert_eq!(config.identity.procedure.0, vec![Source::Path]);
     assert_eq!(config.identity.ip.0, vec![Source::Peer]);
     assert_eq!(config.control.report_interval, Duration::from_secs(1));
     assert_eq!(config.control.instruction_ttl, Duration::from_secs(5));

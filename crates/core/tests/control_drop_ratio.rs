@@ -1,5 +1,5 @@
-//! G8's example: at 1.5x the limit the drop ratio is 1/3 and two thirds of requests get through,
-//! on every instance alike; G9: an expired instruction drops nothing.
+//! The drop ratio's example: at 1.5x the limit the drop ratio is 1/3 and two thirds of requests get through,
+//! on every instance alike; an expired instruction drops nothing.
 
 use spillway_core::criticality::Criticality;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! with a live view, a summary and a chart. The real single node, `spillway up`, is
 //! `spillway-node`.
 //!
-//! The demo measures what MISSION G11 and G16 are about: how long after a 15x surge the fleet
+//! The demo measures what the demo is are about: how long after a 15x surge the fleet
 //! admits the limit again (the enforcement delay), how close to the limit it stays, and what
 //! the sidecar adds to the latency of a request.
 #![forbid(unsafe_code)]

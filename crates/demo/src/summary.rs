@@ -1,4 +1,4 @@
-//! The demo's summary: the numbers MISSION G11 and G16 ask about, computed from the recorder.
+//! The demo's summary: the numbers the demo is ask about, computed from the recorder.
 //!
 //! Enforcement delay: from the surge until the admitted rate, over a trailing window of 250 ms
 //! whatever the report interval, first falls to within 5% of the limit; the window's end counts,

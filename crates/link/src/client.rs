@@ -5,7 +5,7 @@
 //! calls the core at the deadlines it names (the tail of each interval, then its end), sends the
 //! reports it returns, hands it every instruction set, and every 50 ms ticks its surge guards
 //! and expires its shares (also while disconnected, so a host whose control plane is gone fails
-//! open, G9). What the core asks for is applied to the [`HostLimiters`] of the client. When the
+//! open). What the core asks for is applied to the [`HostLimiters`] of the client. When the
 //! aggregator is gone it reconnects with capped, jittered backoff ([`crate::reconnect`]).
 //!
 //! How a `spillway-client` embedder plugs in:

@@ -409,7 +409,7 @@ impl HostCore {
     }
 
     /// Puts adaptive buckets whose share expired at `now` back on their whole limit, as a host
-    /// alone would (fail-open, G9).
+    /// alone would (fail-open).
     pub fn expire_shares(&mut self, now: Nanos) -> Vec<HostStep> {
         let mut steps = Vec::new();
         for (i, b) in self.buckets.iter_mut().enumerate() {

@@ -1,4 +1,4 @@
-//! The traffic history a controller keeps for the configurator (SPEC §9's `builtin:` source): its
+//! The traffic history a controller keeps for the configurator (the configurator's `builtin:` source): its
 //! own region's offered, admitted, shadow-dropped and candidate-dropped counts per bucket (a
 //! candidate's twin counts as its bucket's `candidate_dropped`, never as a bucket of its own), summed from the zone
 //! reports it already takes into slots of a resolution (`--history-resolution`), and handed out

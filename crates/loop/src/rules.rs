@@ -111,7 +111,7 @@ impl LinkRules {
 pub struct RulesSnapshot {
     /// Grows with every change of one source.
     pub version: u64,
-    /// For hosts older than `json`: the rules rendered as a file of SPEC §2 (`version`,
+    /// For hosts older than `json`: the rules rendered as a configuration file (`version`,
     /// `identity`, `control`, `services`), never the source's text: no comment, no `redis`.
     pub yaml: Arc<str>,
     /// The rules as data ([`LinkRules`] as JSON): what hosts run.

@@ -1,6 +1,6 @@
 //! The 3-tier feedback loop on simulated time: simulated clients, zone aggregators and regional
 //! controllers, each tier its real sans-IO core, exchanging reports, instructions and global
-//! sums over a simulated network (MISSION G3, G6-G9, G12). Every run is the same run, so where
+//! sums over a simulated network. Every run is the same run, so where
 //! a test bounds a time it bounds simulated time, with no slack for a busy machine.
 
 mod support;

@@ -3,7 +3,7 @@
 //! host runs which rules version), `/v1/buckets` (limit, offered load and drop ratio of each
 //! bucket) and a live dashboard on `/`. Each role says what it shows through an [`AdminView`].
 //!
-//! How the port is protected is an [`AdminAuth`] (SPEC §7, "Admin ports"):
+//! How the port is protected is an [`AdminAuth`] ("Admin ports"):
 //! - with a certificate ([`AdminAuth::tls`]) the port speaks server TLS (no client certificate),
 //!   and each connection's handshake runs in its own task, so a stalled or failed one never
 //!   holds up the others; certificate files re-read on change apply from the next connection;

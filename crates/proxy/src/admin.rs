@@ -1,4 +1,4 @@
-//! The admin listener: `/healthz`, `/readyz` and `/metrics` (SPEC §5, Prometheus text format).
+//! The admin listener: `/healthz`, `/readyz` and `/metrics` (Prometheus text format).
 //!
 //! Metrics are read from the client's counters at scrape time into a fresh registry, so the hot
 //! path keeps its striped counters and nothing is kept twice. Labels are the service and bucket
@@ -37,7 +37,7 @@ impl AdminView for ProxyView {
     }
 }
 
-/// The SPEC §5 metrics of a proxy, in the Prometheus text format: its engine's and its own.
+/// The metrics of a proxy, in the Prometheus text format: its engine's and its own.
 pub(crate) fn metrics(shared: &Shared) -> String {
     let mut registry = Registry::default();
     register_engine(&mut registry, &shared.client, shared.link.as_deref());
@@ -235,7 +235,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     expired.inc_by(client.instructions_expired());
     registry.register(
         "spillway_instructions_expired",
-        "Drop-ratio instructions that expired before a newer one came (fail-open, G9)",
+        "Drop-ratio instructions that expired before a newer one came (fail-open)",
         expired,
     );
     let version = Gauge::<i64>::default();
@@ -305,7 +305,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
 }
 
 /// What a process that decides with a client, and serves no requests of its own, shows on its
-/// admin listener (`spillway rls`): the engine's metrics of SPEC §5; ready once its rules are
+/// admin listener (`spillway rls`): the engine's metrics; ready once its rules are
 /// loaded, which they are before the listener opens.
 pub struct EngineView {
     client: Arc<Client>,

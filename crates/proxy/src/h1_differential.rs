@@ -49,7 +49,7 @@ enum Allowed {
     /// coding and closes; hyper refuses it outright. Neither reuses the connection.
     Http10TransferEncoding,
     /// An answer head between 64 KiB and hyper's buffer limit (about 408 KiB): h1.rs caps an
-    /// upstream's head at 64 KiB, the cap SPEC §3a puts on a client's request head.
+    /// upstream's head at 64 KiB, the cap the proxy puts on a client's request head.
     HeadOver64KiB,
     /// More than 64 trailer fields and at most 100: h1.rs keeps at most 64 trailers, hyper 100
     /// (as many as it allows in a head). Past 100 both refuse.

@@ -1,4 +1,4 @@
-//! Request ids (`x-request-id`, SPEC §3a): every request the proxy forwards carries one to the
+//! Request ids (`x-request-id`): every request the proxy forwards carries one to the
 //! upstream, the client's when it sent a usable one (1 to 128 printable ASCII bytes), else a new
 //! one; the proxy's own answers carry it back, and the proxy's log lines about a request name it
 //! (`request_id`), so a 429 a client quotes, the upstream's log and the proxy's are one search.

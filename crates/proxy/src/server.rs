@@ -773,7 +773,7 @@ impl Peer {
 }
 
 /// The forwarding fields the upstream gets (`--forwarded`): `x-forwarded-for` as received
-/// (several lines one list) with this hop's peer appended, as SPEC §3a counts it, and
+/// (several lines one list) with this hop's peer appended, as the edge's rules count it, and
 /// `x-forwarded-proto: http` (the proxy's listener speaks plaintext) unless a hop before it said
 /// otherwise; or RFC 7239's `forwarded` with `for=PEER;proto=http` appended; or both, or neither.
 /// A request that came with none of a field gets the connection's own value, made once.

@@ -1,4 +1,4 @@
-//! The request framing the proxy refuses or cleans before the upstream sees it (SPEC §3a,
+//! The request framing the proxy refuses or cleans before the upstream sees it (the edge's rules,
 //! issue 18): a malformed body is the client's fault (`400`, never a `502`, never counted as an
 //! upstream error); a client that half-closes after its request still gets the answer; request
 //! trailers lose the fields a trailer section must not carry; a transfer coding other than

@@ -139,7 +139,7 @@ async fn a_fake_hop_in_x_forwarded_for_does_not_give_a_fresh_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x_forwarded_for_is_counted_from_the_right_by_trusted_hops() {
     let upstream = Upstream::start().await;
-    // SPEC §3a's example with two trusted hops: the proxy's peer and 10.0.0.5.
+    // The operations guide's example with two trusted hops: the proxy's peer and 10.0.0.5.
     let running = proxy(
         &one_service(
             "identity: { ip: header:x-forwarded-for, xff_trusted_hops: 2 }\n",

@@ -1,4 +1,4 @@
-//! Request ids (SPEC §3a, docs/operations.md "Request ids"): the upstream receives the client's
+//! Request ids (docs/operations.md "Request ids"): the upstream receives the client's
 //! `x-request-id` when it is usable and a new one otherwise, the proxy's own answers (a 429, a
 //! 502) carry it back, and the proxy's log line about a failed request names it. Raw bytes over
 //! real sockets, the proxy on the test's thread so that its log lines are the test's.

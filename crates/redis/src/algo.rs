@@ -20,7 +20,7 @@ pub struct UnsupportedAlgorithm(pub Kind);
 /// a limit never becomes looser by the rounding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExactAlgo {
-    /// Holds up to `capacity` tokens, refilled at `rate` (S5: 10,000 tokens at 1,000/s).
+    /// Holds up to `capacity` tokens, refilled at `rate` (10,000 tokens at 1,000/s).
     TokenBucket { rate: Rate, capacity: NonZeroU64 },
     /// Drains at `rate`; admits while the backlog is at most `burst` intervals, like
     /// `spillway_core::algo::LeakyBucket`.

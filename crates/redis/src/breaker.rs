@@ -30,7 +30,7 @@ pub struct BreakerConfig {
     pub ramp_probe_every: Duration,
     /// Answers (requests' and probes') a stage needs before it is judged.
     pub min_calls_per_stage: u32,
-    /// The share of a stage's answers that must succeed for the ramp to go on (S8: 80%).
+    /// The share of a stage's answers that must succeed for the ramp to go on (80%).
     pub success_percent: u32,
     /// How often failed calls are summarised in the log while they go on.
     pub summarise_errors_every: Duration,
@@ -195,7 +195,7 @@ struct Control {
 /// `stage_for` long, in which a growing share of requests (`ramp`, in percent) goes to Redis
 /// while the prober keeps pinging every `ramp_probe_every`. When a stage's time is up, its calls
 /// (the requests it let through and the probes together) are judged: with at least
-/// `min_calls_per_stage` answers of which at least `success_percent` (S8: 80%) succeeded, the
+/// `min_calls_per_stage` answers of which at least `success_percent` (80%) succeeded, the
 /// ramp moves to the next stage, and after the last one the circuit closes; below that it
 /// opens again. A stage with too few answers goes on until it has them. Failures reaching
 /// `failure_threshold` in a stage whose share is already below the threshold open the circuit

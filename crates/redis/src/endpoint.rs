@@ -7,7 +7,7 @@
 //! key of one bucket carries the same hash tag, so one call never spans two slots. When a call fails in a way that says the connection or the node is gone (I/O
 //! errors, timeouts, `READONLY` from a demoted primary), the connection is dropped and the next
 //! call connects again; for Sentinel that means asking the sentinels for the primary anew,
-//! which is how a failover is followed (redis-rs does not follow one by itself, S9).
+//! which is how a failover is followed (redis-rs does not follow one by itself).
 
 use std::sync::Arc;
 use std::time::Duration;

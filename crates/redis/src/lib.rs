@@ -36,13 +36,13 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `<bucket key>:<k>` for k = 0, 1, 2, ... | sorted set, listpack | entries k x 128 to k x 128 + 127: member the index in the chunk (`:cost` appended when the cost is not 1, W3), score the time in microseconds |
+//! | `<bucket key>:<k>` for k = 0, 1, 2, ... | sorted set, listpack | entries k x 128 to k x 128 + 127: member the index in the chunk (`:cost` appended when the cost is not 1), score the time in microseconds |
 //! | `<bucket key>:meta` | hash | entries logged, units in the log, the newest entry's time, the head chunk, the units and newest time of the head, the tail and every chunk between |
 //!
 //! All share the bucket's hash tag, so on a Cluster they live in one slot and one script call
 //! decides. The script names the chunks itself, beyond the two keys it declares: a server
 //! that allows only declared keys refuses it, and while a Cluster migrates the slot a call
-//! that reaches a chunk already moved fails (a store error, S8). A call expires entries from the head chunk only, and
+//! that reaches a chunk already moved fails (a store error). A call expires entries from the head chunk only, and
 //! drops whole chunks from the head by the units and newest time the meta knows, without
 //! reading them; it adds to the tail chunk only: O(1) chunks per call, amortized. A denial's
 //! retry-after skips chunks whose known units are not enough and reads only the first

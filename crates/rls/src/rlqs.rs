@@ -1,4 +1,4 @@
-//! Envoy's Rate Limit Quota Service v3 (`StreamRateLimitQuotas`, SPEC §8) on the aggregator:
+//! Envoy's Rate Limit Quota Service v3 (`StreamRateLimitQuotas`) on the aggregator:
 //! each stream is one Envoy instance, a host of the aggregator's zone ([`spillway_control::
 //! LocalClients`]), whose usage reports are offered load and whose assignments follow the
 //! bucket's drop ratio ([`crate::quota`]).

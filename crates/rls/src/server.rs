@@ -38,7 +38,7 @@ impl Rls {
     }
 
     /// Answers only clients whose certificate has a URI SAN that `allow` matches (Envoy's mesh
-    /// identities, `--allow-client-san`, SPEC §7); others get `PERMISSION_DENIED`. Needs mutual
+    /// identities, `--allow-client-san`); others get `PERMISSION_DENIED`. Needs mutual
     /// TLS: without a client certificate every call is refused. An empty policy admits every
     /// client the listener admits.
     pub fn with_allowed_sans(mut self, allow: SanPolicy) -> Self {

@@ -391,7 +391,7 @@ async fn a_bucket_that_another_replaces_is_not_decided() {
 
 #[tokio::test]
 async fn a_descriptors_criticality_entry_is_its_tier_and_is_never_matched() {
-    // SPEC §10 over RLS: Envoy's `request_headers` action with `descriptor_key: criticality`
+    // Criticality over RLS: Envoy's `request_headers` action with `descriptor_key: criticality`
     // names each descriptor's tier. The bucket is matched without that entry, and a drop-ratio
     // bucket drops by it.
     let yaml = "version: 1\nservices:\n  edge:\n    buckets:\n      - name: search\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: search} ] } }\n        limit: 100/s\n";

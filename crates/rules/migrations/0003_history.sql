@@ -1,4 +1,4 @@
--- Traffic history for the configurator (SPEC §9's builtin: source): each controller with a
+-- Traffic history for the configurator (the configurator's `builtin:` source): each controller with a
 -- database writes its own region's counts per bucket per --history-resolution. Portable SQL, as
 -- 0001: it runs unchanged on PostgreSQL and SQLite; times are Unix milliseconds.
 

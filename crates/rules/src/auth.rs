@@ -29,7 +29,7 @@ pub const TOKEN_PREFIX: &str = "spw_";
 
 /// How long a verified token is trusted from memory before the store is asked again. A change
 /// of a token or of its user reaches every instance within this plus one read: well inside the
-/// second SPEC §7 allows.
+/// second that is promised.
 pub const REVALIDATE_AFTER: Duration = Duration::from_millis(500);
 
 /// How often at most a token's `last_used_at` is written, so that a busy token costs no write

@@ -2,7 +2,7 @@
 //! REST API within a daily budget, and announced to every follower as soon as they commit.
 //!
 //! - [`store`] holds users, rules, the audit log and the rules version;
-//! - [`api`] serves SPEC §4 over it (and, in `access`, the users and tokens of SPEC §7),
+//! - [`api`] serves the REST API over it (and, in `access`, its users and tokens),
 //!   [`auth`] checks bearer tokens, [`problem`] maps its errors to RFC 9457 answers, and
 //!   [`server`] serves it in plaintext or over TLS;
 //! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]), and

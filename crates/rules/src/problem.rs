@@ -1,6 +1,6 @@
 //! The one place that turns errors into answers: RFC 9457 problem documents with the status
-//! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
-//! for rules and for the users and tokens of SPEC §7 alike.
+//! codes of the rules API (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
+//! for rules and for its users and tokens alike.
 //!
 //! A 503 says `retry-after: 1` and is not logged here: the store's liveness logs each outage
 //! once, and the failures of a store that answers its probe in one line per interval

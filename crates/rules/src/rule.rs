@@ -126,7 +126,7 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The JSON answer of SPEC §4: the bucket, its service, and what the service adds.
+    /// The rules service's JSON answer: the bucket, its service, and what the service adds.
     pub fn to_json(&self) -> Value {
         let mut object = match serde_json::to_value(&self.bucket) {
             Ok(Value::Object(map)) => map,
@@ -184,7 +184,7 @@ fn take_string(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>
     }
 }
 
-/// Checks a rule sent as JSON: `service`, the bucket keys of SPEC §2, and optionally `ttl` (an
+/// Checks a rule sent as JSON: `service`, the bucket keys of a configuration file, and optionally `ttl` (an
 /// incident override, which then needs a `reason`) and `reason`.
 pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
     let Value::Object(mut map) = body else {

@@ -1,4 +1,4 @@
-//! The REST API of SPEC §4 over a real socket, on SQLite and on PostgreSQL: CRUD, each error
+//! The rules service's REST API over a real socket, on SQLite and on PostgreSQL: CRUD, each error
 //! status where the SPEC puts it, the daily budget (also under 50 concurrent writers), the
 //! audit log, incident overrides, apply, and text stored verbatim.
 

@@ -1,4 +1,4 @@
-//! The controllers' traffic history in the rules store (SPEC §9's `builtin:` source), on a real
+//! The controllers' traffic history in the rules store (the configurator's `builtin:` source), on a real
 //! SQLite file and a private PostgreSQL: slots written, added to when written again, read back
 //! per minute and region, summed for a validation window, and pruned past their retention; and
 //! the writer task, which keeps going when the store fails.

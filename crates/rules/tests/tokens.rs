@@ -39,7 +39,7 @@ fn new_token(service: &Service, user: &str, expires: Option<&str>) -> (String, S
 }
 
 /// Asks `probe` every 50 ms, from now on, until it answers `refused`, and returns how long after
-/// `changed` the first refused request was sent. SPEC §7's promise, exactly: no request sent a
+/// `changed` the first refused request was sent. The promise, exactly: no request sent a
 /// second or more after the change is accepted (`changed` is when the change's answer came
 /// back, so the change had committed by then). Once refused, the token stays refused.
 fn refused_within_a_second(

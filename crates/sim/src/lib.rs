@@ -45,7 +45,7 @@ pub enum SimError {
 /// The algorithms compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
-    /// The control plane's drop ratio, applied by each host's drop schedule (G8;
+    /// The control plane's drop ratio, applied by each host's drop schedule (
     /// `spillway_core::algo::DropRatio`).
     DropRatio = 0,
     /// Each host refills at its share of the limit, shares from the controller.

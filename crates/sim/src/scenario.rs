@@ -163,7 +163,7 @@ impl Scenario {
                 measure: (45.0, 70.0),
                 ..Scenario::base()
             },
-            // SPEC §10: the same 1.5x overload, 40% of it sheddable. The third to drop is 5/6 of
+            // the same 1.5x overload, 40% of it sheddable. The third to drop is 5/6 of
             // the sheddable traffic, and no critical request.
             "criticality" => Scenario {
                 name: "criticality",

@@ -165,7 +165,7 @@ fn small_callers_get_equal_shares_from_the_drop_schedule() {
 
 #[test]
 fn under_overload_the_sheddable_tier_absorbs_the_drops_and_critical_traffic_is_untouched() {
-    // SPEC §10: 1.5x the limit, 40% of it sheddable (half the hosts send 80%, the other half
+    // 1.5x the limit, 40% of it sheddable (half the hosts send 80%, the other half
     // none, so the split must come from the whole scope's load). The third to drop is about 5/6
     // of the sheddable traffic (the hosts' random weights move the fleet's sheddable share):
     // seeds 1-8 drop 0.0% of critical requests and 78.4-87.0% of sheddable ones, 33.3-33.5% in

@@ -1,4 +1,4 @@
-//! The simulator's invariants on short scenarios (SPEC §6, MISSION G8-G11): bounds that the
+//! The simulator's invariants on short scenarios: bounds that the
 //! seeds' story promises, never exact figures.
 
 use spillway_sim::{Algorithm, Network, RunResult, Scenario, run, run_on};

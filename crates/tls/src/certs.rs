@@ -1,4 +1,4 @@
-//! A development PKI (`spillway certs init|issue`, SPEC §7): a CA for a trust domain, and leaves
+//! A development PKI (`spillway certs init|issue`): a CA for a trust domain, and leaves
 //! whose URI SAN is a Spillway identity. Production uses the operator's PKI (cert-manager,
 //! SPIRE); any CA and leaves with the same SANs work the same way.
 //!

@@ -1,4 +1,4 @@
-//! Certificate files, re-read when they change (SPEC §7: rotation without restart).
+//! Certificate files, re-read when they change (rotation without restart).
 //!
 //! A [`TlsSource`] holds the PEM files of one process: its certificate chain, its key and, for
 //! mutual TLS, the CA its peers' certificates must chain to. Every new connection asks it for a

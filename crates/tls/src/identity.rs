@@ -190,7 +190,7 @@ impl fmt::Display for Identity {
     }
 }
 
-/// URI SAN patterns a listener admits (`--allow-client-san`, SPEC §7): `*` matches any run of
+/// URI SAN patterns a listener admits (`--allow-client-san`): `*` matches any run of
 /// characters within one path segment, `**` any run across segments; anything else matches
 /// itself. An empty policy admits every certificate that chains to the CA.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

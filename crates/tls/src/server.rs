@@ -48,7 +48,7 @@ pub struct PeerInfo {
 
 impl PeerInfo {
     /// Whether the certificate's URI SANs match `policy` (the `--allow-client-san` hook of
-    /// listeners that serve Envoy, SPEC §7).
+    /// listeners that serve Envoy).
     pub fn allowed_by(&self, policy: &SanPolicy) -> bool {
         policy.allows(&self.uris)
     }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use spillway_core::config;
 
 /// Prints the compiled buckets and exits 0, or prints `FILE:LINE:COLUMN: what is wrong` (or the
-/// unreadable path and the OS error) to stderr and exits 2, as SPEC §1 asks of bad configuration.
+/// unreadable path and the OS error) to stderr and exits 2, as for any bad configuration.
 /// A file that loads may still get warnings on stderr (`FILE:LINE:COLUMN: warning: ...`, such as
 /// an identity read from a header the client controls); they do not change the exit status.
 pub fn check(path: &Path) -> ExitCode {

@@ -103,7 +103,7 @@ pub struct PlanArgs {
     /// The CA (PEM) an https:// rules service's certificate must chain to.
     #[arg(long, value_name = "FILE", env = "SPILLWAY_CA", requires = "server")]
     pub ca: Option<PathBuf>,
-    /// A table for people, or SPEC §9's JSON (`{"proposals": [...]}`) for programs.
+    /// A table for people, or the plan's JSON (`{"proposals": [...]}`) for programs.
     #[arg(long, value_enum, default_value = "table")]
     pub output: Output,
     /// Write an SVG per bucket here: history, forecast band, current and proposed limit.

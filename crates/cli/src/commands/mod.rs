@@ -1,4 +1,4 @@
-//! One function per subcommand. Exit status per SPEC §1: 0 success, 1 runtime failure, 2 bad
+//! One function per subcommand. Exit status: 0 success, 1 runtime failure, 2 bad
 //! usage or bad configuration.
 
 mod certs;

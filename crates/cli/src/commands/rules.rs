@@ -1,4 +1,4 @@
-//! `spillway rules ...`: the rules service and its admin client (SPEC §1, §4). Wiring only: the
+//! `spillway rules ...`: the rules service and its admin client (§4). Wiring only: the
 //! work is in `spillway-rules`.
 
 use std::net::SocketAddr;
@@ -86,7 +86,7 @@ fn store_failure(err: &StoreError) -> ExitCode {
     })
 }
 
-/// SPEC §7: bearer tokens never cross a network in plaintext unless asked to. Without TLS the
+/// Bearer tokens never cross a network in plaintext unless asked to. Without TLS the
 /// address must be loopback, or `--insecure-plaintext` given (then a warning at every start).
 fn serve(
     listen: SocketAddr,

@@ -115,7 +115,7 @@ pub fn control_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(
     plaintext_off_loopback(addr, tls, args, "--listen", "reports and instructions")
 }
 
-/// The RLS listener (SPEC §7, §8) without TLS binds loopback only, for an Envoy beside the
+/// The RLS listener (§8) without TLS binds loopback only, for an Envoy beside the
 /// process, unless `--insecure-plaintext`.
 pub fn rls_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
     plaintext_off_loopback(addr, tls, args, "--rls-listen", "rate-limit decisions")
@@ -126,7 +126,7 @@ pub fn rls_service_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Resu
     plaintext_off_loopback(addr, tls, args, "--listen", "rate-limit decisions")
 }
 
-/// The RLQS listener (SPEC §7, §8), likewise: loopback only without TLS, unless
+/// The RLQS listener (§8), likewise: loopback only without TLS, unless
 /// `--insecure-plaintext`.
 pub fn rlqs_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
     plaintext_off_loopback(

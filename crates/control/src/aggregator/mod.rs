@@ -176,7 +176,7 @@ impl Aggregator {
         self.zone.connected.load(Ordering::Relaxed)
     }
 
-    /// Attaches clients that live in this process (an RLQS stream's Envoy instance, SPEC §8).
+    /// Attaches clients that live in this process (an RLQS stream's Envoy instance).
     pub fn local_clients(&self) -> LocalClients {
         LocalClients::new(self.zone.clone())
     }

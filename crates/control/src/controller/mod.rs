@@ -59,7 +59,7 @@ pub struct ControllerOptions {
     pub history: Option<HistorySink>,
 }
 
-/// Where a controller hands its region's closed history slots (SPEC §9's `builtin:` source) and
+/// Where a controller hands its region's closed history slots (the configurator's `builtin:` source) and
 /// at what resolution: a bounded channel to a writer off the control loop. A full channel (a
 /// writer stuck on its store) loses slots, never delays an interval.
 #[derive(Debug, Clone)]

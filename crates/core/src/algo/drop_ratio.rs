@@ -145,7 +145,7 @@ fn thread_stripe() -> usize {
 /// The control plane sends `drop 1/3 until t+5s`; from then on a third of the requests is
 /// dropped (one in three, spread by the schedule), so at 1.5x the limit two thirds get through,
 /// on every instance alike. When `t+5s` passes without a newer instruction the limiter admits
-/// everything again (fail-open, G9). A new limiter has no instruction and admits everything.
+/// everything again (fail-open). A new limiter has no instruction and admits everything.
 #[derive(Debug)]
 pub struct DropRatio {
     /// The bucket's ratio, for readings; requests are dropped at their tier's (`tiers`).
@@ -376,7 +376,7 @@ mod tests {
         let d = DropRatio::new(Duration::from_secs(1));
         let half = Ratio::from_fraction(1, 2);
         let most = Ratio::from_fraction(9, 10);
-        // No instruction: a correction alone drops nothing (fail-open, G9).
+        // No instruction: a correction alone drops nothing (fail-open).
         d.set_surge(most, 1_000);
         assert_eq!(d.current(10), None);
         d.set(half, 500);

@@ -173,7 +173,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Every kind, in the order of SPEC §2.
+    /// Every kind, in the configuration reference's order.
     pub const ALL: [Kind; 8] = [
         Kind::DropRatio,
         Kind::AdaptiveTokenBucket,

@@ -1,4 +1,4 @@
-//! The configuration file as written: every key of SPEC §2 as a serde type, with its default.
+//! The configuration file as written: every key of the configuration file as a serde type, with its default.
 //!
 //! These types are what `yaml_serde` reads and what the JSON Schema is generated from, so the
 //! schema describes exactly what the loader accepts. Checks that need more than one key (a store
@@ -142,7 +142,7 @@ impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
     }
 }
 
-/// Where each request attribute is read from (SPEC §2, §3a). Each value is a list of sources
+/// Where each request attribute is read from (§3a). Each value is a list of sources
 /// separated by commas; the first one present in the request wins.
 ///
 /// A header is whatever the client wrote unless a trusted hop in front of the proxy sets it, so
@@ -334,7 +334,7 @@ pub struct Control {
     #[schemars(with = "DurationText")]
     pub instruction_ttl: Duration,
     /// Whether each client corrects a surge of its own between two instructions, holding itself
-    /// to its part of a drop-ratio bucket's limit (G11; see `spillway_core::surge`). Default
+    /// to its part of a drop-ratio bucket's limit (see `spillway_core::surge`). Default
     /// `true`. With `false` a surge waits for the control plane's next instruction, and a lone
     /// host's burst that fits under the limit is never dropped meanwhile.
     pub surge_guard: bool,
@@ -453,7 +453,7 @@ pub struct BucketFile {
     /// gcra). Defaults to the limit's count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<NonZeroU64>,
-    /// How long unused tokens are kept to absorb bursts (adaptive-token-bucket only, G10):
+    /// How long unused tokens are kept to absorb bursts (adaptive-token-bucket only):
     /// default `10s`, at most `20s`.
     #[serde(
         default,
@@ -488,7 +488,7 @@ pub struct BucketFile {
     )]
     #[schemars(range(min = 2, max = 1000))]
     pub batch: Option<u64>,
-    /// Limits of single regions for a `scope: region` bucket (MISSION RLC4): in region R the
+    /// Limits of single regions for a `scope: region` bucket: in region R the
     /// bucket's limit is `region_limits.R`, in any other region `limit`. Each region's
     /// controller enforces its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -641,7 +641,7 @@ pub enum StateStore {
     ControlPlane,
 }
 
-/// What a bucket does when its store cannot answer (S8 for Redis, G9 for the control plane).
+/// What a bucket does when its store cannot answer (closed behind a breaker for Redis, open for the control plane).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum FailurePolicy {

@@ -101,7 +101,7 @@ impl AdminToken {
     }
 }
 
-/// Refuses an admin address that is not loopback when no token protects it (SPEC §7: such a port
+/// Refuses an admin address that is not loopback when no token protects it (such a port
 /// exits 2). `0.0.0.0` and `::` are every interface, not loopback.
 pub fn check_exposure(addr: SocketAddr, auth: &AdminAuth) -> Result<(), String> {
     if addr.ip().to_canonical().is_loopback() || auth.token.is_some() {

@@ -5,7 +5,7 @@
 -- KEYS[1]  the bucket's log: chunk number k is the sorted set KEYS[1]..':'..k, in the same
 --          Cluster slot (the hash tag is in KEYS[1]). Entries are scored by their time (us);
 --          a member is the entry's index in its chunk (0 to 127), with ':cost' appended when
---          the cost is not 1 (a weighted cost stored exactly in one entry, W3).
+--          the cost is not 1 (a weighted cost stored exactly in one entry).
 -- KEYS[2]  the meta hash:
 --            n   entries logged; entry i goes to chunk floor(i / 128) as member i % 128
 --            u   units in the log

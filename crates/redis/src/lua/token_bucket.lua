@@ -3,7 +3,7 @@
 -- KEYS[1]  the bucket hash: curr_tokens, refill_rate (tokens/s, for operators), last_refill (us)
 -- ARGV[1]  capacity (tokens)      ARGV[2] count   ARGV[3] period (us): refill count per period
 -- ARGV[4]  cost              ARGV[5] want: tokens to take when they are there (>= cost;
---          more than cost only for hot-key batching, S10)
+--          more than cost only for hot-key batching)
 -- Returns  {allowed, retry_after_us (-1: never), remaining, granted}
 local key = KEYS[1]
 local capacity = tonumber(ARGV[1])

@@ -1,4 +1,4 @@
-//! Traffic history in the rules store (SPEC §9's `builtin:` source): each controller with a
+//! Traffic history in the rules store (the configurator's `builtin:` source): each controller with a
 //! database writes its region's closed slots ([`HistoryBatch`]) here, off its control loop, and
 //! the configurator reads them back per minute, regions summed.
 //!
