@@ -14,10 +14,11 @@
 #   limiter adds to the same proxy reads apart from the hop), and spillway with a local bucket of
 #   R / 1.5 (offered 1.5x).
 # Redis across a network: on loopback a Redis round trip is as cheap as it ever gets, and Uber's
-# global rate limiter (GRL) was compared against a Redis across the network. So the Redis-per-request rows are measured again
-# against a second redis-server in a network namespace of its own, behind a veth pair whose link
-# holds every packet LINK_DELAY_US (default 250 us) each way: a 0.5 ms round trip, typical within
-# one zone of a cloud region (0.1 to 0.5 ms). With `sch_netem` in the kernel the delay is
+# global rate limiter (GRL) was compared against a Redis across the network. So the
+# Redis-per-request rows are measured again against a second redis-server in a network namespace
+# of its own, behind a veth pair whose link holds every packet LINK_DELAY_US (default 250 us)
+# each way: a 0.5 ms round trip, typical within one zone of a cloud region (0.1 to 0.5 ms).
+# With `sch_netem` in the kernel the delay is
 # `tc qdisc ... netem delay` on both ends of the veth and the proxy dials the namespace's address
 # (10.254.x.2, private to this machine); without it (some VM and container kernels) the delay is
 # `delay.rs` beside this script, a relay on 127.0.0.1 that holds each chunk for the delay in
