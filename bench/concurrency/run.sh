@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The concurrency-limit benchmark of issue 22 (part 3), on loopback: a real upstream of WORKERS
+# The concurrency-limit benchmark (docs/benchmarks.md), on loopback: a real upstream of WORKERS
 # workers that take SERVICE_MS each (upstream.rs beside this script: capacity WORKERS / SERVICE,
 # and past its workers latency grows with what is in flight), behind the proxy (the `serve`
 # example of spillway-proxy, release build), offered OVERLOAD (default 2) times its capacity at a

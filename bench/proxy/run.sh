@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The proxy benchmark of issue 4: on loopback, in one run, against one small upstream (nginx
+# The proxy benchmark: on loopback, in one run, against one small upstream (nginx
 # answering 200 from memory).
 #
 # Closed loop (wrk: as fast as answers come back), for throughput:
@@ -7,17 +7,18 @@
 #   nginx limit_req    wrk -> nginx (reverse proxy, limit_req far above the load) -> upstream
 #   spillway           wrk -> spillway proxy (a local token bucket far above the load) -> upstream
 #   redis per request  the same proxy with a store: redis token bucket far above the load: one
-#                      EVALSHA round trip per request, the Redis-per-request limiter of G16
+#                      EVALSHA round trip per request, the Redis-per-request limiter
 # Open loop (the `paced` example of spillway-proxy: a fixed offered rate R, bounded count), for
 # latency at a load every path carries, R being half the Redis baseline's closed-loop rate:
 #   the same paths, plus spillway with no buckets at all (the proxy hop alone, so what each
 #   limiter adds to the same proxy reads apart from the hop), and spillway with a local bucket of
 #   R / 1.5 (offered 1.5x).
-# Redis across a network: on loopback a Redis round trip is as cheap as it ever gets, and GRL
-# compared against a Redis across the network. So the Redis-per-request rows are measured again
-# against a second redis-server in a network namespace of its own, behind a veth pair whose link
-# holds every packet LINK_DELAY_US (default 250 us) each way: a 0.5 ms round trip, typical within
-# one zone of a cloud region (0.1 to 0.5 ms). With `sch_netem` in the kernel the delay is
+# Redis across a network: on loopback a Redis round trip is as cheap as it ever gets, and Uber's
+# global rate limiter (GRL) was compared against a Redis across the network. So the
+# Redis-per-request rows are measured again against a second redis-server in a network namespace
+# of its own, behind a veth pair whose link holds every packet LINK_DELAY_US (default 250 us)
+# each way: a 0.5 ms round trip, typical within one zone of a cloud region (0.1 to 0.5 ms).
+# With `sch_netem` in the kernel the delay is
 # `tc qdisc ... netem delay` on both ends of the veth and the proxy dials the namespace's address
 # (10.254.x.2, private to this machine); without it (some VM and container kernels) the delay is
 # `delay.rs` beside this script, a relay on 127.0.0.1 that holds each chunk for the delay in
@@ -31,8 +32,10 @@
 # 256 pipelined calls in flight per connection), during every row of that table alike, so the
 # CPU the fleet takes from the two cores is the same for all three rows.
 # Requests/s and p50/p99/p99.5 latency are reported as ratios to direct (of the same loop), in
-# Markdown on stdout (paste it into docs/benchmarks.md, section "Proxy"), with G16's goal:
-# spillway's added p99.5 at most 10% of the Redis-per-request added p99.5.
+# Markdown on stdout (kept under bench/proxy/runs/, summed up in docs/benchmarks.md, "Proxy"),
+# with the goal for the tail ("Added tail": spillway's added p99.5 over direct at most 10% of the
+# Redis-per-request limiter's) and how much lower spillway's own p99.5 and p50 are than the
+# Redis path's ("End to end").
 #
 # Usage: bench/proxy/run.sh [SECONDS] [CONNECTIONS]   (defaults 10 and 32)
 # ROUNDS sets how many times each comparison is measured (default 3; the tables show medians).
@@ -205,8 +208,8 @@ hop() { # $1: direct, $2: nginx, $3: spillway -> the two proxies' added p99.5
     printf "the hop, added p99.5: nginx %.2f ms, spillway %.2f ms", (N[4] - D[4]) / 1000, (S[4] - D[4]) / 1000
   }'
 }
-fell() { # $1: spillway, $2: redis per request -> G16 in MISSION's terms: how much lower spillway's
-  # own latency is than the Redis-per-request limiter's (GRL: p99.5 down by up to 90%, p50 about 1 ms)
+fell() { # $1: spillway, $2: redis per request -> how much lower spillway's own latency is
+  # than the Redis-per-request limiter's, end to end (GRL: p99.5 down by up to 90%, p50 about 1 ms)
   awk -v s="$1" -v r="$2" 'BEGIN {
     split(s, S, " "); split(r, R, " ");
     printf "p99.5: spillway %.2f ms, Redis per request %.2f ms: %.0f%% lower; p50 %.2f ms lower",
@@ -316,8 +319,8 @@ open_table() {
   row "$2" "${!x}" "${!d}"
   [ -n "${4:-}" ] && row "$4" "$5" "${!d}"
   echo
-  echo "G16, $3: $(goal "${!d}" "${!s}" "${!x}")"
-  echo "G16 in MISSION's terms, $3: $(fell "${!s}" "${!x}")"
+  echo "Added tail, $3: $(goal "${!d}" "${!s}" "${!x}")"
+  echo "End to end, $3: $(fell "${!s}" "${!x}")"
   echo "$(hop "${!d}" "${!n}" "${!s}"); $(limiter "${!b}" "${!s}" "${!x}")"
 }
 {
@@ -329,7 +332,7 @@ row "nginx reverse proxy, limit_req not hit" "$NGINX_R" "$DIRECT"
 row "spillway proxy, limit not hit" "$SPILL" "$DIRECT"
 row "spillway proxy, Redis per request (store: redis, not hit)" "$REDIS_R" "$DIRECT"
 echo
-echo "G16, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
+echo "Added tail, closed loop: $(goal "$DIRECT" "$SPILL" "$REDIS_R")"
 echo
 echo "Open loop: paced at $RATE requests/s for ${SECONDS_PER_RUN}s over $CONNECTIONS connections; the first five rows: medians of $ROUNDS interleaved rounds"
 echo

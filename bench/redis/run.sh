@@ -6,7 +6,7 @@
 # Starts a private redis-server on a free port and prints a Markdown table: one row per
 # algorithm (limits far above the load, so every decision is an admission), plus the sliding
 # log at a limit that denies about half, since its denials take another path (retry-after).
-# Ratios are to both ceilings (the issue asks for at least 70%).
+# Ratios are to both ceilings (the goal: at least 70% of the plain one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 clients=${1:-50}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Envoy's ShouldRateLimit (RLS v3) decided in the sidecar against the same call decided in
-# Redis, envoyproxy/ratelimit's model (issue 21's performance goal), in one run.
+# Redis, envoyproxy/ratelimit's model, in one run (docs/benchmarks.md, "Envoy's RLS").
 #   bench/rls/run.sh [ROUNDS] [RATE] [SECONDS]      (defaults 8, 2000, 4)
 #   IN_FLIGHT=32 CONNECTIONS=4 SAT_SECONDS=2 WARMUP=1 VALUES=1000 LINK_DELAY_US=250 NO_BUILD=1
 #   REPORT=FILE PROFILE=release (or dist: the whole-program optimised build, Cargo.toml)
