@@ -7,9 +7,10 @@
 //! around it and [`serve`] runs it on a listener, in plaintext or mutual TLS.
 //!
 //! Envoy's Rate Limit Quota Service v3 (`StreamRateLimitQuotas`) is here too: [`Rlqs`] makes
-//! each RLQS host (a client identity, or a connection) a host of an aggregator's zone ([`quota`] is its sans-IO core),
-//! served by [`serve_rlqs`] (`spillway aggregator --rlqs-listen`). The messages are
-//! Envoy's own, generated from its .proto files by the `envoy-types` crate ([`pb`]).
+//! each RLQS host (a client identity, or a connection, with all its streams) a host of an
+//! aggregator's zone ([`quota`] is its sans-IO core), served by [`serve_rlqs`] (`spillway
+//! aggregator --rlqs-listen`). The messages are Envoy's own, generated from its .proto files by
+//! the `envoy-types` crate ([`pb`]).
 
 #![forbid(unsafe_code)]
 
