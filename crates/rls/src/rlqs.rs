@@ -405,8 +405,9 @@ impl pb::RateLimitQuotaService for Rlqs {
         }
         let name = identity(&request);
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        // Few responses wait per stream: each can hold an assignment for every bucket id.
-        let (tx, rx) = mpsc::channel(4);
+        // Few responses wait per stream: each can hold an assignment for every bucket id (10,000
+        // of 200 bytes are 4 MB), and every interval sends them all again.
+        let (tx, rx) = mpsc::channel(2);
         let Some(host) = self.join(&name, n, tx.clone()) else {
             self.clients.refused(Reason::RlqsStreams);
             let max = self.limits.streams_per_host;
