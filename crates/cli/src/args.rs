@@ -442,6 +442,18 @@ pub struct AggregatorArgs {
     /// `spiffe://cluster.local/ns/*/sa/istio-ingressgateway`; others get PERMISSION_DENIED.
     #[arg(long, value_name = "PATTERN", requires_all = ["rlqs_listen", "tls_cert"])]
     pub allow_client_san: Vec<String>,
+    /// RLQS streams one host may hold open at once; more get RESOURCE_EXHAUSTED. A host is a
+    /// client certificate's identity with TLS, else one connection.
+    #[arg(long, value_name = "N", default_value = "16")]
+    pub rlqs_max_streams_per_host: std::num::NonZeroUsize,
+    /// RLQS bucket ids one host may hold, all its streams together (a stream holds at most
+    /// 10,000); more get RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value = "10000")]
+    pub rlqs_max_buckets_per_host: std::num::NonZeroUsize,
+    /// RLQS bucket ids every host of this aggregator may hold together; more get
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value = "50000")]
+    pub rlqs_max_buckets: std::num::NonZeroUsize,
 }
 
 #[derive(Debug, Args)]

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Envoy instances on Spillway's RLQS listener, built with grpcio from Envoy's own .proto files.
 
-Each instance opens one `StreamRateLimitQuotas` stream, as Envoy's rate_limit_quota filter
-does, offers `--rps` requests a second to every bucket id of `--route`, admits what the
+Each instance opens one `StreamRateLimitQuotas` stream on its own connection, as Envoy's
+rate_limit_quota filter does, offers `--rps` requests a second to every bucket id of `--route`, admits what the
 assignment it holds admits (everything before one arrives, as Envoy's no_assignment_behavior
 ALLOW_ALL would), and reports its usage every `--interval` seconds. It prints JSON lines:
 
@@ -147,7 +147,12 @@ class Instance:
                     return
                 yield item
 
-        channel = grpc.insecure_channel(self.args.target)
+        # Each instance its own connection, as separate Envoys have: grpcio would otherwise
+        # share one between channels to the same target, and the aggregator counts a connection
+        # (without TLS) as one host, whatever streams it carries.
+        channel = grpc.insecure_channel(
+            self.args.target, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         stub = self.rpc.RateLimitQuotaServiceStub(channel)
         responses = stub.StreamRateLimitQuotas(requests())
 

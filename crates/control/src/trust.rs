@@ -36,16 +36,24 @@ pub enum Reason {
     Zone,
     /// A proxy reporting under a host id other than its certificate's.
     HostId,
+    /// An RLQS stream beyond the streams one host (a connection, or an identity with TLS) may
+    /// hold open (`--rlqs-max-streams-per-host`).
+    RlqsStreams,
+    /// An RLQS bucket id beyond a stream's, a host's or the aggregator's cap
+    /// (`--rlqs-max-buckets-per-host`, `--rlqs-max-buckets`).
+    RlqsBuckets,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Handshake,
         Reason::Identity,
         Reason::Role,
         Reason::Region,
         Reason::Zone,
         Reason::HostId,
+        Reason::RlqsStreams,
+        Reason::RlqsBuckets,
     ];
 
     pub fn label(self) -> &'static str {
@@ -56,6 +64,8 @@ impl Reason {
             Reason::Region => "region",
             Reason::Zone => "zone",
             Reason::HostId => "host_id",
+            Reason::RlqsStreams => "rlqs_streams",
+            Reason::RlqsBuckets => "rlqs_buckets",
         }
     }
 }
@@ -240,7 +250,8 @@ impl Trust {
         Status::permission_denied(refusal.message.clone())
     }
 
-    fn count(&self, reason: Reason) {
+    /// Counts a refusal that the caller answers and logs itself.
+    pub fn count(&self, reason: Reason) {
         let index = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
         self.rejected[index].fetch_add(1, Ordering::Relaxed);
     }

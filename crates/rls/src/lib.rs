@@ -7,9 +7,10 @@
 //! around it and [`serve`] runs it on a listener, in plaintext or mutual TLS.
 //!
 //! Envoy's Rate Limit Quota Service v3 (`StreamRateLimitQuotas`) is here too: [`Rlqs`] makes
-//! each stream's Envoy instance a host of an aggregator's zone ([`quota`] is its sans-IO core),
-//! served by [`serve_rlqs`] (`spillway aggregator --rlqs-listen`). The messages are
-//! Envoy's own, generated from its .proto files by the `envoy-types` crate ([`pb`]).
+//! each RLQS host (a client identity, or a connection, with all its streams) a host of an
+//! aggregator's zone ([`quota`] is its sans-IO core), served by [`serve_rlqs`] (`spillway
+//! aggregator --rlqs-listen`). The messages are Envoy's own, generated from its .proto files by
+//! the `envoy-types` crate ([`pb`]).
 
 #![forbid(unsafe_code)]
 
@@ -19,7 +20,7 @@ pub mod rlqs;
 mod server;
 
 pub use decide::{BadRequest, RlsOptions, decide, envoy_unit};
-pub use rlqs::Rlqs;
+pub use rlqs::{Rlqs, RlqsLimits};
 pub use server::{Rls, RlsServer, serve, serve_rlqs};
 
 /// Envoy's generated messages and services (`envoy-types`), for callers and tests that speak RLS.

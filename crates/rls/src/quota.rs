@@ -1,6 +1,11 @@
-//! One Envoy instance on the RLQS stream as a host of the zone, sans-IO: its usage
-//! reports become the offered load the host side of the loop reports ([`HostCore`]), and the
-//! instructions the zone sends it become assignments Envoy enforces by itself.
+//! One RLQS host as a host of the zone, sans-IO: the usage reports of its streams become the
+//! offered load the host side of the loop reports ([`HostCore`]), and the instructions the zone
+//! sends it become assignments Envoy enforces by itself.
+//!
+//! A host is one identity (a client certificate's SPIFFE id) or, without TLS, one connection
+//! ([`crate::rlqs`]): every stream it opens feeds the same [`Instance`], whose one report per
+//! interval sums them, so opening more streams never makes a client more hosts of its zone.
+//! Each stream keeps its own domain and bucket ids, and is told about its own.
 //!
 //! Envoy enforces a `token_bucket` or a `blanket_rule` per bucket id; it cannot drop a fraction
 //! of requests. So a drop-ratio bucket's ratio `r` becomes a token bucket at the rate the host
@@ -27,6 +32,8 @@
 //! expire; Envoy then applies its `expired_assignment_behavior`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -52,8 +59,74 @@ use spillway_loop::{BucketKey, HostCore, HostId, HostStep, HostTime, LinkRules};
 use spillway_proto::v1;
 
 /// Bucket ids one stream may hold: an Envoy whose matcher makes one per user id would grow an
-/// aggregator's memory without bound.
+/// aggregator's memory without bound. A host and the whole aggregator have their own caps
+/// ([`Caps`]).
 pub const MAX_BUCKETS: usize = 10_000;
+
+/// The longest bucket id, its keys and values together: 1 KiB (a user id, a path and a method
+/// fit many times over), so that the caps on bucket ids bound memory too.
+pub const MAX_BUCKET_ID_BYTES: usize = 1024;
+
+/// The caps on bucket ids: per stream ([`MAX_BUCKETS`] at most), per host, and for every host of
+/// the aggregator together (`held`, shared by all of them).
+#[derive(Debug, Clone)]
+pub struct Caps {
+    pub per_stream: usize,
+    pub per_host: usize,
+    pub total: usize,
+    /// Bucket ids held now by every host of the aggregator.
+    pub held: Arc<AtomicUsize>,
+}
+
+impl Caps {
+    /// `per_host` and `total` bucket ids; a stream holds at most [`MAX_BUCKETS`] of them.
+    pub fn new(per_host: usize, total: usize) -> Self {
+        Self {
+            per_stream: MAX_BUCKETS.min(per_host),
+            per_host,
+            total,
+            held: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Takes one bucket id from the aggregator's total, if one is left.
+    fn take(&self) -> bool {
+        self.held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held < self.total).then_some(held + 1)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Default for Caps {
+    /// 10,000 bucket ids per host, 50,000 per aggregator.
+    fn default() -> Self {
+        Self::new(MAX_BUCKETS, 50_000)
+    }
+}
+
+/// Which cap a new bucket id met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Stream,
+    Host,
+    Aggregator,
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Scope::Stream => "the stream",
+            Scope::Host => "the stream's host (its connection, or its identity with TLS)",
+            Scope::Aggregator => "the aggregator (every host together)",
+        })
+    }
+}
 
 /// The longest fill interval of a token bucket for a rate under one a second.
 const MAX_FILL_SECS: u32 = 60;
@@ -137,8 +210,12 @@ pub enum BadUsage {
     EmptyEntry(usize),
     #[error("bucket_quota_usages[{0}].time_elapsed is missing or not above zero")]
     NoTimeElapsed(usize),
-    #[error("the stream holds {MAX_BUCKETS} bucket ids already; a new one was refused")]
-    TooManyBuckets,
+    #[error(
+        "bucket_quota_usages[{index}].bucket_id has {bytes} bytes of keys and values, more than the {MAX_BUCKET_ID_BYTES} a bucket id may have"
+    )]
+    BucketIdTooLong { index: usize, bytes: usize },
+    #[error("{scope} holds {max} bucket ids already, the most it may; a new one was refused")]
+    TooManyBuckets { scope: Scope, max: usize },
 }
 
 /// How a rules bucket is decided over RLQS.
@@ -161,10 +238,9 @@ struct Steer {
     share: Option<(Ratio, Nanos)>,
 }
 
-/// One bucket id Envoy reported.
+/// One bucket id Envoy reported (its entries are its key in [`Stream::ids`]).
 #[derive(Debug)]
 struct Subscribed {
-    id: BucketId,
     /// The rules bucket that decides it (its position in the rules), if any.
     bucket: Option<usize>,
     allowed_rps: f64,
@@ -176,7 +252,14 @@ struct Subscribed {
     abandoned: bool,
 }
 
-/// One Envoy instance's stream, as a host of the zone.
+/// One stream of a host: its domain and its bucket ids, by their entries in key order.
+#[derive(Debug, Default)]
+struct Stream {
+    domain: Option<String>,
+    ids: BTreeMap<Vec<(String, String)>, Subscribed>,
+}
+
+/// One RLQS host (all the streams of one identity or connection), as a host of the zone.
 #[derive(Debug)]
 pub struct Instance {
     core: HostCore,
@@ -187,8 +270,10 @@ pub struct Instance {
     /// Per host-core bucket: allowed and denied requests counted so far (fractions kept).
     counted: Vec<(f64, f64)>,
     counted_at: Nanos,
-    envoy: BTreeMap<Vec<(String, String)>, Subscribed>,
-    domain: Option<String>,
+    streams: BTreeMap<u64, Stream>,
+    /// Bucket ids held by all its streams.
+    held: usize,
+    caps: Caps,
 }
 
 /// A bucket id's entries in key order, as a descriptor's (a protobuf map has no order).
@@ -214,6 +299,11 @@ fn no_rules() -> Config {
 impl Instance {
     /// Envoy instance `id`, running `rules` (the zone's, when it has them) from `now`.
     pub fn new(id: HostId, rules: Option<&v1::Rules>, now: HostTime) -> Self {
+        Self::with_caps(id, rules, now, Caps::default())
+    }
+
+    /// [`Instance::new`] whose bucket ids count against `caps`.
+    pub fn with_caps(id: HostId, rules: Option<&v1::Rules>, now: HostTime, caps: Caps) -> Self {
         let own = no_rules();
         let (version, config) = match rules.map(|r| (r.version, Self::config_of(&own, r))) {
             Some((version, Ok(config))) => (version, config),
@@ -235,8 +325,9 @@ impl Instance {
             steer: Vec::new(),
             counted: Vec::new(),
             counted_at: now.clock,
-            envoy: BTreeMap::new(),
-            domain: None,
+            streams: BTreeMap::new(),
+            held: 0,
+            caps,
         };
         instance.run(&config, &Self::redis_buckets(rules), HashMap::new());
         instance.core.start(now, &instance.snapshot());
@@ -336,16 +427,18 @@ impl Instance {
                 let id = RulesBucket(u32::try_from(i).ok()?);
                 b.descriptor.as_ref().map(|d| (id, d))
             }));
-        let Some(domain) = self.domain.as_deref() else {
-            return;
-        };
-        for (entries, s) in &mut self.envoy {
-            let bucket = self
-                .matcher
-                .find(domain, &Sorted(entries))
-                .map(|id| id.index());
-            s.abandoned = s.bucket.is_some() && bucket.is_none();
-            s.bucket = bucket;
+        for stream in self.streams.values_mut() {
+            let Some(domain) = stream.domain.as_deref() else {
+                continue;
+            };
+            for (entries, s) in &mut stream.ids {
+                let bucket = self
+                    .matcher
+                    .find(domain, &Sorted(entries))
+                    .map(|id| id.index());
+                s.abandoned = s.bucket.is_some() && bucket.is_none();
+                s.bucket = bucket;
+            }
         }
     }
 
@@ -362,7 +455,7 @@ impl Instance {
     fn integrate(&mut self, now: Nanos) {
         let dt = now.saturating_sub(self.counted_at) as f64 / 1e9;
         self.counted_at = now;
-        for s in self.envoy.values() {
+        for s in self.streams.values().flat_map(|stream| stream.ids.values()) {
             let Some(Plan::Control(p)) = s.bucket.and_then(|b| self.plans.get(b).copied()) else {
                 continue;
             };
@@ -399,27 +492,49 @@ impl Instance {
 
     /// The deadline passed: the report for the zone, if one is due, with every assignment
     /// again (so none lapses while the zone is healthy).
-    pub fn on_deadline(&mut self, now: HostTime) -> (Option<v1::Report>, Vec<BucketAction>) {
+    pub fn on_deadline(&mut self, now: HostTime) -> (Option<v1::Report>, Actions) {
         self.integrate(now.clock);
         let report = self.core.on_deadline(now, &self.snapshot());
         let actions = match report {
             Some(_) => self.assignments(now.clock, true),
-            None => Vec::new(),
+            None => Actions::new(),
         };
         (report, actions)
     }
 
-    /// A usage report: counts it and answers the bucket ids whose assignment changed (a new
-    /// bucket id always gets one).
+    /// Stream `stream` of this host opened.
+    pub fn open_stream(&mut self, stream: u64) {
+        self.streams.entry(stream).or_default();
+    }
+
+    /// Stream `stream` ended: its bucket ids are forgotten (and given back to the caps); the
+    /// host's load from them counts no more.
+    pub fn close_stream(&mut self, now: HostTime, stream: u64) {
+        self.integrate(now.clock);
+        if let Some(gone) = self.streams.remove(&stream) {
+            self.held -= gone.ids.len();
+            self.caps.give(gone.ids.len());
+        }
+    }
+
+    /// Streams open.
+    pub fn streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// A usage report on stream `stream`: counts it and answers the bucket ids whose assignment
+    /// changed (a new bucket id always gets one).
     pub fn on_usage(
         &mut self,
+        stream: u64,
         now: HostTime,
         reports: &RateLimitQuotaUsageReports,
     ) -> Result<Vec<BucketAction>, BadUsage> {
         if reports.domain.is_empty() {
             return Err(BadUsage::EmptyDomain);
         }
-        match &self.domain {
+        let domain = &mut self.streams.entry(stream).or_default().domain;
+        match domain {
             Some(first) if *first != reports.domain => {
                 return Err(BadUsage::DomainChanged {
                     first: first.clone(),
@@ -427,7 +542,7 @@ impl Instance {
                 });
             }
             Some(_) => {}
-            None => self.domain = Some(reports.domain.clone()),
+            None => *domain = Some(reports.domain.clone()),
         }
         if reports.bucket_quota_usages.is_empty() {
             return Err(BadUsage::NoUsage);
@@ -439,6 +554,10 @@ impl Instance {
             };
             if id.bucket.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
                 return Err(BadUsage::EmptyEntry(i));
+            }
+            let bytes: usize = id.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
+            if bytes > MAX_BUCKET_ID_BYTES {
+                return Err(BadUsage::BucketIdTooLong { index: i, bytes });
             }
             let elapsed = usage
                 .time_elapsed
@@ -452,23 +571,33 @@ impl Instance {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             entries.sort();
-            parsed.push((entries, id, elapsed, usage));
+            parsed.push((entries, elapsed, usage));
         }
         // Count up to now at the old rates before the new ones apply.
         self.integrate(now.clock);
-        for (entries, id, elapsed, usage) in parsed {
-            if !self.envoy.contains_key(&entries) {
-                if self.envoy.len() >= MAX_BUCKETS {
-                    return Err(BadUsage::TooManyBuckets);
+        let ids = &mut self.streams.get_mut(&stream).expect("entered above").ids;
+        for (entries, elapsed, usage) in parsed {
+            if !ids.contains_key(&entries) {
+                let full = if ids.len() >= self.caps.per_stream {
+                    Some((Scope::Stream, self.caps.per_stream))
+                } else if self.held >= self.caps.per_host {
+                    Some((Scope::Host, self.caps.per_host))
+                } else if !self.caps.take() {
+                    Some((Scope::Aggregator, self.caps.total))
+                } else {
+                    None
+                };
+                if let Some((scope, max)) = full {
+                    return Err(BadUsage::TooManyBuckets { scope, max });
                 }
+                self.held += 1;
                 let bucket = self
                     .matcher
                     .find(&reports.domain, &Sorted(&entries))
                     .map(|b| b.index());
-                self.envoy.insert(
+                ids.insert(
                     entries.clone(),
                     Subscribed {
-                        id: id.clone(),
                         bucket,
                         allowed_rps: 0.0,
                         denied_rps: 0.0,
@@ -478,23 +607,22 @@ impl Instance {
                     },
                 );
             }
-            let s = self.envoy.get_mut(&entries).expect("inserted above");
+            let s = ids.get_mut(&entries).expect("inserted above");
             s.allowed_rps = usage.num_requests_allowed as f64 / elapsed;
             s.denied_rps = usage.num_requests_denied as f64 / elapsed;
             s.stale_at = now.clock.saturating_add(nanos(
                 Duration::from_secs_f64(elapsed * 3.0).max(Duration::from_secs(3)),
             ));
         }
-        Ok(self.assignments(now.clock, false))
+        Ok(self
+            .assignments(now.clock, false)
+            .remove(&stream)
+            .unwrap_or_default())
     }
 
     /// Instructions from the zone: the rules they carry (when new) and each bucket's ratio or
     /// share; answers the bucket ids whose assignment changed.
-    pub fn on_instructions(
-        &mut self,
-        now: HostTime,
-        instructions: v1::Instructions,
-    ) -> Vec<BucketAction> {
+    pub fn on_instructions(&mut self, now: HostTime, instructions: v1::Instructions) -> Actions {
         let steps = self.core.on_instructions(now, instructions);
         self.apply(now, steps);
         self.assignments(now.clock, false)
@@ -590,29 +718,37 @@ impl Instance {
         }
     }
 
-    /// The assignments to send: every bucket id's with `all`, else those that changed.
-    fn assignments(&mut self, now: Nanos, all: bool) -> Vec<BucketAction> {
+    /// The assignments to send, by stream: every bucket id's with `all`, else those that changed.
+    fn assignments(&mut self, now: Nanos, all: bool) -> Actions {
         // Before the zone's first rules nothing is known of any bucket id: Envoy applies its
         // own `no_assignment_behavior` until they come (within an interval of the link).
         if self.core.rules_version() == 0 {
-            return Vec::new();
+            return Actions::new();
         }
         let ttl = self.ttl();
-        let actions: Vec<(Vec<(String, String)>, Action)> = self
-            .envoy
-            .iter()
-            .map(|(k, s)| (k.clone(), self.action(s, now)))
-            .collect();
-        let mut out = Vec::new();
-        for (key, action) in actions {
-            let s = self.envoy.get_mut(&key).expect("listed above");
-            if all || s.sent != Some(action) {
-                s.sent = Some(action);
-                out.push(bucket_action(s.id.clone(), action, ttl));
+        let mut out = Actions::new();
+        let mut streams = std::mem::take(&mut self.streams);
+        let mut forgotten = 0;
+        for (&n, stream) in &mut streams {
+            let mut actions = Vec::new();
+            for (entries, s) in &mut stream.ids {
+                let action = self.action(s, now);
+                if all || s.sent != Some(action) {
+                    s.sent = Some(action);
+                    actions.push(bucket_action(bucket_id(entries), action, ttl));
+                }
+            }
+            // An abandoned bucket id is forgotten: Envoy drops it and reports it again as new.
+            let before = stream.ids.len();
+            stream.ids.retain(|_, s| !s.abandoned);
+            forgotten += before - stream.ids.len();
+            if !actions.is_empty() {
+                out.insert(n, actions);
             }
         }
-        // An abandoned bucket id is forgotten: Envoy drops it and reports it again as new.
-        self.envoy.retain(|_, s| !s.abandoned);
+        self.streams = streams;
+        self.held -= forgotten;
+        self.caps.give(forgotten);
         out
     }
 
@@ -622,9 +758,26 @@ impl Instance {
         Duration::from_secs(secs)
     }
 
-    /// Bucket ids held.
+    /// Bucket ids held by all its streams.
     pub fn buckets(&self) -> usize {
-        self.envoy.len()
+        self.held
+    }
+}
+
+impl Drop for Instance {
+    /// Its bucket ids leave the aggregator's total with it.
+    fn drop(&mut self) {
+        self.caps.give(self.held);
+    }
+}
+
+/// Assignments to send, by stream.
+pub type Actions = BTreeMap<u64, Vec<BucketAction>>;
+
+/// The `BucketId` of `entries`, as Envoy sent it (a map; kept as sorted entries here).
+fn bucket_id(entries: &[(String, String)]) -> BucketId {
+    BucketId {
+        bucket: entries.iter().cloned().collect(),
     }
 }
 
@@ -755,6 +908,11 @@ mod tests {
         }
     }
 
+    /// Stream 1's actions.
+    fn of(mut actions: Actions) -> Vec<BucketAction> {
+        actions.remove(&1).unwrap_or_default()
+    }
+
     fn told(actions: &[BucketAction]) -> Vec<(String, Option<f64>)> {
         actions
             .iter()
@@ -800,7 +958,7 @@ mod tests {
         // New bucket ids are answered at once: no instruction yet, so the drop-ratio bucket is
         // ALLOW_ALL; the local fixed window its own 40/s; the unmatched one ALLOW_ALL.
         let first = instance
-            .on_usage(at(1_000), &usage(&routes, 100, 0))
+            .on_usage(1, at(1_000), &usage(&routes, 100, 0))
             .unwrap();
         assert_eq!(
             told(&first),
@@ -813,27 +971,27 @@ mod tests {
         // Unchanged assignments are not sent again on a usage report.
         assert!(
             instance
-                .on_usage(at(1_500), &usage(&routes, 100, 0))
+                .on_usage(1, at(1_500), &usage(&routes, 100, 0))
                 .unwrap()
                 .is_empty()
         );
         // r = 1/2 of an instance offering 100/s: 50 tokens a second.
-        let half = instance.on_instructions(at(1_600), instruction(0.5));
+        let half = of(instance.on_instructions(at(1_600), instruction(0.5)));
         assert_eq!(told(&half), [("checkout".to_owned(), Some(50.0))]);
         // Envoy enforces it: 50 allowed, 50 denied, still 100/s offered, nothing changes.
         assert!(
             instance
-                .on_usage(at(2_600), &usage(&routes, 50, 50))
+                .on_usage(1, at(2_600), &usage(&routes, 50, 50))
                 .unwrap()
                 .is_empty()
         );
         // The extremes are blanket rules.
         assert_eq!(
-            told(&instance.on_instructions(at(2_700), instruction(1.0))),
+            told(&of(instance.on_instructions(at(2_700), instruction(1.0)))),
             [("checkout".to_owned(), Some(0.0))]
         );
         assert_eq!(
-            told(&instance.on_instructions(at(2_800), instruction(0.0))),
+            told(&of(instance.on_instructions(at(2_800), instruction(0.0)))),
             [("checkout".to_owned(), None)]
         );
         // The instance's counts follow its rates between reports: a whole interval of 500 ms
@@ -857,11 +1015,13 @@ mod tests {
             .message();
         let mut instance = Instance::new(id(), Some(&message), at(0));
         let routes = ["checkout".to_owned()];
-        instance.on_usage(at(100), &usage(&routes, 100, 0)).unwrap();
+        instance
+            .on_usage(1, at(100), &usage(&routes, 100, 0))
+            .unwrap();
         instance.on_instructions(at(200), instruction(0.5));
         // Past the instruction's 3 s TTL with no new one, the next report finds it lapsed.
         let later = instance
-            .on_usage(at(3_300), &usage(&routes, 50, 50))
+            .on_usage(1, at(3_300), &usage(&routes, 50, 50))
             .unwrap();
         assert_eq!(told(&later), [("checkout".to_owned(), None)]);
     }
@@ -873,11 +1033,110 @@ mod tests {
             .message();
         let mut instance = Instance::new(id(), Some(&message), at(0));
         let routes: Vec<String> = (0..MAX_BUCKETS).map(|i| format!("r{i}")).collect();
-        instance.on_usage(at(100), &usage(&routes, 1, 0)).unwrap();
+        instance
+            .on_usage(1, at(100), &usage(&routes, 1, 0))
+            .unwrap();
         assert_eq!(instance.buckets(), MAX_BUCKETS);
-        let one_more = instance.on_usage(at(200), &usage(&["new".to_owned()], 1, 0));
-        assert_eq!(one_more, Err(BadUsage::TooManyBuckets));
+        let one_more = instance.on_usage(1, at(200), &usage(&["new".to_owned()], 1, 0));
+        assert_eq!(
+            one_more,
+            Err(BadUsage::TooManyBuckets {
+                scope: Scope::Stream,
+                max: MAX_BUCKETS
+            })
+        );
         assert_eq!(instance.buckets(), MAX_BUCKETS);
+    }
+
+    #[test]
+    fn the_streams_of_one_host_report_once_as_one_host() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let mut instance = Instance::new(id(), Some(&message), at(0));
+        let routes = ["checkout".to_owned()];
+        // 40 streams of one host, each reporting 100/s for the same bucket id.
+        for n in 1..=40 {
+            instance.open_stream(n);
+            instance
+                .on_usage(n, at(10), &usage(&routes, 100, 0))
+                .unwrap();
+        }
+        let mut reports = Vec::new();
+        while reports.len() < 3 {
+            let due = at(instance.deadline() - BASE_MS);
+            if let (Some(report), actions) = instance.on_deadline(due) {
+                reports.push(report);
+                // Every stream is told its assignments again.
+                if reports.len() > 1 {
+                    assert_eq!(actions.len(), 40);
+                }
+            }
+        }
+        // One report for the host: 40 x 100/s over a 500 ms interval, one host.
+        let offered = &reports[2].buckets[0];
+        assert_eq!(offered.offered, 2_000);
+        // Told r = 1/2, each stream admits half its own 100/s.
+        let half = instance.on_instructions(at(2_000), instruction(0.5));
+        assert_eq!(half.len(), 40);
+        assert!(
+            half.values()
+                .all(|a| told(a) == [("checkout".to_owned(), Some(50.0))])
+        );
+        // Closed streams count no more.
+        for n in 2..=40 {
+            instance.close_stream(at(2_000), n);
+        }
+        assert_eq!((instance.streams(), instance.buckets()), (1, 1));
+    }
+
+    #[test]
+    fn bucket_ids_are_capped_per_host_and_per_aggregator_and_given_back() {
+        let message = RulesSnapshot::parse(3, RULES, "rules.yaml")
+            .unwrap()
+            .message();
+        let caps = Caps::new(3, 5);
+        let mut a = Instance::with_caps(id(), Some(&message), at(0), caps.clone());
+        let mut b = Instance::with_caps(id(), Some(&message), at(0), caps.clone());
+        let routes = |from: usize, n: usize| -> Vec<String> {
+            (from..from + n).map(|i| format!("r{i}")).collect()
+        };
+        a.on_usage(1, at(1), &usage(&routes(0, 2), 1, 0)).unwrap();
+        // The host's third bucket id on another stream is its last.
+        a.on_usage(2, at(1), &usage(&routes(2, 1), 1, 0)).unwrap();
+        let host = a.on_usage(2, at(1), &usage(&routes(3, 1), 1, 0));
+        assert_eq!(
+            host,
+            Err(BadUsage::TooManyBuckets {
+                scope: Scope::Host,
+                max: 3
+            })
+        );
+        // Two left of the aggregator's five.
+        b.on_usage(1, at(1), &usage(&routes(10, 2), 1, 0)).unwrap();
+        let total = b.on_usage(1, at(1), &usage(&routes(12, 1), 1, 0));
+        assert_eq!(
+            total,
+            Err(BadUsage::TooManyBuckets {
+                scope: Scope::Aggregator,
+                max: 5
+            })
+        );
+        assert_eq!(caps.held.load(Ordering::Relaxed), 5);
+        // A closed stream and a dropped host give theirs back.
+        a.close_stream(at(2), 1);
+        assert_eq!(caps.held.load(Ordering::Relaxed), 3);
+        drop(b);
+        assert_eq!(caps.held.load(Ordering::Relaxed), 1);
+        // A bucket id's size is capped too.
+        let long = "x".repeat(MAX_BUCKET_ID_BYTES);
+        assert_eq!(
+            a.on_usage(2, at(3), &usage(&[long], 1, 0)),
+            Err(BadUsage::BucketIdTooLong {
+                index: 0,
+                bytes: MAX_BUCKET_ID_BYTES + 5
+            })
+        );
     }
 
     #[test]

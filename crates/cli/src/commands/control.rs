@@ -11,7 +11,7 @@ use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
 use spillway_core::config::{ConfigFile, Services};
-use spillway_rls::Rlqs;
+use spillway_rls::{Rlqs, RlqsLimits};
 use spillway_rules::store::history::write_history_from;
 use spillway_tls::SanPolicy;
 
@@ -60,10 +60,16 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
-        // Envoy's RLQS: each stream a client of this zone.
+        // Envoy's RLQS: each host (an identity, or a connection) a client of this zone.
         let rlqs = rlqs_listener.map(|(listener, addr)| {
             let service = Rlqs::new(aggregator.local_clients())
-                .with_allowed_sans(SanPolicy::new(args.allow_client_san));
+                .with_allowed_sans(SanPolicy::new(args.allow_client_san))
+                .with_limits(RlqsLimits {
+                    streams_per_host: args.rlqs_max_streams_per_host.get(),
+                    buckets_per_host: args.rlqs_max_buckets_per_host.get(),
+                    buckets: args.rlqs_max_buckets.get(),
+                })
+                .with_release(super::memory::release);
             tracing::info!(%addr, "serving Envoy's rate limit quota service (RLQS v3)");
             spillway_rls::serve_rlqs(listener, service, rlqs_tls)
         });
@@ -164,7 +170,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
     })
 }
 
-/// The rules store the controller writes its region's history into (the configurator's `builtin:`
+/// The rules store the controller writes its region's history into (SPEC §9's `builtin:`
 /// source), through a writer task of its own.
 async fn history_writer(
     url: &str,

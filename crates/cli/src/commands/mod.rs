@@ -9,6 +9,7 @@ pub mod configure_run;
 mod control;
 mod demo;
 pub mod import;
+mod memory;
 mod proxy;
 mod rls;
 mod rules;

@@ -49,7 +49,7 @@ impl AdminView for Zone {
         );
         registry.register(
             "spillway_aggregator_local_clients",
-            "Clients in this process with an open stream: Envoy instances on the RLQS listener (--rlqs-listen), each counted in spillway_aggregator_clients from its first report",
+            "Clients in this process with an open stream: RLQS hosts on the RLQS listener (--rlqs-listen; an identity, or a connection, whatever its streams), each counted in spillway_aggregator_clients from its first report",
             gauge(self.local.load(Ordering::Relaxed)),
         );
         registry.register(

@@ -53,6 +53,12 @@ impl LocalClients {
         self.zone.lock().core.rules().cloned()
     }
 
+    /// Counts a client refused by whoever serves it (an RLQS stream over a cap) in
+    /// `spillway_control_plane_rejected_total{reason}`.
+    pub fn refused(&self, reason: crate::trust::Reason) {
+        self.zone.trust.count(reason);
+    }
+
     /// A client reporting as `host`, and where its instructions arrive. It leaves the zone when
     /// the [`LocalClient`] is dropped, as a stream's host does when its stream ends.
     pub fn attach(&self, host: impl Into<String>) -> (LocalClient, InstructionsRx) {
