@@ -170,7 +170,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
     })
 }
 
-/// The rules store the controller writes its region's history into (SPEC §9's `builtin:`
+/// The rules store the controller writes its region's history into (the configurator's `builtin:`
 /// source), through a writer task of its own.
 async fn history_writer(
     url: &str,
