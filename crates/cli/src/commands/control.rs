@@ -59,13 +59,15 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
+        let grpc = args.grpc.limits();
+        options.grpc = grpc;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
         // Envoy's RLQS: each stream a client of this zone (SPEC §8).
         let rlqs = rlqs_listener.map(|(listener, addr)| {
             let service = Rlqs::new(aggregator.local_clients())
                 .with_allowed_sans(SanPolicy::new(args.allow_client_san));
             tracing::info!(%addr, "serving Envoy's rate limit quota service (RLQS v3)");
-            spillway_rls::serve_rlqs(listener, service, rlqs_tls)
+            spillway_rls::serve_rlqs_with(listener, service, rlqs_tls, grpc)
         });
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
@@ -146,6 +148,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
+        options.grpc = args.grpc.limits();
         options.history = history.as_ref().map(|(sink, _)| sink.clone());
         options.changes = changes.as_ref().map(|(rx, _)| rx.clone());
         let controller = Controller::start(options).await.map_err(failure)?;
