@@ -283,6 +283,8 @@ pub struct ProxyArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -355,6 +357,8 @@ pub struct RlsArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub grpc: GrpcArgs,
     /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer with a
     /// limit (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long)]
@@ -363,6 +367,54 @@ pub struct RlsArgs {
     /// within a path segment, `**` across them); others get PERMISSION_DENIED.
     #[arg(long, value_name = "PATTERN", requires = "tls_cert")]
     pub allow_client_san: Vec<String>,
+}
+
+/// The bounds of the process's gRPC listeners (RLS, RLQS, the control plane's), as the proxy's
+/// own listener has them; the defaults are far above what Envoy or a Spillway fleet uses
+/// (docs/operations.md).
+#[derive(Debug, Clone, Args)]
+pub struct GrpcArgs {
+    /// How many connections each gRPC listener may have open at once; beyond it a new one is
+    /// accepted and closed at once, and logged.
+    #[arg(long, value_name = "N", default_value = "10000")]
+    pub grpc_max_connections: std::num::NonZeroUsize,
+    /// How many calls one gRPC connection may have open at once, advertised as HTTP/2's
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; a stream beyond is refused (REFUSED_STREAM).
+    #[arg(long, value_name = "N", default_value = "1024")]
+    pub grpc_max_streams: std::num::NonZeroU32,
+    /// How long an RLS call may take to arrive and be answered before it is answered
+    /// DEADLINE_EXCEEDED; on streaming listeners, how long a message may take once begun.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_positive_duration)]
+    pub grpc_request_timeout: std::time::Duration,
+    /// How long a gRPC connection may have no open call before it is closed (GOAWAY); on
+    /// streaming listeners, also how long a stream may take to send its first message.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration)]
+    pub grpc_idle_timeout: std::time::Duration,
+    /// How long a gRPC connection may send nothing before it is pinged; one that does not answer
+    /// the ping within 20 s is closed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    pub grpc_keepalive: std::time::Duration,
+}
+
+impl GrpcArgs {
+    pub fn limits(&self) -> spillway_control::GrpcLimits {
+        spillway_control::GrpcLimits {
+            max_connections: self.grpc_max_connections.get(),
+            max_streams: self.grpc_max_streams.get(),
+            request_timeout: self.grpc_request_timeout,
+            idle_timeout: self.grpc_idle_timeout,
+            keepalive: self.grpc_keepalive,
+        }
+    }
+}
+
+/// A duration above zero.
+fn parse_positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(format!("{text}: give a duration above zero, like 5s"));
+    }
+    Ok(duration)
 }
 
 /// `--forwarded`.
@@ -427,6 +479,8 @@ pub struct AggregatorArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -493,6 +547,8 @@ pub struct ControllerArgs {
     pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]

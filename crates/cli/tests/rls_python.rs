@@ -302,3 +302,48 @@ fn envoys_own_protos_get_envoyproxy_ratelimits_documented_answers() {
     let status = proxy.terminate();
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// Descriptors and entries are capped (64 and 32 by default, beyond any Envoy route's
+/// `rate_limits`): one more is INVALID_ARGUMENT that names the count and the cap, before any
+/// descriptor is decided, so the 100,000 descriptors of one call that once cost 0.12 s of CPU
+/// cost a count; as many as the cap are decided as usual.
+#[test]
+fn descriptors_and_entries_beyond_the_caps_are_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let rls: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let proxy = Proxy::start_with(
+        &converted(dir.path()),
+        upstream(),
+        &["--rls-listen", &rls.to_string()],
+    );
+    let qux: &[(&str, &str)] = &[("qux", "y")];
+    let entries: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+    let wide = |n: usize| json!({ "domain": "rl", "descriptors": [{ "entries": &entries[..n] }] });
+    let requests = vec![
+        request("rl", &[qux; 64]),
+        request("rl", &[qux; 65]),
+        request("rl", &vec![qux; 100_000]),
+        wide(32),
+        wide(33),
+    ];
+    let answers = envoy_client(rls, &requests);
+    assert_eq!(code(&answers[0]), "OK");
+    assert_eq!(answers[0]["statuses"].as_array().unwrap().len(), 64);
+    for (answer, count) in [(&answers[1], "65"), (&answers[2], "100000")] {
+        assert_eq!(answer["error"], "INVALID_ARGUMENT", "{answer}");
+        let details = answer["details"].as_str().unwrap();
+        assert!(
+            details.contains(&format!("{count} descriptors")) && details.contains("64"),
+            "{details}"
+        );
+    }
+    assert_eq!(code(&answers[3]), "OK", "{}", answers[3]);
+    assert_eq!(answers[4]["error"], "INVALID_ARGUMENT", "{}", answers[4]);
+    let details = answers[4]["details"].as_str().unwrap();
+    assert!(
+        details.contains("descriptors[0] has 33 entries") && details.contains("32"),
+        "{details}"
+    );
+    let status = proxy.terminate();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

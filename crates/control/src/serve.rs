@@ -1,47 +1,42 @@
-//! Serving a tier's gRPC services until its stop signal, in plaintext or over mutual TLS.
+//! Serving a tier's gRPC services until its stop signal, in plaintext or over mutual TLS, within
+//! the listener's bounds ([`crate::listener`]).
 
 use std::sync::Arc;
 
 use spillway_link::Stop;
-use spillway_tls::server::{Acceptor, ClientAuth, incoming};
+use spillway_tls::server::{Acceptor, ClientAuth};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::service::Routes;
 
+use crate::listener::{CallKind, GrpcLimits, Listener, serve_grpc};
 use crate::trust::Trust;
 
-/// Serves `router` on `listener`, Nagle off, until `stop` fires; a failure is logged as `name`'s.
+/// Serves `routes` on `listener` within `limits` until `stop` fires; `name` names it in logs.
 /// When `trust` has certificate files, every connection first completes a mutual-TLS handshake
 /// (a failed one is counted by `trust`), and the services find the peer's identity in each
 /// request's extensions.
 pub fn serve(
-    router: Router,
+    routes: Routes,
     listener: TcpListener,
     trust: Arc<Trust>,
+    limits: GrpcLimits,
     mut stop: Stop,
     name: &'static str,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stop.changed().await;
-        };
-        let result = match trust.tls() {
-            None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-            Some(source) => {
-                let acceptor = Acceptor::new(source.clone(), ClientAuth::Required, &[b"h2"]);
-                let incoming = incoming(listener, acceptor, trust.on_handshake_failure());
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-        };
-        if let Err(err) = result {
-            tracing::error!("{name} server failed: {err}");
-        }
-    })
+    let tls = trust.tls().map(|source| {
+        (
+            Acceptor::new(source.clone(), ClientAuth::Required, &[b"h2"]),
+            trust.on_handshake_failure(),
+        )
+    });
+    let spec = Listener {
+        name,
+        limits,
+        calls: CallKind::Streaming,
+        tls,
+    };
+    tokio::spawn(serve_grpc(routes, listener, spec, async move {
+        let _ = stop.changed().await;
+    }))
 }

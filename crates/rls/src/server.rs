@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_client::Client;
-use spillway_tls::server::{Acceptor, ClientAuth, OnReject, PeerInfo, incoming};
+use spillway_control::listener::{CallKind, GrpcLimits, Listener, serve_grpc};
+use spillway_tls::server::{Acceptor, ClientAuth, OnReject, PeerInfo};
 use spillway_tls::{SanPolicy, TlsSource};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::Server;
-use tonic::transport::server::Router;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use crate::decide::{BadRequest, RlsOptions, decide};
@@ -132,63 +131,85 @@ impl RlsServer {
     }
 }
 
-/// Serves `rls` on `listener` until [`RlsServer::shutdown`]. With `tls`, every connection first
-/// completes a mutual-TLS handshake against the certificate files' CA (a failed one is logged);
-/// without it, h2c. Nagle is off: a decision is one small frame each way.
+/// Serves `rls` on `listener` until [`RlsServer::shutdown`], within the default [`GrpcLimits`].
+/// With `tls`, every connection first completes a mutual-TLS handshake against the certificate
+/// files' CA (a failed one is logged); without it, h2c.
 pub fn serve(listener: TcpListener, rls: Rls, tls: Option<Arc<TlsSource>>) -> RlsServer {
-    let router = Server::builder().add_service(pb::RateLimitServiceServer::new(rls));
-    run(listener, router, tls, "RLS", None)
+    serve_with(listener, rls, tls, GrpcLimits::default())
+}
+
+/// [`serve`] within `limits` (`--grpc-max-streams` and the other listener flags). Each call is
+/// unary: it must arrive and be answered within the request timeout.
+pub fn serve_with(
+    listener: TcpListener,
+    rls: Rls,
+    tls: Option<Arc<TlsSource>>,
+    limits: GrpcLimits,
+) -> RlsServer {
+    let routes = Routes::new(pb::RateLimitServiceServer::new(rls));
+    run(listener, routes, tls, limits, CallKind::Unary, "RLS", None)
 }
 
 /// Serves `rlqs` on `listener` as [`serve`] serves RLS; at [`RlsServer::shutdown`] every open
 /// stream ends first (each Envoy reconnects to another aggregator or lets its assignments lapse).
 pub fn serve_rlqs(listener: TcpListener, rlqs: Rlqs, tls: Option<Arc<TlsSource>>) -> RlsServer {
+    serve_rlqs_with(listener, rlqs, tls, GrpcLimits::default())
+}
+
+/// [`serve_rlqs`] within `limits`. The calls are streams: a stream's first message must come
+/// within the idle timeout, and each message, once begun, within the request timeout.
+pub fn serve_rlqs_with(
+    listener: TcpListener,
+    rlqs: Rlqs,
+    tls: Option<Arc<TlsSource>>,
+    limits: GrpcLimits,
+) -> RlsServer {
     let streams = rlqs.stopper();
-    let router = Server::builder().add_service(
+    let routes = Routes::new(
         crate::rlqs::pb::RateLimitQuotaServiceServer::new(rlqs)
             .max_decoding_message_size(crate::rlqs::MAX_MESSAGE_BYTES),
     );
-    run(listener, router, tls, "RLQS", Some(streams))
+    run(
+        listener,
+        routes,
+        tls,
+        limits,
+        CallKind::Streaming,
+        "RLQS",
+        Some(streams),
+    )
 }
 
 fn run(
     listener: TcpListener,
-    router: Router,
+    routes: Routes,
     tls: Option<Arc<TlsSource>>,
-    what: &'static str,
+    limits: GrpcLimits,
+    calls: CallKind,
+    name: &'static str,
     streams: Option<watch::Sender<bool>>,
 ) -> RlsServer {
     let (stop, stopped) = oneshot::channel::<()>();
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
-    let task = tokio::spawn(async move {
-        let result = match tls {
-            None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-            Some(source) => {
-                let acceptor = Acceptor::new(source, ClientAuth::Required, &[b"h2"]);
-                let on_reject: OnReject = Arc::new(move |rejected| {
-                    tracing::warn!(
-                        peer = %rejected.remote,
-                        "{what} TLS handshake failed: {}",
-                        rejected.error
-                    );
-                });
-                let incoming = incoming(listener, acceptor, on_reject);
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-        };
-        if let Err(err) = result {
-            tracing::error!("{what} server failed: {err}");
-        }
+    let tls = tls.map(|source| {
+        let acceptor = Acceptor::new(source, ClientAuth::Required, &[b"h2"]);
+        let on_reject: OnReject = Arc::new(move |rejected| {
+            tracing::warn!(
+                peer = %rejected.remote,
+                "{name} TLS handshake failed: {}",
+                rejected.error
+            );
+        });
+        (acceptor, on_reject)
     });
+    let spec = Listener {
+        name,
+        limits,
+        calls,
+        tls,
+    };
+    let task = tokio::spawn(serve_grpc(routes, listener, spec, async move {
+        let _ = stopped.await;
+    }));
     RlsServer {
         stop,
         streams,

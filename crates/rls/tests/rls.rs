@@ -326,6 +326,7 @@ async fn response_headers_tell_the_descriptor_with_the_least_remaining() {
         EXAMPLE,
         RlsOptions {
             response_headers: true,
+            ..RlsOptions::default()
         },
     )
     .await;

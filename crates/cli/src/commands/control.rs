@@ -59,6 +59,8 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
+        let grpc = args.grpc.limits();
+        options.grpc = grpc;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
         // Envoy's RLQS: each host (an identity, or a connection) a client of this zone.
         let rlqs = rlqs_listener.map(|(listener, addr)| {
@@ -71,7 +73,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
                 })
                 .with_release(super::memory::release);
             tracing::info!(%addr, "serving Envoy's rate limit quota service (RLQS v3)");
-            spillway_rls::serve_rlqs(listener, service, rlqs_tls)
+            spillway_rls::serve_rlqs_with(listener, service, rlqs_tls, grpc)
         });
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
@@ -152,6 +154,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
+        options.grpc = args.grpc.limits();
         options.history = history.as_ref().map(|(sink, _)| sink.clone());
         options.changes = changes.as_ref().map(|(rx, _)| rx.clone());
         let controller = Controller::start(options).await.map_err(failure)?;

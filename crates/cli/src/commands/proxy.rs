@@ -75,6 +75,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
         return usage(message);
     }
     let rls_tls = tls.clone();
+    let grpc = args.grpc.limits();
     let (source, admin_auth) = (tls, admin);
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
     options.admin = args.admin;
@@ -138,11 +139,12 @@ async fn run(args: ProxyArgs) -> ExitCode {
     let rls = rls_listener.map(|(listener, addr)| {
         let options = RlsOptions {
             response_headers: args.rls_response_headers,
+            ..RlsOptions::default()
         };
         let service = Rls::new(proxy.client().clone(), options)
             .with_allowed_sans(SanPolicy::new(args.allow_client_san));
         tracing::info!(%addr, "serving Envoy's rate limit service (RLS v3)");
-        spillway_rls::serve(listener, service, rls_tls)
+        spillway_rls::serve_with(listener, service, rls_tls, grpc)
     });
     let following = follow.map(|(base, watcher)| {
         let client = proxy.client().clone();

@@ -95,10 +95,11 @@ async fn run(args: RlsArgs) -> ExitCode {
         client,
         RlsOptions {
             response_headers: args.response_headers,
+            ..RlsOptions::default()
         },
     )
     .with_allowed_sans(SanPolicy::new(args.allow_client_san));
-    let server = spillway_rls::serve(listener, service, tls);
+    let server = spillway_rls::serve_with(listener, service, tls, args.grpc.limits());
     tracing::info!(%addr, admin = ?admin_addr, linked = link.is_some(), "serving Envoy's rate limit service (RLS v3)");
     super::stop_signal().await;
     tracing::info!("stopping: letting the calls in flight finish");

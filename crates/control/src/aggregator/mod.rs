@@ -27,6 +27,7 @@ use tonic::Status;
 
 use crate::error::ControlError;
 use crate::intervals::IntervalSpans;
+use crate::listener::GrpcLimits;
 use crate::trust::{self, Trust};
 
 pub use local::{InstructionsRx, LocalClient, LocalClients};
@@ -47,6 +48,8 @@ pub struct AggregatorOptions {
     /// each under its certificate's host id, and the controller (`https://`) must prove it is
     /// this region's.
     pub tls: Option<Arc<TlsSource>>,
+    /// The gRPC listener's bounds (connections, streams, deadlines, idle close).
+    pub grpc: GrpcLimits,
 }
 
 impl AggregatorOptions {
@@ -65,6 +68,7 @@ impl AggregatorOptions {
             admin_auth: Default::default(),
             backoff: Backoff::default(),
             tls: None,
+            grpc: GrpcLimits::default(),
         }
     }
 }
@@ -138,9 +142,10 @@ impl Aggregator {
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         tasks.push(crate::serve::serve(
-            tonic::transport::Server::builder().add_service(server),
+            tonic::service::Routes::new(server),
             listener,
             trust,
+            options.grpc,
             stop_rx.clone(),
             "aggregator",
         ));

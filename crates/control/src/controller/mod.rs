@@ -33,6 +33,7 @@ pub use changes::RulesChange;
 
 use crate::error::ControlError;
 use crate::intervals::IntervalSpans;
+use crate::listener::GrpcLimits;
 use crate::trust::{self, Trust};
 
 /// Where a controller listens, its peers and its rules.
@@ -52,6 +53,8 @@ pub struct ControllerOptions {
     /// peers, other regions' controllers; the peers dialled (`https://`) must prove they are
     /// other regions' controllers.
     pub tls: Option<Arc<TlsSource>>,
+    /// The gRPC listener's bounds (connections, streams, deadlines, idle close).
+    pub grpc: GrpcLimits,
     /// The rules store's latest changes, newest first, when the rules come from one: shown on
     /// `/v1/rules/changes` and the dashboard.
     pub changes: Option<watch::Receiver<Arc<Vec<RulesChange>>>>,
@@ -87,6 +90,7 @@ impl ControllerOptions {
             backoff: Backoff::default(),
             rules,
             tls: None,
+            grpc: GrpcLimits::default(),
             changes: None,
             history: None,
         }
@@ -186,9 +190,10 @@ impl Controller {
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         tasks.push(crate::serve::serve(
-            tonic::transport::Server::builder().add_service(server),
+            tonic::service::Routes::new(server),
             listener,
             region.trust.clone(),
+            options.grpc,
             stop_rx.clone(),
             "controller",
         ));
