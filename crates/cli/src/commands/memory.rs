@@ -3,7 +3,7 @@
 /// Returns the pages the allocator holds free to the system. glibc keeps what a process frees in
 /// its arenas' free lists, counted in its RSS: an aggregator whose RLQS hosts held 100 MB of
 /// bucket ids and decoded reports would show that RSS long after they ended. `malloc_trim` walks
-/// every arena and releases each free page (a few milliseconds for a heap of 100 MB); other
+/// every arena and releases each free page (at most once a second, after hosts end); other
 /// allocators have nothing to give back here.
 pub fn release() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
