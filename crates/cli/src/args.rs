@@ -383,11 +383,12 @@ pub struct GrpcArgs {
     #[arg(long, value_name = "N", default_value = "1024")]
     pub grpc_max_streams: std::num::NonZeroU32,
     /// How long an RLS call may take to arrive and be answered before it is answered
-    /// DEADLINE_EXCEEDED; on streaming listeners, how long a message may take once begun.
+    /// DEADLINE_EXCEEDED.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_positive_duration)]
     pub grpc_request_timeout: std::time::Duration,
     /// How long a gRPC connection may have no open call before it is closed (GOAWAY); on
-    /// streaming listeners, also how long a stream may take to send its first message.
+    /// streaming listeners (RLQS, the control plane), also how long a stream may take to send its
+    /// first message, and a begun message to arrive whole.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration)]
     pub grpc_idle_timeout: std::time::Duration,
     /// How long a gRPC connection may send nothing before it is pinged; one that does not answer

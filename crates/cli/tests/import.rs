@@ -133,14 +133,43 @@ fn the_default_is_envoyproxy_ratelimits_model_and_the_flags_change_it() {
         );
     }
     assert!(config.redis.is_none());
-    // The control plane's algorithms keep one count per bucket: refused before any file is read.
-    let out = import(&["--algorithm", "drop-ratio", "no-such-file.yaml"]);
+    // The control plane's algorithms count in the control plane: another store is refused
+    // before any file is read.
+    let out = import(&[
+        "--algorithm",
+        "drop-ratio",
+        "--store",
+        "redis",
+        "no-such-file.yaml",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("--algorithm drop-ratio"),
+        text(&out.stderr).contains("--algorithm drop-ratio counts in the control plane"),
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn drop_ratio_converts_a_file_whose_limited_descriptors_all_carry_values() {
+    for example in [
+        "example1-mongo_cps.yaml",
+        "example7-replaces.yaml",
+        "units.yaml",
+    ] {
+        let example = fixture(example);
+        let yaml = converted(&["--algorithm", "drop-ratio", &example]);
+        check(&yaml);
+        let config = config::load_str(&yaml, "converted.yaml").unwrap();
+        assert!(config.redis.is_none(), "{example}");
+        for bucket in &config.services[0].buckets {
+            assert_eq!(
+                (bucket.algorithm.name(), bucket.store.name()),
+                ("drop-ratio", "control-plane"),
+                "{example}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -485,9 +514,9 @@ fn with_the_default_store_two_processes_share_one_count_in_redis() {
     });
 }
 
-fn bad_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(crate_dir().join("tests/import/bad"))
-        .expect("tests/import/bad exists")
+fn bad_files(folder: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(crate_dir().join("tests/import").join(folder))
+        .expect("the folder of bad files exists")
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
         .collect();
@@ -497,14 +526,32 @@ fn bad_files() -> Vec<PathBuf> {
 
 #[test]
 fn every_bad_file_exits_2_with_its_place_and_what_is_wrong() {
-    let files = bad_files();
+    let files = bad_files("bad");
     assert!(files.len() >= 20, "only {} bad files", files.len());
+    refused_as_expected("bad", files, &[]);
+}
+
+/// With `--algorithm drop-ratio` (one count per bucket), a limited descriptor with an entry that
+/// counts each value apart (no value, an empty one, a prefix) is refused at that entry, naming
+/// the descriptor's line: every file of `tests/import/bad-drop-ratio/`.
+#[test]
+fn with_drop_ratio_a_descriptor_without_a_value_is_named_at_its_place() {
+    let files = bad_files("bad-drop-ratio");
+    assert!(files.len() >= 4, "only {} bad files", files.len());
+    refused_as_expected("bad-drop-ratio", files, &["--algorithm", "drop-ratio"]);
+}
+
+/// Each of `files` (in `tests/import/FOLDER`), imported with `args`, exits 2 with exactly its
+/// `.expected` text, which begins `FILE:LINE:COLUMN:`.
+fn refused_as_expected(folder: &str, files: Vec<PathBuf>, args: &[&str]) {
     let bless = std::env::var_os("SPILLWAY_BLESS").is_some();
     let mut mismatches = Vec::new();
     for path in files {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let relative = format!("tests/import/bad/{name}");
-        let out = import(&[&relative]);
+        let relative = format!("tests/import/{folder}/{name}");
+        let mut all = args.to_vec();
+        all.push(&relative);
+        let out = import(&all);
         let got = text(&out.stderr);
         let expected_path = path.with_extension("expected");
         if bless {

@@ -51,10 +51,11 @@ pub struct GrpcLimits {
     /// stream beyond is refused (`RST_STREAM` with `REFUSED_STREAM`), which clients retry.
     pub max_streams: u32,
     /// A unary call (RLS) must arrive and be answered within this, or it is answered
-    /// `DEADLINE_EXCEEDED`. A streaming call's message, once begun, must arrive whole within it.
+    /// `DEADLINE_EXCEEDED`.
     pub request_timeout: Duration,
-    /// A connection with no open call for this long is closed (`GOAWAY`), and a streaming call
-    /// whose first message has not come within it is ended (`DEADLINE_EXCEEDED`).
+    /// A connection with no open call for this long is closed (`GOAWAY`); a streaming call whose
+    /// first message has not come within it, or whose begun message has not arrived whole
+    /// within it, is ended (`DEADLINE_EXCEEDED`).
     pub idle_timeout: Duration,
     /// A connection that has sent nothing for this long is pinged, and closed when the ping is
     /// not answered within [`KEEPALIVE_TIMEOUT`] (a peer that vanished without a FIN).
@@ -78,8 +79,8 @@ impl Default for GrpcLimits {
 pub enum CallKind {
     /// Unary calls only (RLS): the whole call has the request timeout.
     Unary,
-    /// Long-lived streams (RLQS, the control plane's links): each message has it once begun,
-    /// and the first message has the idle timeout.
+    /// Long-lived streams (RLQS, the control plane's links): the first message, and each message
+    /// once begun, have the idle timeout.
     Streaming,
 }
 

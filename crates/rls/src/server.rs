@@ -156,8 +156,8 @@ pub fn serve_rlqs(listener: TcpListener, rlqs: Rlqs, tls: Option<Arc<TlsSource>>
     serve_rlqs_with(listener, rlqs, tls, GrpcLimits::default())
 }
 
-/// [`serve_rlqs`] within `limits`. The calls are streams: a stream's first message must come
-/// within the idle timeout, and each message, once begun, within the request timeout.
+/// [`serve_rlqs`] within `limits`. The calls are streams: a stream's first message must come,
+/// and each message once begun must arrive whole, within the idle timeout.
 pub fn serve_rlqs_with(
     listener: TcpListener,
     rlqs: Rlqs,

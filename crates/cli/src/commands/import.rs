@@ -23,11 +23,14 @@ pub struct EnvoyRatelimitArgs {
     /// envoyproxy/ratelimit's configuration files, one domain each.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// Where the buckets count: `redis`, shared by every process as envoyproxy/ratelimit's
-    /// replicas share theirs, or `local`, in each process apart.
-    #[arg(long, value_enum, default_value = "redis")]
-    pub store: StoreArg,
-    /// The buckets' algorithm; envoyproxy/ratelimit's is a fixed window.
+    /// Where the buckets count: `redis` (the default), shared by every process as
+    /// envoyproxy/ratelimit's replicas share theirs, or `local`, in each process apart. The
+    /// control plane's algorithms (drop-ratio, adaptive-token-bucket) count in the control plane.
+    #[arg(long, value_enum)]
+    pub store: Option<StoreArg>,
+    /// The buckets' algorithm; envoyproxy/ratelimit's is a fixed window. With drop-ratio or
+    /// adaptive-token-bucket every limited descriptor needs a value on each entry, since such a
+    /// bucket keeps one count.
     #[arg(
         long,
         default_value = "fixed-window",
@@ -50,17 +53,23 @@ pub fn import(command: ImportCommand) -> ExitCode {
 }
 
 fn envoy_ratelimit(args: EnvoyRatelimitArgs) -> ExitCode {
-    let store = match args.store {
-        StoreArg::Local => StateStore::Local,
-        StoreArg::Redis => StateStore::Redis,
+    let control_plane = !args.algorithm.stores().contains(&StateStore::Redis);
+    let store = match (args.store, control_plane) {
+        (None, true) => StateStore::ControlPlane,
+        (None, false) | (Some(StoreArg::Redis), false) => StateStore::Redis,
+        (Some(StoreArg::Local), false) => StateStore::Local,
+        (Some(store), true) => {
+            eprintln!(
+                "spillway import envoy-ratelimit: --algorithm {} counts in the control plane (store: control-plane), not in {}: leave out --store, or choose a counting algorithm (fixed-window, token-bucket, leaky-bucket, sliding-window-log, sliding-window-counter or gcra)",
+                args.algorithm,
+                match store {
+                    StoreArg::Local => "local",
+                    StoreArg::Redis => "redis",
+                }
+            );
+            return ExitCode::from(2);
+        }
     };
-    if !args.algorithm.stores().contains(&store) {
-        eprintln!(
-            "spillway import envoy-ratelimit: --algorithm {} is the control plane's, with one count per bucket; envoyproxy/ratelimit's descriptors without a value count each value apart, so choose a counting algorithm (fixed-window, token-bucket, leaky-bucket, sliding-window-log, sliding-window-counter or gcra)",
-            args.algorithm
-        );
-        return ExitCode::from(2);
-    }
     let mut texts = Vec::with_capacity(args.files.len());
     for path in &args.files {
         match std::fs::read(path) {

@@ -137,8 +137,7 @@ where
                 })
             }
             CallKind::Streaming => {
-                let request =
-                    request.map(|body| Paced::new(body, self.limits.idle_timeout, self.limits));
+                let request = request.map(|body| Paced::new(body, self.limits.idle_timeout));
                 Box::pin(async move {
                     std::future::poll_fn(|cx| {
                         Service::<Request<Paced>>::poll_ready(&mut routes, cx)
@@ -178,10 +177,11 @@ impl Body for Tracked {
     }
 }
 
-/// A streaming call's request body, held to the message deadlines: the first message must begin
-/// within `first`, and a message, once begun, must arrive whole within the request timeout.
-/// Between messages a stream may be silent as long as it likes (a report interval, say): the
-/// connection's keepalive finds a peer that vanished.
+/// A streaming call's request body, held to the message deadline: the first message must begin
+/// within it, and a message, once begun, must arrive whole within it (the idle timeout: long,
+/// since a controller's 16 MiB sums may cross a slow WAN). Between messages a stream may be
+/// silent as long as it likes (a report interval, say): the connection's keepalive finds a peer
+/// that vanished.
 struct Paced {
     inner: Incoming,
     framing: Framing,
@@ -192,12 +192,12 @@ struct Paced {
 }
 
 impl Paced {
-    fn new(inner: Incoming, first: Duration, limits: GrpcLimits) -> Self {
+    fn new(inner: Incoming, message_timeout: Duration) -> Self {
         Paced {
             inner,
             framing: Framing::default(),
-            message_timeout: limits.request_timeout,
-            deadline: Some(Box::pin(tokio::time::sleep(first))),
+            message_timeout,
+            deadline: Some(Box::pin(tokio::time::sleep(message_timeout))),
             expired: false,
         }
     }
@@ -253,7 +253,7 @@ impl Body for Paced {
                 Poll::Ready(Some(Err(Status::deadline_exceeded(if first {
                     "no request message arrived within --grpc-idle-timeout of the call's start"
                 } else {
-                    "a request message did not arrive whole within --grpc-request-timeout of its start"
+                    "a request message did not arrive whole within --grpc-idle-timeout of its start"
                 }))))
             }
         }

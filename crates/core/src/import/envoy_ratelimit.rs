@@ -181,6 +181,8 @@ pub fn convert(files: &[File<'_>], options: &Options) -> Result<Converted, Confi
             file: file.name,
             text,
             notes: &mut notes,
+            one_count: (options.store == StateStore::ControlPlane).then_some(options.algorithm),
+            apart: Vec::new(),
         };
         let domain = reader.read()?;
         if let Some(first) = domains.iter().find(|d| d.domain == domain.domain) {
@@ -236,6 +238,12 @@ struct Reader<'a> {
     file: &'a str,
     text: &'a str,
     notes: &'a mut Vec<Note>,
+    /// The buckets keep one count each (a control-plane algorithm, `--algorithm drop-ratio`):
+    /// a limited descriptor that counts each value of an entry apart is refused.
+    one_count: Option<Algorithm>,
+    /// For each level of the descriptor being read, where its entry counts each value apart (no
+    /// value, or a prefix value) and its key; `None` for a level with one value.
+    apart: Vec<Option<(Position, String)>>,
 }
 
 /// A mapping's entries by key.
@@ -451,6 +459,13 @@ impl Reader<'_> {
                     "detailed_metric is ignored: Spillway counts per bucket (spillway_requests_total{service,bucket}), never per value",
                 );
             }
+            self.apart.push(match &value {
+                None => Some((key_node.at, format!("key `{key}` has no value"))),
+                Some((v, at)) if v.ends_with('*') => {
+                    Some((*at, format!("value `{v}` is a prefix")))
+                }
+                Some(_) => None,
+            });
             path.push((key, value.map(|(v, _)| v)));
             let children = get(entries, "descriptors");
             let has_children = children.is_some_and(|c| match &c.value {
@@ -460,6 +475,9 @@ impl Reader<'_> {
             match get(entries, "rate_limit").filter(|n| n.value != Value::Null) {
                 Some(rate_limit) => {
                     let (rule, name, replaces) = self.rate_limit(rate_limit)?;
+                    if matches!(rule, Rule::Limit { .. } | Rule::OverLimit { .. }) {
+                        self.one_count_holds(item.at)?;
+                    }
                     out.push(Descriptor {
                         entries: path.clone(),
                         at: item.at,
@@ -493,8 +511,33 @@ impl Reader<'_> {
                 self.descriptors(children, path, out)?;
             }
             path.pop();
+            self.apart.pop();
         }
         Ok(())
+    }
+
+    /// With a control-plane algorithm, refuses the limited descriptor at `at` when an entry on its
+    /// path counts each value apart (envoyproxy/ratelimit keeps a count per value there; such a
+    /// bucket keeps one), naming that entry's place.
+    fn one_count_holds(&self, at: Position) -> Result<(), ConfigError> {
+        let Some(algorithm) = self.one_count else {
+            return Ok(());
+        };
+        let Some((place, what)) = self.apart.iter().flatten().next() else {
+            return Ok(());
+        };
+        let at = clamp(at, self.text);
+        let of = if clamp(*place, self.text).line == at.line {
+            String::new()
+        } else {
+            format!(" for the limited descriptor at line {}", at.line)
+        };
+        Err(self.error(
+            *place,
+            format!(
+                "{what}, so envoyproxy/ratelimit counts each of its values apart{of}; --algorithm {algorithm} keeps one count per bucket: give each entry of a limited descriptor an exact value, or choose a counting algorithm (fixed-window, token-bucket, gcra, ...)"
+            ),
+        ))
     }
 
     /// A `rate_limit` block: what it answers, its name and what it replaces.
