@@ -5,8 +5,9 @@
 //! - The path is matched normalised ([`path`]), so `/%69p/search` is `/ip/search`.
 //! - `ip: header:x-forwarded-for` is counted from the right past `xff_trusted_hops`
 //!   ([`forwarded`]), so a hop the client invents is ignored.
-//! - Any other identity header that is consulted must come once and in visible ASCII: the upstream
-//!   receives every copy, so a second one (or bytes the limiter would read differently) is
+//! - Any other identity header that is consulted must come once, as one value, and in visible
+//!   ASCII: the upstream receives every copy, so a second one, a comma-joined list (which HTTP
+//!   reads as the same field sent twice), or bytes the limiter would read differently are
 //!   refused with [`BadIdentity`] rather than decided on one value and served on another.
 
 mod forwarded;
@@ -117,6 +118,10 @@ pub enum Fault {
     /// A byte that is not visible ASCII (or space and tab): what the limiter reads and what the
     /// upstream reads might differ.
     NotVisibleAscii,
+    /// A comma in the value: HTTP makes `a, b` and two fields `a` and `b` the same (RFC 9110
+    /// §5.3), so it is refused as a repeated field is; otherwise each new list would key a new
+    /// subject.
+    List,
 }
 
 impl fmt::Display for Fault {
@@ -125,6 +130,9 @@ impl fmt::Display for Fault {
             Fault::Repeated => "was sent more than once; send it once",
             Fault::NotVisibleAscii => {
                 "has a value with bytes that are not visible ASCII; send it as ASCII"
+            }
+            Fault::List => {
+                "has a comma in its value, which HTTP reads as the header sent more than once; send one value"
             }
         })
     }
@@ -177,14 +185,15 @@ fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
         .collect()
 }
 
-/// The one value of identity header `name`, if it was sent: once, in visible ASCII (with space
-/// and tab), as [`http::HeaderValue::to_str`] defines it.
+/// The one value of identity header `name`, if it was sent: once, without a comma, in visible
+/// ASCII (with space and tab), as [`http::HeaderValue::to_str`] defines it.
 fn single<'a, H: Headers + ?Sized>(
     headers: &'a H,
     name: &HeaderName,
 ) -> Result<Option<&'a str>, Fault> {
     match headers.field(name) {
         Field::Absent => Ok(None),
+        Field::Once(value) if value.contains(',') => Err(Fault::List),
         Field::Once(value) => Ok(Some(value)),
         Field::NotVisibleAscii => Err(Fault::NotVisibleAscii),
         Field::Repeated => Err(Fault::Repeated),
@@ -246,6 +255,24 @@ impl IdentityExtractor {
             // A client lowers its own tier, never raises it (SPEC §10).
             Some(tier) => tier.max(Criticality::default()),
             None => Criticality::default(),
+        }
+    }
+
+    /// Sets the criticality header a client sent to the tier the proxy applied (`applied`, what
+    /// [`IdentityExtractor::attrs`] read), unless the header comes from a trusted hop: a client
+    /// that claimed `critical_plus` and was held to `critical` is forwarded as `critical`, so a
+    /// hop behind the proxy does not act on the claim. A header the request did not carry stays
+    /// absent. Allocates nothing.
+    pub fn rewrite_criticality(&self, headers: &mut HeaderMap, applied: Criticality) {
+        if self.criticality_trusted {
+            return;
+        }
+        for source in &self.criticality {
+            if let Compiled::Header(name) = source
+                && headers.contains_key(name)
+            {
+                headers.insert(name, http::HeaderValue::from_static(applied.name()));
+            }
         }
     }
 
