@@ -142,6 +142,8 @@ impl fmt::Display for Fault {
 #[derive(Debug, Clone)]
 enum Compiled {
     Header(HeaderName),
+    /// A header of `identity.list_headers`: its list's first element.
+    ListHeader(HeaderName),
     /// `header:x-forwarded-for` in `ip`: counted past the trusted hops.
     ForwardedFor(HeaderName),
     Path,
@@ -164,7 +166,7 @@ pub struct IdentityExtractor {
     reads_path: bool,
 }
 
-fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
+fn compile(sources: &Sources, forwarded_for: bool, lists: &[String]) -> Box<[Compiled]> {
     sources
         .0
         .iter()
@@ -175,6 +177,8 @@ fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
                 let parsed = HeaderName::from_bytes(name.as_bytes()).ok()?;
                 Some(if forwarded_for && parsed == "x-forwarded-for" {
                     Compiled::ForwardedFor(parsed)
+                } else if lists.iter().any(|list| parsed == list.as_str()) {
+                    Compiled::ListHeader(parsed)
                 } else {
                     Compiled::Header(parsed)
                 })
@@ -198,6 +202,36 @@ fn single<'a, H: Headers + ?Sized>(
         Field::NotVisibleAscii => Err(Fault::NotVisibleAscii),
         Field::Repeated => Err(Fault::Repeated),
     }
+}
+
+/// The value of list header `name`: the first non-empty element of its list, several fields
+/// being one list in order; `None` when it has none. The element must be visible ASCII.
+fn first_element<'a, H: Headers + ?Sized>(
+    headers: &'a H,
+    name: &HeaderName,
+) -> Result<Option<&'a str>, Fault> {
+    let mut first: Option<&'a [u8]> = None;
+    // The fields come last first: the earliest one with an element is the one kept.
+    headers.values_rev(name, &mut |value| {
+        if let Some(element) = value
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .find(|element| !element.is_empty())
+        {
+            first = Some(element);
+        }
+        ControlFlow::Continue(())
+    });
+    let Some(element) = first else {
+        return Ok(None);
+    };
+    if !element
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        return Err(Fault::NotVisibleAscii);
+    }
+    Ok(std::str::from_utf8(element).ok())
 }
 
 /// A refusal as found on the hot path: small and `Copy`, borrowing the header's name, so the
@@ -231,16 +265,17 @@ impl IdentityExtractor {
             &identity.ip,
             &identity.criticality,
         ];
+        let lists = &identity.list_headers;
         Self {
-            caller: compile(&identity.caller, false),
-            procedure: compile(&identity.procedure, false),
+            caller: compile(&identity.caller, false, lists),
+            procedure: compile(&identity.procedure, false, lists),
             subjects: [
-                compile(&identity.user, false),
-                compile(&identity.org, false),
-                compile(&identity.api_key, false),
-                compile(&identity.ip, true),
+                compile(&identity.user, false, lists),
+                compile(&identity.org, false, lists),
+                compile(&identity.api_key, false, lists),
+                compile(&identity.ip, true, lists),
             ],
-            criticality: compile(&identity.criticality, false),
+            criticality: compile(&identity.criticality, false, lists),
             criticality_trusted: identity.criticality_trusted,
             xff_trusted_hops: identity.xff_trusted_hops,
             reads_path: all.iter().any(|s| s.0.contains(&Source::Path)),
@@ -268,7 +303,7 @@ impl IdentityExtractor {
             return;
         }
         for source in &self.criticality {
-            if let Compiled::Header(name) = source
+            if let Compiled::Header(name) | Compiled::ListHeader(name) = source
                 && headers.contains_key(name)
             {
                 headers.insert(name, http::HeaderValue::from_static(applied.name()));
@@ -303,6 +338,13 @@ impl IdentityExtractor {
                         header: name,
                         fault,
                     })?,
+                    Compiled::ListHeader(name) => {
+                        first_element(headers, name).map_err(|fault| Refusal {
+                            attribute,
+                            header: name,
+                            fault,
+                        })?
+                    }
                     Compiled::ForwardedFor(name) => {
                         forwarded::client(headers, name, self.xff_trusted_hops, peer)
                     }
@@ -418,6 +460,30 @@ mod tests {
         headers.append("x-alt-user", "b".parse().unwrap());
         let attrs = fallback.attrs("/", &headers, None, &mut buffer).unwrap();
         assert_eq!(attrs.subject(SubjectKind::User), Some("alice"));
+    }
+
+    #[test]
+    fn a_comma_is_refused_unless_the_header_is_a_list_by_design() {
+        let mut buffer = PathBuffer::new();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-user-id", "alice, 7".parse().unwrap());
+        let err = IdentityExtractor::new(&config::Identity::default())
+            .attrs("/", &headers, None, &mut buffer)
+            .unwrap_err();
+        assert_eq!((err.header.as_str(), err.fault), ("x-user-id", Fault::List));
+        let lists = extractor("{ list_headers: [X-User-Id] }");
+        let attrs = lists.attrs("/", &headers, None, &mut buffer).unwrap();
+        assert_eq!(attrs.subject(SubjectKind::User), Some("alice"));
+        let mut headers = HeaderMap::new();
+        headers.append("x-user-id", " , ".parse().unwrap());
+        headers.append("x-user-id", "bob".parse().unwrap());
+        headers.append("x-user-id", "carol, dave".parse().unwrap());
+        let attrs = lists.attrs("/", &headers, None, &mut buffer).unwrap();
+        assert_eq!(
+            attrs.subject(SubjectKind::User),
+            Some("bob"),
+            "several fields are one list; its first element counts"
+        );
     }
 
     #[test]

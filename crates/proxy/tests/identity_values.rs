@@ -98,3 +98,35 @@ async fn a_trusted_criticality_is_forwarded_as_sent() {
     );
     running.proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_list_header_by_design_is_read_by_its_first_element() {
+    let yaml = PER_USER.replace(
+        "version: 1\n",
+        "version: 1\nidentity:\n  list_headers: [x-user-id]\n",
+    );
+    let upstream = Recording::start(Mode::Plain).await;
+    let running = proxy(&yaml, &upstream.url()).await;
+    let addr = running.proxy.addr();
+    assert_eq!(
+        get(addr, "/", &[("x-user-id", "alice, 0")]).await.status,
+        200
+    );
+    // Every list that starts with alice is alice, whose one request an hour is spent.
+    for n in 1..5 {
+        let value = format!("alice, {n}");
+        let answer = get(addr, "/", &[("x-user-id", &value)]).await;
+        assert_eq!(answer.status, 429, "{value:?}: {answer:?}");
+    }
+    assert_eq!(
+        get(addr, "/", &[("x-user-id", "bob, alice")]).await.status,
+        200
+    );
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[1].contains("x-user-id: bob, alice"),
+        "the upstream gets the list as sent: {seen:?}"
+    );
+    running.proxy.shutdown().await;
+}

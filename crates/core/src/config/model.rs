@@ -199,6 +199,12 @@ pub struct Identity {
     /// the default tier. Default false: a client may lower its own tier (mark its prefetches
     /// `sheddable`) but a `critical_plus` it writes itself counts as `critical`.
     pub criticality_trusted: bool,
+    /// Identity headers that are lists by design: for these the first element of the list
+    /// (several fields being one list) is the value read, and the upstream gets the whole list.
+    /// Any other identity header with a comma in its value is refused, since HTTP reads it as the
+    /// header sent twice. Default none; `x-forwarded-for` keeps its own rules and is not named here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub list_headers: Vec<String>,
 }
 
 /// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
@@ -217,6 +223,7 @@ impl Default for Identity {
             xff_trusted_hops: DEFAULT_XFF_TRUSTED_HOPS,
             criticality: header("rpc-criticality"),
             criticality_trusted: false,
+            list_headers: Vec::new(),
         }
     }
 }

@@ -325,6 +325,8 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         ));
     }
     check_identity(&check, &file.identity)?;
+    let mut file = file;
+    file.identity.list_headers = list_headers(&check, &file.identity.list_headers)?;
     if file.control.instruction_ttl <= file.control.report_interval {
         return Err(check.at_value(
             "control.instruction_ttl",
@@ -606,6 +608,33 @@ fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Locate
         }
     }
     Ok(())
+}
+
+/// `identity.list_headers`: header names, in lower case, once each; not `x-forwarded-for`,
+/// whose list is counted from the right past the trusted hops.
+fn list_headers(check: &Checker<'_>, names: &[String]) -> Result<Vec<String>, Located> {
+    let mut lists = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let path = format!("identity.list_headers[{i}]");
+        let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            return Err(check.at_value(
+                &path,
+                format!("{name:?} is not a header name; write the name alone, like x-groups"),
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower == "x-forwarded-for" {
+            return Err(check.at_value(
+                &path,
+                "x-forwarded-for is always a list, counted from the right past `xff_trusted_hops`; leave it out",
+            ));
+        }
+        if !lists.contains(&lower) {
+            lists.push(lower);
+        }
+    }
+    Ok(lists)
 }
 
 /// A bucket, and its candidate's twin when it has a candidate.
