@@ -114,7 +114,7 @@ pub(crate) fn metrics(shared: &Shared) -> String {
     }
     registry.register(
         "spillway_upgrades_refused",
-        "Upgrades not tunnelled, by reason: protocol (a protocol proxy.upgrades does not allow, or a WebSocket without its key: the upgrade removed, the request forwarded as a plain one), handshake (the upstream's 101 was not the handshake asked for: answered 502, both connections closed)",
+        "Upgrades not tunnelled, by reason: protocol (a protocol proxy.upgrades does not allow, or a WebSocket without its key: the upgrade removed, the request decided and forwarded as a plain one), handshake (the upstream's 101 was not the handshake asked for: answered 502, both connections closed)",
         refused,
     );
     register_concurrency(&mut registry, &shared.concurrency);
