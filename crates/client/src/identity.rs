@@ -5,8 +5,9 @@
 //! - The path is matched normalised ([`path`]), so `/%69p/search` is `/ip/search`.
 //! - `ip: header:x-forwarded-for` is counted from the right past `xff_trusted_hops`
 //!   ([`forwarded`]), so a hop the client invents is ignored.
-//! - Any other identity header that is consulted must come once and in visible ASCII: the upstream
-//!   receives every copy, so a second one (or bytes the limiter would read differently) is
+//! - Any other identity header that is consulted must come once, as one value, and in visible
+//!   ASCII: the upstream receives every copy, so a second one, a comma-joined list (which HTTP
+//!   reads as the same field sent twice), or bytes the limiter would read differently are
 //!   refused with [`BadIdentity`] rather than decided on one value and served on another.
 
 mod forwarded;
@@ -117,6 +118,10 @@ pub enum Fault {
     /// A byte that is not visible ASCII (or space and tab): what the limiter reads and what the
     /// upstream reads might differ.
     NotVisibleAscii,
+    /// A comma in the value: HTTP makes `a, b` and two fields `a` and `b` the same (RFC 9110
+    /// §5.3), so it is refused as a repeated field is; otherwise each new list would key a new
+    /// subject.
+    List,
 }
 
 impl fmt::Display for Fault {
@@ -126,6 +131,9 @@ impl fmt::Display for Fault {
             Fault::NotVisibleAscii => {
                 "has a value with bytes that are not visible ASCII; send it as ASCII"
             }
+            Fault::List => {
+                "has a comma in its value, which HTTP reads as the header sent more than once; send one value"
+            }
         })
     }
 }
@@ -134,6 +142,8 @@ impl fmt::Display for Fault {
 #[derive(Debug, Clone)]
 enum Compiled {
     Header(HeaderName),
+    /// A header of `identity.list_headers`: its list's first element.
+    ListHeader(HeaderName),
     /// `header:x-forwarded-for` in `ip`: counted past the trusted hops.
     ForwardedFor(HeaderName),
     Path,
@@ -156,7 +166,7 @@ pub struct IdentityExtractor {
     reads_path: bool,
 }
 
-fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
+fn compile(sources: &Sources, forwarded_for: bool, lists: &[String]) -> Box<[Compiled]> {
     sources
         .0
         .iter()
@@ -167,6 +177,8 @@ fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
                 let parsed = HeaderName::from_bytes(name.as_bytes()).ok()?;
                 Some(if forwarded_for && parsed == "x-forwarded-for" {
                     Compiled::ForwardedFor(parsed)
+                } else if lists.iter().any(|list| parsed == list.as_str()) {
+                    Compiled::ListHeader(parsed)
                 } else {
                     Compiled::Header(parsed)
                 })
@@ -177,18 +189,49 @@ fn compile(sources: &Sources, forwarded_for: bool) -> Box<[Compiled]> {
         .collect()
 }
 
-/// The one value of identity header `name`, if it was sent: once, in visible ASCII (with space
-/// and tab), as [`http::HeaderValue::to_str`] defines it.
+/// The one value of identity header `name`, if it was sent: once, without a comma, in visible
+/// ASCII (with space and tab), as [`http::HeaderValue::to_str`] defines it.
 fn single<'a, H: Headers + ?Sized>(
     headers: &'a H,
     name: &HeaderName,
 ) -> Result<Option<&'a str>, Fault> {
     match headers.field(name) {
         Field::Absent => Ok(None),
+        Field::Once(value) if value.contains(',') => Err(Fault::List),
         Field::Once(value) => Ok(Some(value)),
         Field::NotVisibleAscii => Err(Fault::NotVisibleAscii),
         Field::Repeated => Err(Fault::Repeated),
     }
+}
+
+/// The value of list header `name`: the first non-empty element of its list, several fields
+/// being one list in order; `None` when it has none. The element must be visible ASCII.
+fn first_element<'a, H: Headers + ?Sized>(
+    headers: &'a H,
+    name: &HeaderName,
+) -> Result<Option<&'a str>, Fault> {
+    let mut first: Option<&'a [u8]> = None;
+    // The fields come last first: the earliest one with an element is the one kept.
+    headers.values_rev(name, &mut |value| {
+        if let Some(element) = value
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .find(|element| !element.is_empty())
+        {
+            first = Some(element);
+        }
+        ControlFlow::Continue(())
+    });
+    let Some(element) = first else {
+        return Ok(None);
+    };
+    if !element
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        return Err(Fault::NotVisibleAscii);
+    }
+    Ok(std::str::from_utf8(element).ok())
 }
 
 /// A refusal as found on the hot path: small and `Copy`, borrowing the header's name, so the
@@ -222,16 +265,17 @@ impl IdentityExtractor {
             &identity.ip,
             &identity.criticality,
         ];
+        let lists = &identity.list_headers;
         Self {
-            caller: compile(&identity.caller, false),
-            procedure: compile(&identity.procedure, false),
+            caller: compile(&identity.caller, false, lists),
+            procedure: compile(&identity.procedure, false, lists),
             subjects: [
-                compile(&identity.user, false),
-                compile(&identity.org, false),
-                compile(&identity.api_key, false),
-                compile(&identity.ip, true),
+                compile(&identity.user, false, lists),
+                compile(&identity.org, false, lists),
+                compile(&identity.api_key, false, lists),
+                compile(&identity.ip, true, lists),
             ],
-            criticality: compile(&identity.criticality, false),
+            criticality: compile(&identity.criticality, false, lists),
             criticality_trusted: identity.criticality_trusted,
             xff_trusted_hops: identity.xff_trusted_hops,
             reads_path: all.iter().any(|s| s.0.contains(&Source::Path)),
@@ -246,6 +290,24 @@ impl IdentityExtractor {
             // A client lowers its own tier, never raises it.
             Some(tier) => tier.max(Criticality::default()),
             None => Criticality::default(),
+        }
+    }
+
+    /// Sets the criticality header a client sent to the tier the proxy applied (`applied`, what
+    /// [`IdentityExtractor::attrs`] read), unless the header comes from a trusted hop: a client
+    /// that claimed `critical_plus` and was held to `critical` is forwarded as `critical`, so a
+    /// hop behind the proxy does not act on the claim. A header the request did not carry stays
+    /// absent. Allocates nothing.
+    pub fn rewrite_criticality(&self, headers: &mut HeaderMap, applied: Criticality) {
+        if self.criticality_trusted {
+            return;
+        }
+        for source in &self.criticality {
+            if let Compiled::Header(name) | Compiled::ListHeader(name) = source
+                && headers.contains_key(name)
+            {
+                headers.insert(name, http::HeaderValue::from_static(applied.name()));
+            }
         }
     }
 
@@ -276,6 +338,13 @@ impl IdentityExtractor {
                         header: name,
                         fault,
                     })?,
+                    Compiled::ListHeader(name) => {
+                        first_element(headers, name).map_err(|fault| Refusal {
+                            attribute,
+                            header: name,
+                            fault,
+                        })?
+                    }
                     Compiled::ForwardedFor(name) => {
                         forwarded::client(headers, name, self.xff_trusted_hops, peer)
                     }
@@ -391,6 +460,30 @@ mod tests {
         headers.append("x-alt-user", "b".parse().unwrap());
         let attrs = fallback.attrs("/", &headers, None, &mut buffer).unwrap();
         assert_eq!(attrs.subject(SubjectKind::User), Some("alice"));
+    }
+
+    #[test]
+    fn a_comma_is_refused_unless_the_header_is_a_list_by_design() {
+        let mut buffer = PathBuffer::new();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-user-id", "alice, 7".parse().unwrap());
+        let err = IdentityExtractor::new(&config::Identity::default())
+            .attrs("/", &headers, None, &mut buffer)
+            .unwrap_err();
+        assert_eq!((err.header.as_str(), err.fault), ("x-user-id", Fault::List));
+        let lists = extractor("{ list_headers: [X-User-Id] }");
+        let attrs = lists.attrs("/", &headers, None, &mut buffer).unwrap();
+        assert_eq!(attrs.subject(SubjectKind::User), Some("alice"));
+        let mut headers = HeaderMap::new();
+        headers.append("x-user-id", " , ".parse().unwrap());
+        headers.append("x-user-id", "bob".parse().unwrap());
+        headers.append("x-user-id", "carol, dave".parse().unwrap());
+        let attrs = lists.attrs("/", &headers, None, &mut buffer).unwrap();
+        assert_eq!(
+            attrs.subject(SubjectKind::User),
+            Some("bob"),
+            "several fields are one list; its first element counts"
+        );
     }
 
     #[test]

@@ -468,6 +468,21 @@ impl Rules {
         }
     }
 
+    /// Calls `visit` with each bucket a request with these attributes matches (a candidate's
+    /// twin left out), without deciding or counting it: for what a caller counts per bucket
+    /// beside the decision, such as the proxy's upgrades. Off the decision path: it allocates.
+    pub fn matching(&self, attrs: &RequestAttrs<'_>, mut visit: impl FnMut(&CompiledBucket)) {
+        let mut matches = Matches::new();
+        self.matcher.find(attrs, &mut matches);
+        for id in matches.iter() {
+            if let Some(bucket) = self.buckets.get(id.index())
+                && !bucket.trial
+            {
+                visit(bucket);
+            }
+        }
+    }
+
     /// Evicts idle subjects where a sweep is due; returns how many.
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         self.buckets

@@ -69,3 +69,29 @@ fn only_a_long_path_that_needs_normalising_allocates() {
     });
     assert_eq!(n, 1, "one heap buffer");
 }
+
+#[test]
+fn a_list_header_and_the_criticality_rewrite_allocate_nothing() {
+    let lists = extractor("{ org: header:x-groups, list_headers: [x-groups] }");
+    let mut headers = HeaderMap::new();
+    headers.append("x-groups", " , acme".parse().unwrap());
+    headers.append("x-groups", "acme-eu, acme-us".parse().unwrap());
+    headers.insert("rpc-criticality", "critical_plus".parse().unwrap());
+    let n = allocations_in(|| {
+        let mut buffer = PathBuffer::new();
+        let attrs = lists
+            .attrs("/", &headers, Some("10.0.0.9"), &mut buffer)
+            .unwrap();
+        attrs.subjects[1].map_or(0, str::len)
+    });
+    assert_eq!(n, 0);
+    let mut buffer = PathBuffer::new();
+    let tier = {
+        let attrs = lists.attrs("/", &headers, None, &mut buffer).unwrap();
+        assert_eq!(attrs.subjects[1], Some("acme"));
+        attrs.criticality
+    };
+    let n = allocations_in(|| lists.rewrite_criticality(&mut headers, tier));
+    assert_eq!(n, 0);
+    assert_eq!(headers["rpc-criticality"], "critical");
+}

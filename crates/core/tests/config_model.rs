@@ -271,3 +271,32 @@ services:
         "the candidate's own"
     );
 }
+
+#[test]
+fn the_proxy_section_allows_websocket_upgrades_by_default_and_compares_without_case() {
+    let load = |text: &str| config::load_str(text, "c.yaml").unwrap().proxy;
+    let default = load("version: 1\n");
+    assert_eq!(default.upgrades, ["websocket"]);
+    assert!(default.allows_upgrade(b"WebSocket"));
+    assert!(!default.allows_upgrade(b"h2c"));
+    let custom = load("version: 1\nproxy:\n  upgrades: [Foo, websocket, foo]\n");
+    assert_eq!(
+        custom.upgrades,
+        ["foo", "websocket"],
+        "lower case, once each"
+    );
+    assert!(custom.allows_upgrade(b"FOO/2"), "a version after the name");
+    assert!(
+        load("version: 1\nproxy:\n  upgrades: []\n")
+            .upgrades
+            .is_empty()
+    );
+    let schema = config::json_schema();
+    assert!(
+        schema["$defs"]["ProxyFile"]["properties"]
+            .get("upgrades")
+            .is_some(),
+        "{schema}"
+    );
+    assert!(schema["properties"].get("proxy").is_some());
+}

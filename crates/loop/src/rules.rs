@@ -101,6 +101,7 @@ impl LinkRules {
         let mut config = config::load_str(&yaml, name)?;
         // The in-flight limit on the upstream is the host's own, like its identity.
         config.concurrency = own.concurrency;
+        config.proxy = own.proxy.clone();
         Ok(config)
     }
 }
@@ -129,7 +130,7 @@ impl RulesSnapshot {
         // `concurrency` section is the proxy's own and does not go down.
         let file: config::DocumentFile =
             yaml_serde::from_str(yaml).map_err(|e| RulesError::Render(e.to_string()))?;
-        let (file, _) = file.split();
+        let (file, _, _) = file.split();
         Self::rendered(version, &file, config)
     }
 

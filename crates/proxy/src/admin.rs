@@ -87,6 +87,36 @@ pub(crate) fn metrics(shared: &Shared) -> String {
         "HTTP/1.1 upgrades (WebSockets) the upstream accepted and the proxy tunnelled",
         upgrades,
     );
+    let by_bucket = Family::<Labels, Counter>::default();
+    if let Ok(counts) = shared.bucket_upgrades.lock() {
+        for ((service, bucket), n) in counts.iter() {
+            by_bucket
+                .get_or_create(&vec![
+                    ("service", service.clone()),
+                    ("bucket", bucket.clone()),
+                ])
+                .inc_by(*n);
+        }
+    }
+    registry.register(
+        "spillway_bucket_upgrades",
+        "Upgrades (WebSockets) tunnelled, by the buckets their handshakes matched; what passes in a tunnel is not decided",
+        by_bucket,
+    );
+    let refused = Family::<Labels, Counter>::default();
+    for (reason, n) in [
+        ("protocol", &shared.upgrades_removed),
+        ("handshake", &shared.upgrades_bad_switch),
+    ] {
+        refused
+            .get_or_create(&vec![("reason", reason.to_owned())])
+            .inc_by(n.load(Ordering::Relaxed));
+    }
+    registry.register(
+        "spillway_upgrades_refused",
+        "Upgrades not tunnelled, by reason: protocol (a protocol proxy.upgrades does not allow, or a WebSocket without its key: the upgrade removed, the request decided and forwarded as a plain one), handshake (the upstream's 101 was not the handshake asked for: answered 502, both connections closed)",
+        refused,
+    );
     register_concurrency(&mut registry, &shared.concurrency);
     let mut out = String::new();
     // Writing into a String cannot fail.

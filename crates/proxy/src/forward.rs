@@ -24,6 +24,8 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
+use spillway_core::config::ProxySettings;
+
 use crate::answer::{self, Refusal};
 use crate::error::ProxyError;
 use crate::h1::{self, Conn, H1Error, Head, Outgoing, Reading, UpstreamSlot};
@@ -305,6 +307,9 @@ pub(crate) enum ForwardError {
     BodyTimeout(Duration),
     #[error("CONNECT is not forwarded")]
     Tunnel,
+    /// The upstream answered an upgrade with a `101` that is not the handshake asked for.
+    #[error("{0}")]
+    Handshake(&'static str),
     #[error(transparent)]
     Http2(#[from] hyper_util::client::legacy::Error),
 }
@@ -346,21 +351,138 @@ impl Tunnel {
     }
 }
 
-/// The protocol an HTTP/1.1 request asks to upgrade to (RFC 9110 §7.8), when it asks in full:
-/// `upgrade` named in `connection`, an `upgrade` field, and no body (a handshake has none; a
-/// request with a body is forwarded as an ordinary one, its `upgrade` dropped).
-fn upgrade_asked(request: &Request<Incoming>) -> Option<HeaderValue> {
-    if request.version() != Version::HTTP_11 || !request.body().is_end_stream() {
-        return None;
-    }
+/// What an HTTP/1.1 request's `upgrade` comes to at this hop ([`upgrade_asked`]).
+pub(crate) enum Ask {
+    /// No upgrade asked in full: a plain request.
+    None,
+    /// An upgrade this proxy does not forward (a protocol `proxy.upgrades` does not allow,
+    /// `h2c` always, or a WebSocket handshake without its key): removed with its `connection`
+    /// options, and the request forwarded as a plain one.
+    Removed,
+    /// An upgrade to forward.
+    Allowed(Upgrade),
+}
+
+/// An upgrade the proxy forwards, and what the upstream's `101` must say for it to be one.
+pub(crate) struct Upgrade {
+    /// The one protocol asked of the upstream: the first allowed one the client named.
+    protocol: HeaderValue,
+    /// For a WebSocket: the client's `sec-websocket-key`, forwarded as it came, and the
+    /// `sec-websocket-accept` the upstream's `101` must carry.
+    websocket: Option<(HeaderValue, [u8; ACCEPT_LEN])>,
+}
+
+/// The length of a `sec-websocket-accept`: 20 bytes of SHA-1 in base64.
+const ACCEPT_LEN: usize = 28;
+
+/// RFC 6455's GUID, appended to the client's key before hashing.
+const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// The `sec-websocket-accept` RFC 6455 derives from a client's `sec-websocket-key`:
+/// base64(SHA-1(key + GUID)).
+fn websocket_accept(key: &[u8]) -> [u8; ACCEPT_LEN] {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha1 = sha1::Sha1::new();
+    sha1.update(key);
+    sha1.update(WEBSOCKET_GUID);
+    let digest = sha1.finalize();
+    let mut accept = [0; ACCEPT_LEN];
+    // 20 bytes always encode to 28 characters.
+    let _ = base64::engine::general_purpose::STANDARD.encode_slice(digest, &mut accept);
+    accept
+}
+
+/// Whether an HTTP/1.1 request asks to upgrade (RFC 9110 §7.8), and to what this hop forwards:
+/// asked in full is `upgrade` named in `connection`, an `upgrade` field, and no body (a
+/// handshake has none; a request with a body is forwarded as an ordinary one, its `upgrade`
+/// dropped). Of the protocols it names the first that `settings` allows is the one asked of the
+/// upstream; a WebSocket needs exactly one `sec-websocket-key`, from which its `101` is checked.
+/// A request without an `upgrade` field costs one lookup.
+pub(crate) fn upgrade_asked(request: &Request<Incoming>, settings: &ProxySettings) -> Ask {
     let headers = request.headers();
-    let protocol = headers.get(header::UPGRADE)?;
+    if !headers.contains_key(header::UPGRADE) {
+        return Ask::None;
+    }
+    if request.version() != Version::HTTP_11
+        || !request.body().is_end_stream()
+        || !tokens(headers, &header::CONNECTION).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
+    {
+        return Ask::None;
+    }
+    let Some(protocol) = tokens(headers, &header::UPGRADE).find(|t| settings.allows_upgrade(t))
+    else {
+        return Ask::Removed;
+    };
+    let Ok(protocol_value) = HeaderValue::from_bytes(protocol) else {
+        return Ask::Removed;
+    };
+    let websocket = if protocol_name(protocol).eq_ignore_ascii_case(b"websocket") {
+        let mut keys = headers.get_all(header::SEC_WEBSOCKET_KEY).iter();
+        match (keys.next(), keys.next()) {
+            (Some(key), None) if !key.as_bytes().trim_ascii().is_empty() => {
+                Some((key.clone(), websocket_accept(key.as_bytes().trim_ascii())))
+            }
+            // No key, or two: no handshake the upstream's answer could be checked against.
+            _ => return Ask::Removed,
+        }
+    } else {
+        None
+    };
+    Ask::Allowed(Upgrade {
+        protocol: protocol_value,
+        websocket,
+    })
+}
+
+/// The comma-separated elements of every `name` field, trimmed, empty ones skipped.
+fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a [u8]> {
     headers
-        .get_all(header::CONNECTION)
+        .get_all(name)
         .iter()
         .flat_map(|value| value.as_bytes().split(|&b| b == b','))
-        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
-        .then(|| protocol.clone())
+        .map(<[u8]>::trim_ascii)
+        .filter(|token| !token.is_empty())
+}
+
+/// The name of an `upgrade` token, without its version (`websocket` of `websocket/13`).
+fn protocol_name(token: &[u8]) -> &[u8] {
+    token
+        .split(|&b| b == b'/')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii()
+}
+
+/// Why an upstream's `101` does not open a tunnel: it did not switch to what was asked the way
+/// that protocol's handshake says it must. Answered 502, both connections closed.
+fn switch_fault(response: &HeaderMap, asked: &Upgrade) -> Option<&'static str> {
+    let mut protocols = response.get_all(header::UPGRADE).iter();
+    let (Some(protocol), None) = (protocols.next(), protocols.next()) else {
+        return Some("the upstream's 101 named no single protocol in its upgrade field");
+    };
+    if !protocol_name(protocol.as_bytes())
+        .eq_ignore_ascii_case(protocol_name(asked.protocol.as_bytes()))
+    {
+        return Some("the upstream's 101 switched to a protocol the request did not ask for");
+    }
+    if let Some((_, expected)) = &asked.websocket {
+        let mut accepts = response.get_all(header::SEC_WEBSOCKET_ACCEPT).iter();
+        match (accepts.next(), accepts.next()) {
+            (Some(accept), None) if accept.as_bytes().trim_ascii() == expected => {}
+            (None, _) => {
+                return Some(
+                    "the upstream's 101 carried no sec-websocket-accept: not a WebSocket handshake",
+                );
+            }
+            _ => {
+                return Some(
+                    "the upstream's 101 carried a sec-websocket-accept that does not answer the client's key: not a WebSocket handshake",
+                );
+            }
+        }
+    }
+    None
 }
 
 /// Fields a trailer section must not carry (RFC 9110 §6.5.1), removed from request trailers
@@ -402,20 +524,22 @@ fn filter_trailers(trailers: &mut HeaderMap) {
     }
 }
 
-/// Headers that describe one hop (RFC 9110 §7.6.1), plus `te`, handled apart.
-const HOP_BY_HOP: [HeaderName; 6] = [
+/// Headers that describe one hop (RFC 9110 §7.6.1), plus `te`, handled apart. `http2-settings`
+/// belongs to an `h2c` upgrade (RFC 7540 §3.2.1), which is never forwarded, so it always goes.
+const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("http2-settings"),
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none of these, or only `connection: keep-alive`: one pass over the
     // names, comparing without hashing, finds which are there.
-    let mut present = [false; 6];
+    let mut present = [false; 7];
     let mut te = false;
     for name in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
@@ -532,20 +656,24 @@ impl Upstream {
         mut request: Request<Incoming>,
         link: Arc<UpstreamSlot>,
         grpc: bool,
+        upgrade: Option<Upgrade>,
     ) -> Result<Forwarded, ForwardError> {
-        // Asked before the hop-by-hop fields go: `upgrade` is one of them.
-        let upgrade =
-            upgrade_asked(&request).map(|protocol| (protocol, hyper::upgrade::on(&mut request)));
+        let upgrade = upgrade.map(|asked| (asked, hyper::upgrade::on(&mut request)));
+        // Every upgrade field goes here, and with it whatever `connection` named; an upgrade to
+        // forward is asked again below.
         strip_hop_by_hop(request.headers_mut());
         let h2 = request.version() == Version::HTTP_2;
         let mut client = None;
-        if let Some((protocol, on)) = upgrade {
-            // This hop's upgrade, asked again of the next: the same protocol, and nothing else
-            // the client's `connection` named.
+        if let Some((asked, on)) = upgrade {
+            // This hop's upgrade, asked again of the next: the one protocol chosen, its key, and
+            // nothing else the client's `connection` named.
             let headers = request.headers_mut();
-            headers.insert(header::UPGRADE, protocol);
+            headers.insert(header::UPGRADE, asked.protocol.clone());
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            client = Some(on);
+            if let Some((key, _)) = &asked.websocket {
+                headers.insert(header::SEC_WEBSOCKET_KEY, key.clone());
+            }
+            client = Some((asked, on));
         }
         let forwarded = if h2 {
             self.forward_h2(request)
@@ -574,17 +702,22 @@ impl Upstream {
             }
             Err(err) => return Err(err),
         };
-        let switched = response.headers().get(header::UPGRADE).cloned();
-        strip_hop_by_hop(response.headers_mut());
-        let (Some(upstream), Some(client)) = (upstream, client) else {
+        let (Some(upstream), Some((asked, client))) = (upstream, client) else {
+            strip_hop_by_hop(response.headers_mut());
             return Ok(Forwarded::Answer(response));
         };
-        // The upstream switched: its `101` goes back with the protocol it named, and the two
-        // connections become one tunnel.
-        let headers = response.headers_mut();
-        if let Some(protocol) = switched {
-            headers.insert(header::UPGRADE, protocol);
+        // The upstream switched. Only a handshake that answers what was asked opens a tunnel:
+        // a `101` from an upstream that switches to anything (and then goes on reading HTTP/1.1
+        // requests, undecided) is refused, and the upstream connection dropped here closes.
+        if let Some(fault) = switch_fault(response.headers(), &asked) {
+            drop(upstream);
+            return Err(ForwardError::Handshake(fault));
         }
+        strip_hop_by_hop(response.headers_mut());
+        // Its `101` goes back with the protocol it named, and the two connections become one
+        // tunnel.
+        let headers = response.headers_mut();
+        headers.insert(header::UPGRADE, asked.protocol);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         Ok(Forwarded::Tunnel(response, Tunnel { client, upstream }))
     }
@@ -852,6 +985,27 @@ mod tests {
         headers.insert("te", "gzip".parse().unwrap());
         strip_hop_by_hop(&mut headers);
         assert!(headers.get("te").is_none());
+    }
+
+    #[test]
+    fn the_websocket_accept_is_rfc_6455s_example() {
+        assert_eq!(
+            &websocket_accept(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
+
+    #[test]
+    fn http2_settings_always_goes() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", "upgrade".parse().unwrap());
+        headers.insert("upgrade", "h2c".parse().unwrap());
+        headers.insert(
+            "http2-settings",
+            "AAMAAABkAARAAAAAAAIAAAAA".parse().unwrap(),
+        );
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.is_empty(), "{headers:?}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::answer::{self, Refusal, Refusals};
 use crate::error::ProxyError;
-use crate::forward::{ForwardError, Forwarded, Relay, Upstream};
+use crate::forward::{self, Ask, ForwardError, Forwarded, Relay, Upstream};
 use crate::h1::UpstreamSlot;
 use crate::limits::{Connections, Open, RefusalLog};
 use crate::pause::{Answering, Answers, Pause};
@@ -184,6 +184,16 @@ pub(crate) struct Shared {
     pub(crate) refusals: Refusals,
     /// Upgrades (WebSockets) tunnelled to the upstream (`spillway_upgrades_total`).
     pub(crate) upgrades: AtomicU64,
+    /// The same by the buckets their handshakes matched, by service and bucket name
+    /// (`spillway_bucket_upgrades_total`). Locked once per tunnel opened, never per request.
+    pub(crate) bucket_upgrades: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Upgrades removed from requests forwarded as plain ones: a protocol `proxy.upgrades` does
+    /// not allow, or a WebSocket handshake without its key
+    /// (`spillway_upgrades_refused_total{reason="protocol"}`).
+    pub(crate) upgrades_removed: AtomicU64,
+    /// Upstream `101`s that were not the handshake asked for, answered 502
+    /// (`spillway_upgrades_refused_total{reason="handshake"}`).
+    pub(crate) upgrades_bad_switch: AtomicU64,
     /// Requests answered 503 because the drain deadline passed while they waited on the
     /// upstream (`spillway_drain_cut_total`).
     pub(crate) drain_cut: AtomicU64,
@@ -239,6 +249,9 @@ impl Proxy {
             upstream_errors: AtomicU64::new(0),
             refusals: Refusals::default(),
             upgrades: AtomicU64::new(0),
+            bucket_upgrades: Default::default(),
+            upgrades_removed: AtomicU64::new(0),
+            upgrades_bad_switch: AtomicU64::new(0),
             connections: Connections::new(options.max_connections.unwrap_or_else(|| {
                 crate::limits::default_max_connections(crate::limits::fd_soft_limit())
             })),
@@ -858,6 +871,17 @@ async fn handle(
         );
     }
     let rules = shared.client.rules();
+    // One lookup for a request without an `upgrade` field.
+    let upgrade = match forward::upgrade_asked(&request, &rules.config().proxy) {
+        Ask::None => None,
+        Ask::Removed => {
+            shared.upgrades_removed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+        Ask::Allowed(upgrade) => Some(upgrade),
+    };
+    // The buckets an upgrade's handshake matches, named for counting its tunnel by bucket.
+    let mut upgrade_buckets = Vec::new();
     let (step, tier) = {
         // The normalised path lives here, on the stack, only until the decision has begun.
         let mut buffer = spillway_client::PathBuffer::new();
@@ -877,6 +901,11 @@ async fn handle(
                 );
             }
         };
+        if upgrade.is_some() {
+            rules.matching(&attrs, |bucket| {
+                upgrade_buckets.push((bucket.service().to_owned(), bucket.name().to_owned()));
+            });
+        }
         (
             rules.begin(shared.client.now(), &attrs, request.headers()),
             attrs.criticality,
@@ -895,6 +924,10 @@ async fn handle(
     {
         return own(answering, answer::dropped(bucket, retry_after, grpc));
     }
+    // What a hop behind the proxy sees is the tier applied, not an untrusted claim.
+    rules
+        .identity()
+        .rewrite_criticality(request.headers_mut(), tier);
     drop(rules);
     let permit = match shared.concurrency.try_acquire(tier) {
         Ok(permit) => permit,
@@ -908,7 +941,7 @@ async fn handle(
         // A span only when debug lines are on: the forwarding's own lines then name the request.
         forwarded = worker
             .upstream
-            .forward(request, link, grpc)
+            .forward(request, link, grpc, upgrade)
             .instrument(tracing::debug_span!("request", request_id = request_id::text(&id))) => forwarded,
         _ = cut.wait_for(|cut| *cut) => {
             shared.drain_cut.fetch_add(1, Ordering::Relaxed);
@@ -934,6 +967,13 @@ async fn handle(
         Ok(Forwarded::Tunnel(response, tunnel)) => {
             drop(permit);
             shared.upgrades.fetch_add(1, Ordering::Relaxed);
+            if !upgrade_buckets.is_empty()
+                && let Ok(mut counts) = shared.bucket_upgrades.lock()
+            {
+                for bucket in upgrade_buckets {
+                    *counts.entry(bucket).or_default() += 1;
+                }
+            }
             let open = answering.another();
             let span = tracing::debug_span!("request", request_id = request_id::text(&id));
             tokio::spawn(async move {
@@ -950,6 +990,23 @@ async fn handle(
                 drop(open);
             }.instrument(span));
             response.map(Either::Left)
+        }
+        Err(err @ ForwardError::Handshake(_)) => {
+            // Not a sample of the upstream's load: it answered, with the wrong handshake.
+            drop(permit);
+            shared.upgrades_bad_switch.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                request_id = request_id::text(&id),
+                "an upgrade was refused: {err}; answered 502 and the connections closed"
+            );
+            let mut answer = answer::upstream_failed(&err, grpc);
+            answer.headers_mut().insert(REQUEST_ID, id.clone());
+            // Whatever the client sends next was meant for the tunnel: it is not read.
+            answer.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            answer.map(Either::Right)
         }
         Err(err) => {
             permit.failed();

@@ -114,6 +114,10 @@ async fn a_websocket_echoes_through_the_proxy_in_text_and_binary() {
         "the tunnel is counted: {metrics}"
     );
     assert!(
+        metrics.contains("spillway_bucket_upgrades_total{service=\"chat\",bucket=\"all\"} 1"),
+        "by the bucket its handshake matched: {metrics}"
+    );
+    assert!(
         metrics.contains(
             "spillway_requests_total{service=\"chat\",bucket=\"all\",decision=\"allowed\",criticality=\"critical\"} 1"
         ),

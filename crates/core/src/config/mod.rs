@@ -37,15 +37,15 @@ pub(crate) use error::did_you_mean;
 pub use model::{
     Algorithm, BucketFile, CandidateFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile,
     Control, Cost, CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile,
-    FailurePolicy, Identity, MatchFile, Mode, RedisFile, Scope, SentinelFile, ServiceFile,
-    Services, Source, Sources, StateStore,
+    FailurePolicy, Identity, MatchFile, Mode, ProxyFile, RedisFile, Scope, SentinelFile,
+    ServiceFile, Services, Source, Sources, StateStore,
 };
 pub use positions::Position;
 pub use secret::redact_url;
 pub use table::{describe_match, render_table};
 pub use validate::{
-    Bucket, CANDIDATE_SUFFIX, Candidate, Config, Redis, RedisTarget, Service, candidate_of,
-    default_failure_policy,
+    Bucket, CANDIDATE_SUFFIX, Candidate, Config, ProxySettings, Redis, RedisTarget, Service,
+    candidate_of, default_failure_policy,
 };
 pub use warnings::Warning;
 
@@ -98,13 +98,17 @@ pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
         let (position, message) = error::from_yaml(&err, &positions);
         invalid(position, message)
     })?;
-    let (file, concurrency) = file.split();
+    let (file, concurrency, proxy) = file.split();
     let mut config =
         validate::validate(file, &positions).map_err(|e| invalid(e.position, e.message))?;
     config.concurrency = concurrency
         .map(|c| validate::concurrency(c, &positions))
         .transpose()
         .map_err(|e| invalid(e.position, e.message))?;
+    if let Some(proxy) = proxy {
+        config.proxy =
+            validate::proxy(proxy, &positions).map_err(|e| invalid(e.position, e.message))?;
+    }
     Ok(config)
 }
 

@@ -75,11 +75,15 @@ pub struct DocumentFile {
     /// when absent.
     #[serde(default)]
     pub concurrency: Option<ConcurrencyFile>,
+    /// How the proxy treats what it forwards (HTTP/1.1 upgrades).
+    #[serde(default)]
+    pub proxy: Option<ProxyFile>,
 }
 
 impl DocumentFile {
-    /// The rules' sections, and the concurrency section apart.
-    pub fn split(self) -> (ConfigFile, Option<ConcurrencyFile>) {
+    /// The rules' sections, and the sections that stay with the process (`concurrency`,
+    /// `proxy`) apart.
+    pub fn split(self) -> (ConfigFile, Option<ConcurrencyFile>, Option<ProxyFile>) {
         let rules = ConfigFile {
             version: self.version,
             identity: self.identity,
@@ -87,8 +91,22 @@ impl DocumentFile {
             services: self.services,
             redis: self.redis,
         };
-        (rules, self.concurrency)
+        (rules, self.concurrency, self.proxy)
     }
+}
+
+/// `proxy: { upgrades: [websocket] }`: what the proxy forwards beyond plain requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyFile {
+    /// The protocols an HTTP/1.1 request may upgrade to through the proxy (the tokens of its
+    /// `upgrade` field, compared without case). Default `[websocket]`; `[]` forwards no upgrade.
+    /// Any other upgrade is removed and the request forwarded as a plain one. A protocol that
+    /// carries HTTP requests (`h2c`, `h2`, `http`) is refused: its requests would pass the
+    /// limiter undecided inside the tunnel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("items" = { "type": "string", "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$" }))]
+    pub upgrades: Option<Vec<String>>,
 }
 
 /// `concurrency: { algorithm: gradient, min_limit: 4, max_limit: 1000, initial_limit: 20 }`, or
@@ -181,6 +199,12 @@ pub struct Identity {
     /// the default tier. Default false: a client may lower its own tier (mark its prefetches
     /// `sheddable`) but a `critical_plus` it writes itself counts as `critical`.
     pub criticality_trusted: bool,
+    /// Identity headers that are lists by design: for these the first element of the list
+    /// (several fields being one list) is the value read, and the upstream gets the whole list.
+    /// Any other identity header with a comma in its value is refused, since HTTP reads it as the
+    /// header sent twice. Default none; `x-forwarded-for` keeps its own rules and is not named here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub list_headers: Vec<String>,
 }
 
 /// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
@@ -199,6 +223,7 @@ impl Default for Identity {
             xff_trusted_hops: DEFAULT_XFF_TRUSTED_HOPS,
             criticality: header("rpc-criticality"),
             criticality_trusted: false,
+            list_headers: Vec::new(),
         }
     }
 }

@@ -39,6 +39,76 @@ pub struct Config {
     /// The proxy's in-flight limit on its upstream, when the file has one. It stays
     /// with the process that read the file: the rules a control plane sends carry none.
     pub concurrency: Option<crate::concurrency::Settings>,
+    /// The proxy's own settings (`proxy:`); like `concurrency` they stay with the process that
+    /// read the file.
+    pub proxy: ProxySettings,
+}
+
+/// The `proxy:` section, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxySettings {
+    /// The protocols an HTTP/1.1 upgrade may name to be forwarded as one, in lower case.
+    pub upgrades: Vec<String>,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            upgrades: vec!["websocket".to_owned()],
+        }
+    }
+}
+
+impl ProxySettings {
+    /// Whether `protocol` (a token of an `upgrade` field, `name` or `name/version`) names an
+    /// allowed protocol.
+    pub fn allows_upgrade(&self, protocol: &[u8]) -> bool {
+        let name = protocol
+            .split(|&b| b == b'/')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        self.upgrades
+            .iter()
+            .any(|allowed| allowed.as_bytes().eq_ignore_ascii_case(name))
+    }
+}
+
+/// Upgrade protocols that carry HTTP requests: inside their tunnel every request would pass the
+/// limiter undecided, so `proxy.upgrades` may not name them.
+const REQUEST_CARRYING_UPGRADES: [&str; 3] = ["h2c", "h2", "http"];
+
+/// A `proxy:` section: `upgrades` are tokens, none of them a protocol that carries requests.
+pub(crate) fn proxy(
+    file: super::ProxyFile,
+    positions: &Positions,
+) -> Result<ProxySettings, Located> {
+    let check = Checker { positions };
+    let Some(upgrades) = file.upgrades else {
+        return Ok(ProxySettings::default());
+    };
+    let mut allowed = Vec::with_capacity(upgrades.len());
+    for (i, token) in upgrades.into_iter().enumerate() {
+        let path = format!("proxy.upgrades[{i}]");
+        let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if token.is_empty() || !token.bytes().all(is_tchar) {
+            return Err(check.at_value(
+                &path,
+                format!("{token:?} is not a protocol name: write it as an `upgrade` field names it, like websocket"),
+            ));
+        }
+        let lower = token.to_ascii_lowercase();
+        if REQUEST_CARRYING_UPGRADES.contains(&lower.as_str()) {
+            return Err(check.at_value(
+                &path,
+                format!("{token} cannot be an allowed upgrade: its connection carries HTTP requests, which would pass the limiter undecided; remove it (HTTP/2 clients speak to the proxy directly, and each of their requests is decided)"),
+            ));
+        }
+        if !allowed.contains(&lower) {
+            allowed.push(lower);
+        }
+    }
+    Ok(ProxySettings { upgrades: allowed })
 }
 
 impl Config {
@@ -255,6 +325,8 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         ));
     }
     check_identity(&check, &file.identity)?;
+    let mut file = file;
+    file.identity.list_headers = list_headers(&check, &file.identity.list_headers)?;
     if file.control.instruction_ttl <= file.control.report_interval {
         return Err(check.at_value(
             "control.instruction_ttl",
@@ -382,6 +454,7 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         services,
         redis,
         concurrency: None,
+        proxy: ProxySettings::default(),
     })
 }
 
@@ -535,6 +608,33 @@ fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Locate
         }
     }
     Ok(())
+}
+
+/// `identity.list_headers`: header names, in lower case, once each; not `x-forwarded-for`,
+/// whose list is counted from the right past the trusted hops.
+fn list_headers(check: &Checker<'_>, names: &[String]) -> Result<Vec<String>, Located> {
+    let mut lists = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let path = format!("identity.list_headers[{i}]");
+        let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            return Err(check.at_value(
+                &path,
+                format!("{name:?} is not a header name; write the name alone, like x-groups"),
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower == "x-forwarded-for" {
+            return Err(check.at_value(
+                &path,
+                "x-forwarded-for is always a list, counted from the right past `xff_trusted_hops`; leave it out",
+            ));
+        }
+        if !lists.contains(&lower) {
+            lists.push(lower);
+        }
+    }
+    Ok(lists)
 }
 
 /// A bucket, and its candidate's twin when it has a candidate.
