@@ -6,10 +6,12 @@
 //! it when it is found down gets the same answer then.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -55,7 +57,8 @@ impl AppState {
         let header = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let user = self.auth.authenticate(&self.store, header).await?;
+        let source = SOURCE.try_with(|source| *source).ok();
+        let user = self.auth.authenticate(&self.store, header, source).await?;
         crate::trace::record_user(&user.name);
         Ok(user)
     }
@@ -82,6 +85,20 @@ impl AppState {
     }
 }
 
+tokio::task_local! {
+    /// The address of the client whose request the task serves, for the throttling of wrong
+    /// tokens: set around each request by [`source_address`], so the handlers need not pass it.
+    static SOURCE: IpAddr;
+}
+
+/// Runs the request with its client's address in [`SOURCE`], when the server gave one.
+async fn source_address(request: Request, next: Next) -> Response {
+    match request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        Some(ConnectInfo(peer)) => SOURCE.scope(peer.ip(), next.run(request)).await,
+        None => next.run(request).await,
+    }
+}
+
 /// The router of the rules service.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
@@ -103,6 +120,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn(source_address))
         .layer(middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
@@ -182,6 +200,29 @@ async fn metrics(State(state): State<AppState>) -> Response {
                 "spillway_rules_http_responses_total{{status=\"{status}\"}} {n}\n"
             ));
         }
+    }
+    let counts = state.auth.guard().counts();
+    for (name, help, value) in [
+        (
+            "spillway_rules_auth_failures_total",
+            "Bearer tokens refused as wrong or unknown (401).",
+            &counts.failed,
+        ),
+        (
+            "spillway_rules_auth_throttled_total",
+            "Bearer tokens refused unchecked: their address or token id failed too often (429).",
+            &counts.throttled,
+        ),
+        (
+            "spillway_rules_auth_busy_total",
+            "Bearer tokens refused unchecked: every argon2 check slot was taken (503).",
+            &counts.busy,
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+            value.load(Ordering::Relaxed)
+        ));
     }
     (
         [(

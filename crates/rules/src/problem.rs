@@ -1,6 +1,7 @@
 //! The one place that turns errors into answers: RFC 9457 problem documents with the status
 //! codes of SPEC §4 (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
-//! for rules and for the users and tokens of SPEC §7 alike.
+//! for rules and for the users and tokens of SPEC §7 alike; and the 429 and 503 of a bearer
+//! token that was not checked ([`crate::auth::guard`]).
 //!
 //! A 503 says `retry-after: 1` and is not logged here: the store's liveness logs each outage
 //! once, and the failures of a store that answers its probe in one line per interval
@@ -74,6 +75,8 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::Change(ChangeError::Budget { retry_after, .. }) => Some(*retry_after),
+            ApiError::Auth(AuthError::Throttled(seconds)) => Some(*seconds),
+            ApiError::Auth(AuthError::Busy) => Some(1),
             _ if self.is_store_failure() => Some(RETRY_AFTER_SECS),
             _ => None,
         }
@@ -93,6 +96,16 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
                 "The rules store is unavailable",
+            ),
+            ApiError::Auth(AuthError::Throttled(_)) => p(
+                StatusCode::TOO_MANY_REQUESTS,
+                "auth-throttled",
+                "Too many failed authentications",
+            ),
+            ApiError::Auth(AuthError::Busy) => p(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "auth-busy",
+                "Too many bearer tokens are being checked",
             ),
             ApiError::Auth(_) => p(
                 StatusCode::UNAUTHORIZED,
