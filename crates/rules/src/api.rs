@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +27,7 @@ use crate::auth::Authenticator;
 use crate::problem::{ApiError, StoreFailure};
 use crate::rule::{Bounds, check_reason, input_of, parse_config, parse_rule};
 use crate::store::{Role, Store, User};
+use spillway_core::config::MAX_CONFIG_BYTES;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -111,6 +112,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/audit", get(audit))
         .route("/v1/whoami", get(whoami))
         .merge(access::routes())
+        .route_layer(middleware::from_fn_with_state(state.clone(), token_first))
         .route_layer(middleware::from_fn_with_state(state.clone(), needs_store));
     Router::new()
         .route("/healthz", get(healthz))
@@ -119,6 +121,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .merge(api)
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_CONFIG_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(middleware::from_fn(source_address))
         .layer(middleware::from_fn(crate::trace::request_span))
@@ -131,6 +134,34 @@ async fn count(State(state): State<AppState>, request: Request, next: Next) -> R
         *map.entry(response.status().as_u16()).or_default() += 1;
     }
     response
+}
+
+/// Every route under `/v1` needs a token: checked before the body is read, so a client without
+/// one never makes the service buffer a body (up to [`MAX_CONFIG_BYTES`]). The handler asks
+/// again, which the memory of verified tokens answers.
+async fn token_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match state.user(request.headers()).await {
+        Ok(_) => next.run(request).await,
+        Err(err) => err.into_response(),
+    }
+}
+
+/// A request's body, at most [`MAX_CONFIG_BYTES`] (the largest configuration accepted), or a
+/// problem document that names the limit.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::TooLarge)
+            }
+            Err(rejection) => Err(ApiError::BadRequest(rejection.body_text())),
+        }
+    }
 }
 
 /// A route that needs the database: refused at once while the store is down, released when it
@@ -334,7 +365,7 @@ fn json_body(body: &Bytes) -> Result<Value, ApiError> {
 async fn create_rule(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let user = state.writer(&headers).await?;
     let input = parse_rule(json_body(&body)?)?;
@@ -386,7 +417,7 @@ async fn update_rule(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let user = state.writer(&headers).await?;
     let id = rule_id(&id)?;
@@ -465,7 +496,7 @@ async fn apply(
     State(state): State<AppState>,
     headers: HeaderMap,
     Query(query): Query<ApplyQuery>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Json<Value>, ApiError> {
     let user = state.writer(&headers).await?;
     check_reason(query.reason.as_deref(), "the `reason` parameter")

@@ -48,6 +48,11 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error(
+        "the body is over the limit of {} bytes (8 MiB), the largest configuration accepted",
+        spillway_core::config::MAX_CONFIG_BYTES
+    )]
+    TooLarge,
+    #[error(
         "send `if-match: <version>` with the version you read, so that a concurrent change is not overwritten"
     )]
     PreconditionRequired,
@@ -123,6 +128,11 @@ impl ApiError {
                 "Only an admin manages users and tokens",
             ),
             ApiError::BadRequest(_) => p(StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::TooLarge => p(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "The body is over the limit",
+            ),
             ApiError::Unprocessable(_) => p(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-request",
@@ -153,6 +163,11 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 "conflict",
                 "Another rule limits the same subject and api",
+            ),
+            ApiError::Change(ChangeError::Full { .. }) => p(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too-many-rules",
+                "The store holds as many rules as a configuration may",
             ),
             ApiError::Change(ChangeError::VersionMoved { .. }) => p(
                 StatusCode::PRECONDITION_FAILED,
