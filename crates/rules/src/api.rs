@@ -100,6 +100,12 @@ async fn source_address(request: Request, next: Next) -> Response {
     }
 }
 
+/// The same security headers as the admin listeners', on every answer.
+async fn security_headers(mut response: Response) -> Response {
+    spillway_net::admin::add_security_headers(response.headers_mut());
+    response
+}
+
 /// The router of the rules service.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
@@ -124,6 +130,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_CONFIG_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(middleware::from_fn(source_address))
+        .layer(middleware::map_response(security_headers))
         .layer(middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
