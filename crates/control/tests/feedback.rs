@@ -68,7 +68,10 @@ async fn a_global_bucket_at_one_and_a_half_times_its_limit_drops_a_third_everywh
     assert_eq!(doc["interval_ms"], 200);
     let (status, page) = get(admin, "/").await;
     assert_eq!(status, 200);
-    assert!(page.starts_with("<!doctype html>") && page.contains("fetch('/v1/buckets')"));
+    assert!(page.starts_with("<!doctype html>") && page.contains("<script src=\"/dashboard.js\">"));
+    let (status, script) = get(admin, "/dashboard.js").await;
+    assert_eq!(status, 200);
+    assert!(script.contains("fetch('/v1/buckets')"));
     fleet.shutdown().await;
 }
 

@@ -98,7 +98,9 @@ impl LinkRules {
             redis: own.redis.as_ref().map(RedisFile::from),
         };
         let yaml = yaml_serde::to_string(&file).map_err(|e| RulesError::Render(e.to_string()))?;
-        let mut config = config::load_str(&yaml, name)?;
+        // Rendered here with every default spelled out: bounded by its buckets, not its bytes
+        // (the message it came in is bounded by the link's largest message).
+        let mut config = config::load_rendered(&yaml, name)?;
         // The in-flight limit on the upstream is the host's own, like its identity.
         config.concurrency = own.concurrency;
         config.proxy = own.proxy.clone();
@@ -138,7 +140,8 @@ impl RulesSnapshot {
     /// `version`.
     pub fn from_model(version: u64, file: &ConfigFile) -> Result<Self, RulesError> {
         let yaml = yaml_serde::to_string(file).map_err(|e| RulesError::Render(e.to_string()))?;
-        let config = config::load_str(&yaml, "the rules store")?;
+        // Rendered here: bounded by its buckets, not its bytes.
+        let config = config::load_rendered(&yaml, "the rules store")?;
         Self::rendered(version, file, config)
     }
 

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use spillway_core::limit::parse_duration;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::AppState;
+use crate::api::{AppState, Body};
 use crate::problem::ApiError;
 use crate::store::{Role, User};
 use crate::time::now_millis;
@@ -238,7 +238,7 @@ pub(crate) async fn list_users(
 pub(crate) async fn create_user(
     State(state): State<AppState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    Body(bytes): Body,
 ) -> Result<Response, ApiError> {
     let admin = state.admin(&headers).await?;
     let body: NewUserBody = body(&bytes, false)?;
@@ -272,7 +272,7 @@ pub(crate) async fn update_user(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    bytes: Bytes,
+    Body(bytes): Body,
 ) -> Result<Json<Value>, ApiError> {
     let admin = state.admin(&headers).await?;
     let body: RoleBody = body(&bytes, false)?;
@@ -336,7 +336,7 @@ pub(crate) async fn list_tokens(
 pub(crate) async fn create_token(
     State(state): State<AppState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    Body(bytes): Body,
 ) -> Result<Response, ApiError> {
     let admin = state.admin(&headers).await?;
     let body: NewTokenBody = body(&bytes, true)?;
@@ -389,7 +389,7 @@ pub(crate) async fn rotate_token(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    bytes: Bytes,
+    Body(bytes): Body,
 ) -> Result<Json<Value>, ApiError> {
     let admin = state.admin(&headers).await?;
     let body: RotateBody = body(&bytes, true)?;

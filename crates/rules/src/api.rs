@@ -6,10 +6,12 @@
 //! it when it is found down gets the same answer then.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -25,6 +27,7 @@ use crate::auth::Authenticator;
 use crate::problem::{ApiError, StoreFailure};
 use crate::rule::{Bounds, check_reason, input_of, parse_config, parse_rule};
 use crate::store::{Role, Store, User};
+use spillway_core::config::MAX_CONFIG_BYTES;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -55,7 +58,8 @@ impl AppState {
         let header = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let user = self.auth.authenticate(&self.store, header).await?;
+        let source = SOURCE.try_with(|source| *source).ok();
+        let user = self.auth.authenticate(&self.store, header, source).await?;
         crate::trace::record_user(&user.name);
         Ok(user)
     }
@@ -82,6 +86,26 @@ impl AppState {
     }
 }
 
+tokio::task_local! {
+    /// The address of the client whose request the task serves, for the throttling of wrong
+    /// tokens: set around each request by [`source_address`], so the handlers need not pass it.
+    static SOURCE: IpAddr;
+}
+
+/// Runs the request with its client's address in [`SOURCE`], when the server gave one.
+async fn source_address(request: Request, next: Next) -> Response {
+    match request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        Some(ConnectInfo(peer)) => SOURCE.scope(peer.ip(), next.run(request)).await,
+        None => next.run(request).await,
+    }
+}
+
+/// The same security headers as the admin listeners', on every answer.
+async fn security_headers(mut response: Response) -> Response {
+    spillway_net::admin::add_security_headers(response.headers_mut());
+    response
+}
+
 /// The router of the rules service.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
@@ -94,6 +118,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/audit", get(audit))
         .route("/v1/whoami", get(whoami))
         .merge(access::routes())
+        .route_layer(middleware::from_fn_with_state(state.clone(), token_first))
         .route_layer(middleware::from_fn_with_state(state.clone(), needs_store));
     Router::new()
         .route("/healthz", get(healthz))
@@ -102,7 +127,10 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .merge(api)
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_CONFIG_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn(source_address))
+        .layer(middleware::map_response(security_headers))
         .layer(middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
@@ -113,6 +141,34 @@ async fn count(State(state): State<AppState>, request: Request, next: Next) -> R
         *map.entry(response.status().as_u16()).or_default() += 1;
     }
     response
+}
+
+/// Every route under `/v1` needs a token: checked before the body is read, so a client without
+/// one never makes the service buffer a body (up to [`MAX_CONFIG_BYTES`]). The handler asks
+/// again, which the memory of verified tokens answers.
+async fn token_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match state.user(request.headers()).await {
+        Ok(_) => next.run(request).await,
+        Err(err) => err.into_response(),
+    }
+}
+
+/// A request's body, at most [`MAX_CONFIG_BYTES`] (the largest configuration accepted), or a
+/// problem document that names the limit.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::TooLarge)
+            }
+            Err(rejection) => Err(ApiError::BadRequest(rejection.body_text())),
+        }
+    }
 }
 
 /// A route that needs the database: refused at once while the store is down, released when it
@@ -182,6 +238,29 @@ async fn metrics(State(state): State<AppState>) -> Response {
                 "spillway_rules_http_responses_total{{status=\"{status}\"}} {n}\n"
             ));
         }
+    }
+    let counts = state.auth.guard().counts();
+    for (name, help, value) in [
+        (
+            "spillway_rules_auth_failures_total",
+            "Bearer tokens refused as wrong or unknown (401).",
+            &counts.failed,
+        ),
+        (
+            "spillway_rules_auth_throttled_total",
+            "Bearer tokens refused unchecked: their address or token id failed too often (429).",
+            &counts.throttled,
+        ),
+        (
+            "spillway_rules_auth_busy_total",
+            "Bearer tokens refused unchecked: every argon2 check slot was taken (503).",
+            &counts.busy,
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+            value.load(Ordering::Relaxed)
+        ));
     }
     (
         [(
@@ -293,7 +372,7 @@ fn json_body(body: &Bytes) -> Result<Value, ApiError> {
 async fn create_rule(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let user = state.writer(&headers).await?;
     let input = parse_rule(json_body(&body)?)?;
@@ -345,7 +424,7 @@ async fn update_rule(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let user = state.writer(&headers).await?;
     let id = rule_id(&id)?;
@@ -424,7 +503,7 @@ async fn apply(
     State(state): State<AppState>,
     headers: HeaderMap,
     Query(query): Query<ApplyQuery>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Json<Value>, ApiError> {
     let user = state.writer(&headers).await?;
     check_reason(query.reason.as_deref(), "the `reason` parameter")

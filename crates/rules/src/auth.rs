@@ -14,14 +14,22 @@
 //! Timing: the secret is compared in constant time (argon2's own check, and `same` for the
 //! remembered ones), and a token id that names no token is checked against a dummy hash, so an
 //! unknown id takes about as long as a wrong secret.
+//!
+//! Cost: a token not remembered costs an argon2 check (4 MiB, a few milliseconds of a core),
+//! which anyone can ask for with a made-up token; [`guard`] bounds how many run at once and
+//! throttles the addresses and token ids whose tokens keep failing.
+
+pub mod guard;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 
+use self::guard::{Boarding, Guard, Refusal};
 use crate::store::{Store, StoreError, TokenRecord, User};
 use crate::time::{format_millis, now_millis};
 
@@ -53,8 +61,26 @@ pub enum AuthError {
     /// Only said to a client that proved it holds the secret.
     #[error("this token expired at {0}; ask an admin to rotate it or for a new one")]
     Expired(String),
+    /// Too many wrong tokens from this address or naming this token id: nothing was checked.
+    #[error(
+        "too many failed authentications from this address or for this token id; \
+         retry in {0} s"
+    )]
+    Throttled(u64),
+    /// Every argon2 check slot is taken: nothing was checked.
+    #[error("too many bearer tokens are being checked at once; retry in a second")]
+    Busy,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<Refusal> for AuthError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Throttled(seconds) => AuthError::Throttled(seconds),
+            Refusal::Busy => AuthError::Busy,
+        }
+    }
 }
 
 fn hasher() -> Argon2<'static> {
@@ -116,6 +142,7 @@ struct Remembered {
 #[derive(Clone, Default)]
 pub struct Authenticator {
     verified: Arc<RwLock<HashMap<String, Remembered>>>,
+    guard: Arc<Guard>,
 }
 
 impl Authenticator {
@@ -124,11 +151,18 @@ impl Authenticator {
         let _ = dummy_hash();
     }
 
-    /// The user an `authorization` header value names.
+    /// What bounds the checks: its counts are on `/metrics`.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// The user an `authorization` header value names; `source` is the client's address, by
+    /// which wrong tokens are throttled.
     pub async fn authenticate(
         &self,
         store: &Store,
         header: Option<&str>,
+        source: Option<IpAddr>,
     ) -> Result<User, AuthError> {
         let header = header.ok_or(AuthError::Missing)?;
         let token = header
@@ -143,50 +177,121 @@ impl Authenticator {
         if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(AuthError::Invalid);
         }
+        let digest = Guard::digest(id, secret);
+        // At most twice: a request that waited for another's check of the same token looks
+        // again, and finds its outcome remembered.
+        let mut may_follow = true;
+        loop {
+            if let Some(known) = self.recall(store, id, secret).await? {
+                return known;
+            }
+            // From here on the secret is checked with argon2, which the guard bounds.
+            if self.guard.failed_recently(&digest) {
+                return Err(AuthError::Invalid);
+            }
+            let flight = match self.guard.board(digest) {
+                Boarding::Follow(mut ended) if may_follow => {
+                    // Err once the check has ended: that is the signal.
+                    let _ = ended.changed().await;
+                    may_follow = false;
+                    continue;
+                }
+                boarding => boarding,
+            };
+            let outcome = self.verify(store, id, secret, digest, source).await;
+            drop(flight);
+            return outcome;
+        }
+    }
+
+    /// The answer from memory, if the token was verified lately: `Some` outcome, after a read
+    /// of its row if the memory is older than [`REVALIDATE_AFTER`]; `None` if it needs a check.
+    async fn recall(
+        &self,
+        store: &Store,
+        id: &str,
+        secret: &str,
+    ) -> Result<Option<Result<User, AuthError>>, AuthError> {
         let remembered = self
             .verified
             .read()
             .ok()
             .and_then(|m| m.get(id).cloned())
             .filter(|r| same(r.secret.as_bytes(), secret.as_bytes()));
+        let Some(entry) = remembered else {
+            return Ok(None);
+        };
         let now = now_millis();
-        if let Some(entry) = &remembered {
-            if let Some(at) = entry.expires_at.filter(|at| *at <= now) {
-                self.forget(id);
-                return Err(AuthError::Expired(format_millis(at)));
-            }
-            if entry.checked.elapsed() < REVALIDATE_AFTER {
-                return Ok(entry.user.clone());
-            }
+        if let Some(at) = entry.expires_at.filter(|at| *at <= now) {
+            self.forget(id);
+            return Ok(Some(Err(AuthError::Expired(format_millis(at)))));
         }
+        if entry.checked.elapsed() < REVALIDATE_AFTER {
+            return Ok(Some(Ok(entry.user)));
+        }
+        // Revalidation: the same secret hash still stands, so no argon2 is needed.
         let checked = Instant::now();
         let record = store.token_record(id).await?;
-        // Revalidation: the same secret hash still stands, so no argon2 is needed.
-        if let (Some(entry), Some(record)) = (&remembered, &record)
+        if let Some(record) = &record
             && record.secret_hash == entry.hash
         {
-            let user = still_valid(record, now)
-                .inspect_err(|_| self.forget(id))?
-                .clone();
+            let user = match still_valid(record, now) {
+                Ok(user) => user.clone(),
+                Err(err) => {
+                    self.forget(id);
+                    return Ok(Some(Err(err)));
+                }
+            };
             self.remember(id, secret, record, checked);
             self.note_use(store, id, record, now);
-            return Ok(user);
+            return Ok(Some(Ok(user)));
         }
-        if remembered.is_some() {
-            // Rotated or gone: the memory is of no use any more.
-            self.forget(id);
-        }
+        // Rotated or gone: the memory is of no use any more.
+        self.forget(id);
+        Ok(None)
+    }
+
+    /// Checks the secret against the token's hash (a dummy one for an id that names no
+    /// token), within the guard's bounds.
+    async fn verify(
+        &self,
+        store: &Store,
+        id: &str,
+        secret: &str,
+        digest: [u8; 32],
+        source: Option<IpAddr>,
+    ) -> Result<User, AuthError> {
+        let charge = self.guard.charge(source, id)?;
+        let checked = Instant::now();
+        let record = match store.token_record(id).await {
+            Ok(record) => record,
+            Err(err) => {
+                charge.refund();
+                return Err(err.into());
+            }
+        };
         let hash = record
             .as_ref()
             .map_or_else(|| dummy_hash().to_owned(), |r| r.secret_hash.clone());
         let owned = secret.to_owned();
-        // Hashing is CPU work; keep it off the reactor's threads.
-        let ok = tokio::task::spawn_blocking(move || verify_secret(&owned, &hash))
+        let ok = match self
+            .guard
+            .verify(source, move || verify_secret(&owned, &hash))
             .await
-            .unwrap_or(false);
+        {
+            Ok(ok) => ok,
+            Err(refusal) => {
+                charge.refund();
+                return Err(refusal.into());
+            }
+        };
         let Some(record) = record.filter(|_| ok) else {
+            // The charge stays spent.
+            self.guard.note_failure(digest);
             return Err(AuthError::Invalid);
         };
+        charge.refund();
+        let now = now_millis();
         let user = still_valid(&record, now)?.clone();
         self.remember(id, secret, &record, checked);
         self.note_use(store, id, &record, now);

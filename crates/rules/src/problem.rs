@@ -1,6 +1,7 @@
 //! The one place that turns errors into answers: RFC 9457 problem documents with the status
 //! codes of the rules API (401, 403, 404, 409, 412, 422, 428, 429, and 503 when the store is down),
-//! for rules and for its users and tokens alike.
+//! for rules and for its users and tokens alike; and the 429 and 503 of a bearer
+//! token that was not checked ([`crate::auth::guard`]).
 //!
 //! A 503 says `retry-after: 1` and is not logged here: the store's liveness logs each outage
 //! once, and the failures of a store that answers its probe in one line per interval
@@ -47,6 +48,11 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error(
+        "the body is over the limit of {} bytes (8 MiB), the largest configuration accepted",
+        spillway_core::config::MAX_CONFIG_BYTES
+    )]
+    TooLarge,
+    #[error(
         "send `if-match: <version>` with the version you read, so that a concurrent change is not overwritten"
     )]
     PreconditionRequired,
@@ -74,6 +80,8 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::Change(ChangeError::Budget { retry_after, .. }) => Some(*retry_after),
+            ApiError::Auth(AuthError::Throttled(seconds)) => Some(*seconds),
+            ApiError::Auth(AuthError::Busy) => Some(1),
             _ if self.is_store_failure() => Some(RETRY_AFTER_SECS),
             _ => None,
         }
@@ -94,6 +102,16 @@ impl ApiError {
                 "store-unavailable",
                 "The rules store is unavailable",
             ),
+            ApiError::Auth(AuthError::Throttled(_)) => p(
+                StatusCode::TOO_MANY_REQUESTS,
+                "auth-throttled",
+                "Too many failed authentications",
+            ),
+            ApiError::Auth(AuthError::Busy) => p(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "auth-busy",
+                "Too many bearer tokens are being checked",
+            ),
             ApiError::Auth(_) => p(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -110,6 +128,11 @@ impl ApiError {
                 "Only an admin manages users and tokens",
             ),
             ApiError::BadRequest(_) => p(StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::TooLarge => p(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "The body is over the limit",
+            ),
             ApiError::Unprocessable(_) => p(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-request",
@@ -140,6 +163,11 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 "conflict",
                 "Another rule limits the same subject and api",
+            ),
+            ApiError::Change(ChangeError::Full { .. }) => p(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too-many-rules",
+                "The store holds as many rules as a configuration may",
             ),
             ApiError::Change(ChangeError::VersionMoved { .. }) => p(
                 StatusCode::PRECONDITION_FAILED,

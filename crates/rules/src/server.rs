@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{AppState, router};
+use crate::auth::{Authenticator, guard};
 use crate::rule::Bounds;
 use crate::store::Store;
 
@@ -88,10 +89,15 @@ pub async fn serve_with(
     bounds: Bounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let _background = background(&store);
-    axum::serve(listener, router(AppState::with_bounds(store, bounds)))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let state = AppState::with_bounds(store, bounds);
+    let _background = background(&state);
+    let app = router(state);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// [`serve_with`] over TLS. When `shutdown` resolves the listener closes, handshakes still in
@@ -103,8 +109,9 @@ pub async fn serve_tls(
     tls: ServerTls,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let _background = background(&store);
-    let app = router(AppState::with_bounds(store, bounds));
+    let state = AppState::with_bounds(store, bounds);
+    let _background = background(&state);
+    let app = router(state);
     accept_tls(listener, app, tls.acceptor, shutdown).await;
     Ok(())
 }
@@ -132,14 +139,29 @@ pub async fn bind_and_serve(
     }
 }
 
-/// What runs beside the server, until the handles are dropped: the liveness probe and the
-/// sweep of expired overrides.
-fn background(store: &Store) -> [AbortOnDrop; 2] {
-    let probed = store.clone();
+/// What runs beside the server, until the handles are dropped: the liveness probe, the sweep
+/// of expired overrides, and the return of the token checks' memory after a burst.
+fn background(state: &AppState) -> [AbortOnDrop; 3] {
+    let probed = state.store.clone();
     [
         AbortOnDrop(tokio::spawn(async move { probed.probe_liveness().await })),
-        sweep_overrides(store.clone()),
+        sweep_overrides(state.store.clone()),
+        return_memory(state.auth.clone()),
     ]
+}
+
+/// Every few seconds, if bearer tokens were checked with argon2 since the last time and none
+/// is being checked now, hands the memory the checks freed back to the system.
+fn return_memory(auth: Authenticator) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            if auth.guard().burst_ended() {
+                let _ = tokio::task::spawn_blocking(guard::return_free_memory).await;
+            }
+        }
+    }))
 }
 
 /// Ends incident overrides whose ttl ran out, every second. Skipped while the store is down, and
@@ -202,7 +224,12 @@ async fn accept_tls(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let http = http.clone();
-        let service = TowerToHyperService::new(app.clone());
+        // The client's address, for the throttling of wrong tokens, as axum's plaintext server
+        // gives it.
+        let service = TowerToHyperService::new(
+            app.clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(remote))),
+        );
         let connection = connections.watcher();
         let mut stopped = stopped.clone();
         tokio::spawn(async move {

@@ -49,21 +49,46 @@ pub use validate::{
 };
 pub use warnings::Warning;
 
+/// The largest configuration accepted, in bytes: 8 MiB. A bucket takes a line or a few, so this
+/// is far more than [`MAX_BUCKETS`] need; it refuses a runaway file before it is parsed (50 MB
+/// of YAML took 1.6 GB and 25 s to check).
+pub const MAX_CONFIG_BYTES: usize = 8 << 20;
+
+/// The most buckets a configuration holds, across its services (candidates not counted).
+pub const MAX_BUCKETS: usize = 20_000;
+
 /// Reads and validates a configuration file; errors name the file as `path` is written.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+    let bytes = read_file(path)?;
+    load_bytes(&bytes, &path.display().to_string())
+}
+
+/// The bytes of a configuration file, unless it is over [`MAX_CONFIG_BYTES`]: then it is not
+/// read past the limit.
+fn read_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let read_error = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
-    })?;
-    load_bytes(&bytes, &path.display().to_string())
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() > MAX_CONFIG_BYTES {
+        let size = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
+        check_size(
+            usize::try_from(size).unwrap_or(usize::MAX),
+            &path.display().to_string(),
+        )?;
+    }
+    Ok(bytes)
 }
 
 /// Like [`load_file`], with the [`Warning`]s of a file that loads: what `spillway check` prints.
 pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let bytes = read_file(path)?;
     let file_name = path.display().to_string();
     let config = load_bytes(&bytes, &file_name)?;
     // The file loaded, so it is UTF-8 and indexes.
@@ -79,8 +104,33 @@ pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
     Ok((config, warnings))
 }
 
-/// Validates a configuration held in memory; `file_name` is what error messages call it.
+/// Validates a configuration held in memory; `file_name` is what error messages call it. A text
+/// over [`MAX_CONFIG_BYTES`] is refused unread.
 pub fn load_str(text: &str, file_name: &str) -> Result<Config, ConfigError> {
+    check_size(text.len(), file_name)?;
+    load_rendered(text, file_name)
+}
+
+/// Refuses a configuration of `bytes` over [`MAX_CONFIG_BYTES`], naming the limit.
+pub fn check_size(bytes: usize, file_name: &str) -> Result<(), ConfigError> {
+    if bytes <= MAX_CONFIG_BYTES {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        file: file_name.to_owned(),
+        position: Position::START,
+        message: format!(
+            "the configuration is {bytes} bytes, over the limit of {MAX_CONFIG_BYTES} bytes \
+             (8 MiB); a configuration holds at most {MAX_BUCKETS} buckets, which fit well \
+             within it"
+        ),
+    })
+}
+
+/// [`load_str`] for a text this program wrote from rules it already holds (with every default
+/// spelled out, so it can be longer than the file they came from): not refused for its size in
+/// bytes. The limit of [`MAX_BUCKETS`] holds all the same.
+pub fn load_rendered(text: &str, file_name: &str) -> Result<Config, ConfigError> {
     let invalid = |position, message| ConfigError::Invalid {
         file: file_name.to_owned(),
         position: clamp(position, text),
@@ -128,6 +178,7 @@ pub(crate) fn clamp(position: Position, text: &str) -> Position {
 
 /// Like [`load_str`], for bytes that may not be UTF-8 text.
 pub fn load_bytes(bytes: &[u8], file_name: &str) -> Result<Config, ConfigError> {
+    check_size(bytes.len(), file_name)?;
     load_str(utf8(bytes, file_name)?, file_name)
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::model::{
     Algorithm, BucketFile, ConfigFile, Control, Cost, DescriptorFile, FailurePolicy, Identity,
-    MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, Scope, SentinelFile, Source, Sources,
+    MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, Scope, SentinelFile, Services, Source, Sources,
     StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
@@ -339,6 +339,7 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
         ));
     }
     check_plausibility(&check, &file.control)?;
+    check_bucket_count(&check, &file.services)?;
     let mut services = Vec::with_capacity(file.services.0.len());
     // Descriptor buckets by their descriptor, across services: a domain's descriptor has one.
     let mut descriptors: HashMap<String, (String, String, usize)> = HashMap::new();
@@ -554,6 +555,30 @@ pub(crate) fn concurrency(
 /// `control.plausibility`: a multiple under 2 would count a proxy at no more than the median one
 /// of its zone, so half of an honest zone could never be counted whole; no proxy serves 0
 /// requests a second.
+/// Refuses more than [`MAX_BUCKETS`](super::MAX_BUCKETS) buckets, at the first one over.
+fn check_bucket_count(check: &Checker<'_>, services: &Services) -> Result<(), Located> {
+    let mut seen = 0;
+    for (name, service) in &services.0 {
+        let count = service.buckets.len();
+        if seen + count > super::MAX_BUCKETS {
+            let index = super::MAX_BUCKETS - seen;
+            let path = item(&child(&child("services", name), "buckets"), index);
+            return Err(check.at_value(
+                &path,
+                format!(
+                    "bucket {} of the configuration is over the limit of {} buckets; one bucket \
+                     with a subject of \"*\" (`user: \"*\"`) gives every distinct value a quota \
+                     of its own",
+                    super::MAX_BUCKETS + 1,
+                    super::MAX_BUCKETS
+                ),
+            ));
+        }
+        seen += count;
+    }
+    Ok(())
+}
+
 fn check_plausibility(check: &Checker<'_>, control: &Control) -> Result<(), Located> {
     let p = &control.plausibility;
     if p.peer_multiple < MIN_PEER_MULTIPLE {

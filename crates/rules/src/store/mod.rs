@@ -88,6 +88,12 @@ pub enum ChangeError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// The store holds as many live rules as a configuration may hold buckets.
+    #[error(
+        "the store holds {limit} live rules, as many as one configuration may hold buckets; \
+         delete one before adding another"
+    )]
+    Full { limit: usize },
     #[error("the rule is at version {current}, not {expected}; fetch it again and retry")]
     VersionMoved { expected: i64, current: i64 },
     #[error(

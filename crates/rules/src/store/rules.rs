@@ -41,6 +41,7 @@ impl Store {
     pub async fn create_rule(&self, actor: &User, input: RuleInput) -> Result<Rule, ChangeError> {
         let (mut tx, version, now) = self.begin_change(Some(actor)).await?;
         check_conflict(&mut tx, &input, None).await?;
+        check_room(&mut tx, now).await?;
         let id = uuid::Uuid::new_v4().to_string();
         let rule = insert_rule(&mut tx, &id, &input, version, &actor.name, now, now).await?;
         let action = if input.ttl.is_some() {
@@ -218,6 +219,23 @@ pub(super) async fn check_conflict(
         return Err(ChangeError::Conflict(format!(
             "rule {id} (\"{name}\") conflicts: {why}; change that rule instead, or make this one narrower"
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a new rule when the live ones already number
+/// [`MAX_BUCKETS`](spillway_core::config::MAX_BUCKETS): the rules the controller sends down are
+/// one configuration, which holds no more.
+async fn check_room(tx: &mut Transaction<'static, Any>, now: i64) -> Result<(), ChangeError> {
+    let limit = spillway_core::config::MAX_BUCKETS;
+    let live: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM rules WHERE expires_at IS NULL OR expires_at > $1",
+    )
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await?;
+    if usize::try_from(live).unwrap_or(usize::MAX) >= limit {
+        return Err(ChangeError::Full { limit });
     }
     Ok(())
 }
