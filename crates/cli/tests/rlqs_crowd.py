@@ -199,8 +199,7 @@ def memory(args, pb, rpc):
     for s in opened:
         s.close()
     emit({"event": "closed", "t": now()})
-    # Hold the connections until told to go (stdin closes), so the server's side is measured
-    # with the streams ended but not with the client gone.
+    # Hold the connections until told to go (stdin closes).
     sys.stdin.read()
 
 

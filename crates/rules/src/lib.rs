@@ -8,8 +8,7 @@
 //! - [`watch`] follows a store for the controller and the proxy ([`RulesWatcher`]), and
 //!   [`follow`](mod@follow) turns what it announces into the rules they run;
 //! - [`client`] is the blocking HTTP and HTTPS client the `spillway rules` commands use.
-// The one exception: `auth::guard::return_free_memory` calls glibc's `malloc_trim`.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod access;
 pub mod api;

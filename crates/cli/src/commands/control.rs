@@ -71,7 +71,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
                     buckets_per_host: args.rlqs_max_buckets_per_host.get(),
                     buckets: args.rlqs_max_buckets.get(),
                 })
-                .with_release(super::memory::release);
+                .with_release(spillway_net::memory::return_free_memory);
             tracing::info!(%addr, "serving Envoy's rate limit quota service (RLQS v3)");
             spillway_rls::serve_rlqs_with(listener, service, rlqs_tls, grpc)
         });

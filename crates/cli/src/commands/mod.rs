@@ -9,7 +9,6 @@ pub mod configure_run;
 mod control;
 mod demo;
 pub mod import;
-mod memory;
 mod proxy;
 mod rls;
 mod rules;

@@ -304,25 +304,7 @@ impl Guard {
     }
 }
 
-/// Asks glibc to hand the free memory of its arenas back to the system. Each check allocates
-/// its 4 MiB afresh, and glibc keeps freed memory of that size in the arena of the thread that
-/// freed it; elsewhere this does nothing.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-pub fn return_free_memory() {
-    unsafe extern "C" {
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    // SAFETY: malloc_trim takes no pointer and only releases memory no allocation holds; glibc
-    // locks each arena while it trims it, so it is safe beside other threads' allocations.
-    unsafe {
-        malloc_trim(0);
-    }
-}
-
-/// Asks the allocator to hand its free memory back: only glibc's needs asking.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn return_free_memory() {}
+pub use spillway_net::memory::return_free_memory;
 
 /// A check, as the check threads run it.
 type Job = Box<dyn FnOnce() + Send>;
