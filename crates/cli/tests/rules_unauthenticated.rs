@@ -123,6 +123,56 @@ fn metric(body: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in {body}"))
 }
 
+/// 512 `GET /v1/whoami` with distinct made-up tokens, 128 at a time, each on a connection of its
+/// own from `source(n)`; `next` counts the requests begun. Each worker gives the (request,
+/// status) pairs it saw; every refusal unchecked (429 or 503) says when to retry and why.
+fn burst(
+    addr: SocketAddr,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+    source: fn(usize) -> IpAddr,
+) -> Vec<tokio::task::JoinHandle<Vec<(usize, u16)>>> {
+    (0..128)
+        .map(|_| {
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                loop {
+                    let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if n >= 512 {
+                        return statuses;
+                    }
+                    let answer = get(source(n), addr, "/v1/whoami", Some(&made_up(n)))
+                        .await
+                        .expect("an answer to each made-up token");
+                    if matches!(answer.status, 429 | 503) {
+                        assert!(
+                            answer.retry_after.is_some_and(|s| s >= 1),
+                            "a {} says when to retry",
+                            answer.status
+                        );
+                        if answer.status == 503 {
+                            assert_eq!(answer.retry_after, Some(1), "a busy queue says 1 s");
+                        }
+                        let kind = if answer.status == 503 {
+                            "auth-busy"
+                        } else {
+                            "auth-throttled"
+                        };
+                        assert!(
+                            answer
+                                .body
+                                .contains(&format!("urn:spillway:problem:{kind}")),
+                            "{}",
+                            answer.body
+                        );
+                    }
+                    statuses.push((n, answer.status));
+                }
+            })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_of_made_up_tokens_holds_bounded_memory_and_an_admin_elsewhere_is_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,36 +184,7 @@ async fn a_burst_of_made_up_tokens_holds_bounded_memory_and_an_admin_elsewhere_i
 
     // 512 requests, 128 at a time, each on its own connection.
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for _ in 0..128 {
-        let next = next.clone();
-        let addr = server.addr;
-        workers.push(tokio::spawn(async move {
-            let mut statuses = Vec::new();
-            loop {
-                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n >= 512 {
-                    return statuses;
-                }
-                let answer = get(ATTACKER, addr, "/v1/whoami", Some(&made_up(n)))
-                    .await
-                    .expect("an answer to each made-up token");
-                if matches!(answer.status, 429 | 503) {
-                    assert!(
-                        answer.retry_after.is_some_and(|s| s >= 1),
-                        "a {} says when to retry",
-                        answer.status
-                    );
-                    assert!(
-                        answer.body.contains("urn:spillway:problem:auth-"),
-                        "{}",
-                        answer.body
-                    );
-                }
-                statuses.push((n, answer.status));
-            }
-        }));
-    }
+    let workers = burst(server.addr, next.clone(), |_| ATTACKER);
     // The admin asks while the burst runs.
     let deadline = Instant::now() + Duration::from_secs(30);
     while next.load(std::sync::atomic::Ordering::Relaxed) < 192 {
@@ -229,36 +250,12 @@ async fn made_up_tokens_from_many_addresses_wait_in_a_short_queue_and_memory_is_
     // Each request from an address of its own (127.1.X.Y): no address runs out of allowance,
     // so only the number of checks at once and the queue bound the cost.
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for _ in 0..128 {
-        let next = next.clone();
-        let addr = server.addr;
-        workers.push(tokio::spawn(async move {
-            let mut statuses = Vec::new();
-            loop {
-                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n >= 512 {
-                    return statuses;
-                }
-                let source = IpAddr::from([127, 1, (n / 200) as u8, (n % 200 + 1) as u8]);
-                let answer = get(source, addr, "/v1/whoami", Some(&made_up(n)))
-                    .await
-                    .expect("an answer to each made-up token");
-                if answer.status == 503 {
-                    assert_eq!(answer.retry_after, Some(1));
-                    assert!(
-                        answer.body.contains("urn:spillway:problem:auth-busy"),
-                        "{}",
-                        answer.body
-                    );
-                }
-                statuses.push(answer.status);
-            }
-        }));
-    }
+    let workers = burst(server.addr, next, |n| {
+        IpAddr::from([127, 1, (n / 200) as u8, (n % 200 + 1) as u8])
+    });
     let mut statuses = Vec::new();
     for worker in workers {
-        statuses.extend(worker.await.unwrap());
+        statuses.extend(worker.await.unwrap().into_iter().map(|(_, status)| status));
     }
     assert!(
         statuses.iter().all(|s| matches!(s, 401 | 503)),
