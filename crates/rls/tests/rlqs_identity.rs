@@ -2,6 +2,8 @@
 //! several connections under one certificate are one host, held to its cap on streams, while
 //! another certificate is another host.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,36 +11,16 @@ use std::time::Duration;
 use spillway_control::{Aggregator, AggregatorOptions};
 use spillway_rls::rlqs::pb;
 use spillway_rls::{Rlqs, RlqsLimits, serve_rlqs};
-use spillway_tls::certs::{self, Leaf, LeafRole};
-use spillway_tls::{Connector, Expect, TlsFiles, TlsSource};
+use spillway_tls::certs::LeafRole;
+use spillway_tls::{Connector, Expect, TlsSource};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
-const TRUST: &str = "spillway.local";
-
-/// A development CA in `dir` and a leaf of `role` issued into `dir/NAME`.
+/// A leaf of `role` for host `name` in this test's region and zone.
 fn leaf(dir: &Path, name: &str, role: LeafRole) -> Arc<TlsSource> {
-    if !dir.join("ca/ca.pem").exists() {
-        certs::init(&dir.join("ca"), TRUST, false).unwrap();
-    }
-    let request = Leaf {
-        role,
-        region: Some("r1".into()),
-        zone: Some("z1".into()),
-        host: Some(name.into()),
-        names: Vec::new(),
-        days: 1,
-    };
-    let out = dir.join(name);
-    certs::issue(&dir.join("ca"), TRUST, &request, &out, false).unwrap();
-    let files = TlsFiles {
-        cert: out.join("cert.pem"),
-        key: out.join("key.pem"),
-        ca: Some(out.join("ca.pem")),
-    };
-    TlsSource::load(files, TRUST).unwrap()
+    support::leaf(dir, name, role, "r1", "z1")
 }
 
 /// Opens a stream on a new connection as `client`: the stream's outbox (kept to hold it open),

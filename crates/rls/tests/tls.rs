@@ -2,6 +2,8 @@
 //! required, and `--allow-client-san` patterns decide which certificates' URI SANs may call;
 //! the others are answered PERMISSION_DENIED, naming their SANs.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,35 +11,16 @@ use spillway_client::Client;
 use spillway_core::config::load_str;
 use spillway_rls::pb::{self, Code, RateLimitServiceClient};
 use spillway_rls::{Rls, RlsOptions, RlsServer, serve};
-use spillway_tls::certs::{self, Leaf, LeafRole};
-use spillway_tls::{Connector, Expect, SanPolicy, TlsFiles, TlsSource};
+use spillway_tls::certs::LeafRole;
+use spillway_tls::{Connector, Expect, SanPolicy, TlsSource};
 use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
 
-const TRUST: &str = "spillway.local";
 const YAML: &str = "version: 1\nservices:\n  envoy:\n    buckets:\n      - { name: per-ip, limit: 2/h, algorithm: fixed-window, match: { descriptor: { domain: edge, entries: [ {key: remote_address} ] } } }\n";
 
-/// A development CA in `dir` and a leaf of `role` issued into `dir/NAME`.
+/// A leaf of `role` for host `name` in this test's region and zone.
 fn leaf(dir: &Path, name: &str, role: LeafRole) -> Arc<TlsSource> {
-    if !dir.join("ca/ca.pem").exists() {
-        certs::init(&dir.join("ca"), TRUST, false).unwrap();
-    }
-    let request = Leaf {
-        role,
-        region: Some("eu".into()),
-        zone: Some("eu-a".into()),
-        host: Some(name.into()),
-        names: Vec::new(),
-        days: 1,
-    };
-    let out = dir.join(name);
-    certs::issue(&dir.join("ca"), TRUST, &request, &out, false).unwrap();
-    let files = TlsFiles {
-        cert: out.join("cert.pem"),
-        key: out.join("key.pem"),
-        ca: Some(out.join("ca.pem")),
-    };
-    TlsSource::load(files, TRUST).unwrap()
+    support::leaf(dir, name, role, "eu", "eu-a")
 }
 
 async fn start(server: Arc<TlsSource>, allow: &[&str]) -> (RlsServer, String) {
