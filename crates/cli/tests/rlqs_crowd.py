@@ -19,28 +19,13 @@ Used by crates/cli/tests/rlqs_crowd.rs.
 """
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rlqs_envoy import compile_protos, told_of  # noqa: E402
-
-START = time.monotonic()
-
-
-def now():
-    return round(time.monotonic() - START, 3)
-
-
-lock = threading.Lock()
-
-
-def emit(line):
-    with lock:
-        print(json.dumps(line), flush=True)
+from rlqs_envoy import compile_protos, emit, now, told_of  # noqa: E402
 
 
 def channel(target):
