@@ -13,12 +13,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 use spillway_core::config::{Config, ConfigFile, ServiceFile, Services};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::rule::{self, Rule};
-use crate::store::{Backend, CHANNEL, Store, StoreError, normalize};
+#[cfg(feature = "postgres")]
+use crate::store::CHANNEL;
+use crate::store::{Backend, Store, StoreError, normalize};
 use crate::time::now_millis;
 
 const POLL: Duration = Duration::from_secs(1);
@@ -148,7 +151,11 @@ impl RulesWatcher {
         let url = database_url.to_owned();
         let task = tokio::spawn(async move {
             match backend {
+                #[cfg(feature = "postgres")]
                 Backend::Postgres => follow_postgres(url, store, sender).await,
+                // `normalize` refuses postgres:// URLs without the driver.
+                #[cfg(not(feature = "postgres"))]
+                Backend::Postgres => drop((url, store, sender)),
                 Backend::Sqlite => follow_sqlite(store, sender).await,
             }
         });
@@ -226,6 +233,7 @@ fn store_key(store: &Store) -> String {
     store.local_key().to_owned()
 }
 
+#[cfg(feature = "postgres")]
 async fn follow_postgres(url: String, store: Store, sender: watch::Sender<Arc<RuleSet>>) {
     let mut listener: Option<PgListener> = None;
     loop {

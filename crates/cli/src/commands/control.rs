@@ -11,8 +11,10 @@ use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
 use spillway_core::config::{ConfigFile, Services};
+#[cfg(feature = "rls")]
 use spillway_rls::{Rlqs, RlqsLimits};
 use spillway_rules::store::history::write_history_from;
+#[cfg(feature = "rls")]
 use spillway_tls::SanPolicy;
 
 use super::trust::{self, Place};
@@ -45,6 +47,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
                 .map_err(Failure::Usage)?;
         }
         // Bound before the aggregator starts, so a port in use stops the start.
+        #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
         let rlqs_listener = match args.rlqs_listen {
             Some(addr) => Some(
                 spillway_net::bind(addr)
@@ -54,6 +57,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
             None => None,
         };
         let drain = args.drain_timeout;
+        #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
         let rlqs_tls = transport.tls.clone();
         let mut options = AggregatorOptions::new(args.listen, region, zone, args.controller);
         options.admin = args.admin;
@@ -63,6 +67,8 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         options.grpc = grpc;
         let aggregator = Aggregator::start(options).await.map_err(failure)?;
         // Envoy's RLQS: each host (an identity, or a connection) a client of this zone.
+        // Without the `rls` feature, --rlqs-listen was refused above.
+        #[cfg(feature = "rls")]
         let rlqs = rlqs_listener.map(|(listener, addr)| {
             let service = Rlqs::new(aggregator.local_clients())
                 .with_allowed_sans(SanPolicy::new(args.allow_client_san))
@@ -77,6 +83,7 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         });
         super::stop_signal().await;
         tracing::info!("stopping: closing client and controller streams");
+        #[cfg(feature = "rls")]
         if let Some(rlqs) = rlqs {
             rlqs.shutdown().await;
         }

@@ -10,6 +10,7 @@ mod control;
 mod demo;
 pub mod import;
 mod proxy;
+#[cfg(feature = "rls")]
 mod rls;
 mod rules;
 mod sim;
@@ -123,8 +124,59 @@ pub fn run(command: Command) -> ExitCode {
         Command::Controller(args) => control::controller(args),
         Command::Rules { command } => rules::rules(command),
         Command::Sim(args) => sim::sim(args),
+        #[cfg(feature = "rls")]
         Command::Rls(args) => rls::rls(args),
+        #[cfg(not(feature = "rls"))]
+        Command::Rls(_) => without_feature("rls", "spillway rls"),
         Command::Certs { command } => certs::certs(command),
         Command::Configure { command } => configure::configure(command),
+    }
+}
+
+/// `Ok` when this binary was built with `feature`; otherwise the usage error that says how to
+/// build one that has it. The quick start's lean build (`--no-default-features`) leaves out
+/// Envoy's services (`rls`), the PostgreSQL driver (`postgres`) and the OpenTelemetry exporter
+/// (`otlp`).
+pub fn needs_feature(feature: &str, what: &str) -> Result<(), String> {
+    let built = (feature == "rls" && cfg!(feature = "rls"))
+        || (feature == "postgres" && cfg!(feature = "postgres"))
+        || (feature == "otlp" && cfg!(feature = "otlp"));
+    if built {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} needs the `{feature}` feature, which this spillway was built without; build the full binary (the default features): cargo build --release -p spillway-cli"
+    ))
+}
+
+/// A subcommand this build lacks: its usage error, exit 2.
+#[cfg(not(feature = "rls"))]
+fn without_feature(feature: &str, what: &str) -> ExitCode {
+    if let Err(message) = needs_feature(feature, what) {
+        eprintln!("error: {message}");
+    }
+    ExitCode::from(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_feature;
+
+    #[test]
+    fn a_feature_this_build_has_passes_and_one_it_lacks_says_how_to_get_it() {
+        assert_eq!(
+            needs_feature("rls", "--rls-listen").is_ok(),
+            cfg!(feature = "rls")
+        );
+        assert_eq!(
+            needs_feature("postgres", "postgres://").is_ok(),
+            cfg!(feature = "postgres")
+        );
+        let message = needs_feature("no-such-feature", "spillway nothing").unwrap_err();
+        assert!(message.starts_with("spillway nothing needs the `no-such-feature` feature"));
+        assert!(
+            message.contains("cargo build --release -p spillway-cli"),
+            "{message}"
+        );
     }
 }

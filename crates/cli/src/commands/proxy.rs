@@ -10,7 +10,9 @@ use spillway_client::Client;
 use spillway_client::control::{ControlOptions, LinkOptions};
 use spillway_core::config::{self, Config};
 use spillway_proxy::{ForwardedFields, Proxy, ProxyOptions};
+#[cfg(feature = "rls")]
 use spillway_rls::{Rls, RlsOptions};
+#[cfg(feature = "rls")]
 use spillway_tls::SanPolicy;
 
 use super::trust::{self, Place};
@@ -74,7 +76,9 @@ async fn run(args: ProxyArgs) -> ExitCode {
     {
         return usage(message);
     }
+    #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
     let rls_tls = tls.clone();
+    #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
     let grpc = args.grpc.limits();
     let (source, admin_auth) = (tls, admin);
     let mut options = ProxyOptions::new(args.config, args.listen, args.upstream);
@@ -118,6 +122,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     };
     options.watch_file = follow.is_none();
     // Bound before the proxy starts, so a port in use stops the start.
+    #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
     let rls_listener = match args.rls_listen {
         Some(addr) => match spillway_net::bind(addr).await {
             Ok(bound) => Some(bound),
@@ -135,7 +140,9 @@ async fn run(args: ProxyArgs) -> ExitCode {
             return ExitCode::from(if err.is_usage() { 2 } else { 1 });
         }
     };
-    // Envoy's RLS, decided by the same engine as the proxied requests.
+    // Envoy's RLS, decided by the same engine as the proxied requests (without the `rls`
+    // feature, --rls-listen was refused above).
+    #[cfg(feature = "rls")]
     let rls = rls_listener.map(|(listener, addr)| {
         let options = RlsOptions {
             response_headers: args.rls_response_headers,
@@ -155,6 +162,7 @@ async fn run(args: ProxyArgs) -> ExitCode {
     if let Some(task) = following {
         task.abort();
     }
+    #[cfg(feature = "rls")]
     if let Some(rls) = rls {
         rls.shutdown().await;
     }

@@ -115,20 +115,23 @@ pub fn control_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(
     plaintext_off_loopback(addr, tls, args, "--listen", "reports and instructions")
 }
 
-/// The RLS listener (§8) without TLS binds loopback only, for an Envoy beside the
+/// The RLS listener without TLS binds loopback only, for an Envoy beside the
 /// process, unless `--insecure-plaintext`.
 pub fn rls_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
+    super::needs_feature("rls", "--rls-listen")?;
     plaintext_off_loopback(addr, tls, args, "--rls-listen", "rate-limit decisions")
 }
 
 /// `spillway rls --listen`, the same rule as [`rls_listener`].
+#[cfg(feature = "rls")]
 pub fn rls_service_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
     plaintext_off_loopback(addr, tls, args, "--listen", "rate-limit decisions")
 }
 
-/// The RLQS listener (§8), likewise: loopback only without TLS, unless
+/// The RLQS listener, likewise: loopback only without TLS, unless
 /// `--insecure-plaintext`.
 pub fn rlqs_listener(addr: SocketAddr, tls: bool, args: &TlsArgs) -> Result<(), String> {
+    super::needs_feature("rls", "--rlqs-listen")?;
     plaintext_off_loopback(
         addr,
         tls,

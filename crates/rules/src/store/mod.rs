@@ -63,6 +63,10 @@ const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum StoreError {
     #[error("unsupported database URL \"{0}\"; use sqlite://PATH or postgres://USER@HOST/DB")]
     Url(String),
+    #[error(
+        "\"{0}\" needs the PostgreSQL driver, which this build of spillway leaves out (its `postgres` feature); use sqlite://PATH, or build the full binary: cargo build --release -p spillway-cli"
+    )]
+    NoPostgres(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migrating the rules store: {0}")]
@@ -332,6 +336,9 @@ impl Store {
 /// Which engine a URL names, and the URL to open: SQLite files are created when missing.
 pub fn normalize(url: &str) -> Result<(Backend, String), StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if !cfg!(feature = "postgres") {
+            return Err(StoreError::NoPostgres(url.to_owned()));
+        }
         Ok((Backend::Postgres, url.to_owned()))
     } else if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() || path.contains(":memory:") || path.contains("mode=memory") {
