@@ -1,4 +1,4 @@
-//! The Kubernetes manifests in `deploy/kubernetes/` (SPEC section 11): every file passes PyPI's
+//! The Kubernetes manifests in `deploy/kubernetes/` (docs/kubernetes.md): every file passes PyPI's
 //! `kubernetes-validate --strict` against a current Kubernetes version, and every `spillway`
 //! subcommand and `--flag` in their containers' `args` exists in that subcommand's `--help`, so a
 //! renamed flag breaks this test rather than a deploy.

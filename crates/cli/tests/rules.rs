@@ -304,7 +304,7 @@ fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
     assert!(server.stop().success(), "SIGTERM stops the service cleanly");
 }
 
-/// S4 end to end: a rule committed through the API reaches a proxy that follows the PostgreSQL
+/// Propagation end to end: a rule committed through the API reaches a proxy that follows the PostgreSQL
 /// store (`LISTEN`/`NOTIFY`), and is enforced without a restart; deleting it lifts the limit.
 #[test]
 fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {

@@ -156,9 +156,9 @@ pub(crate) struct ExactBucket {
     algo: ExactAlgo,
     /// The service the bucket belongs to, so two services' buckets never share a key.
     service: Box<str>,
-    /// S5's `{scope}`: the bucket's subject, or `caller` when it has none.
+    /// The Redis key's `{scope}`: the bucket's subject, or `caller` when it has none.
     scope: &'static str,
-    /// S5's `{api}`: the bucket's procedure, `*` for every procedure.
+    /// The Redis key's `{api}`: the bucket's procedure, `*` for every procedure.
     api: Box<str>,
     /// `Some` for per-subject buckets (`user: "*"`), whose key holds the request's value.
     each: Option<SubjectKind>,

@@ -1,4 +1,4 @@
-//! Envoy rate-limit descriptors (§8): what a descriptor bucket matches, and the matcher
+//! Envoy rate-limit descriptors: what a descriptor bucket matches, and the matcher
 //! that gives one request descriptor the single most specific bucket of its domain.
 //!
 //! An Envoy request names a `domain` and a list of descriptors, each an ordered list of

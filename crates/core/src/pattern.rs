@@ -85,7 +85,7 @@ fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
     pattern[p..].iter().all(|&b| b == b'*')
 }
 
-/// The subjects of S2: who or what a per-subject quota is about.
+/// The subjects of per-subject quotas: who or what a per-subject quota is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SubjectKind {
     User,

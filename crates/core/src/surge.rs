@@ -332,8 +332,8 @@ impl SurgeGuard {
     ///
     /// The rate granted is `(1 - r) x` the client's own offered rate when the ratio came, not
     /// its part of the scope's limit: the two agree when every host's count was taken as sent,
-    /// but a host the zone held to what it counted (a busy host counted for the limit, SPEC
-    /// §7) was given a ratio for its real load, and its part computed from the counted scope
+    /// but a host the zone held to what it counted (a busy host counted for the limit as
+    /// the controller does) was given a ratio for its real load, and its part computed from the counted scope
     /// would read that load as a fall.
     fn fallen(&self, part: Part) -> Option<f64> {
         let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;

@@ -177,7 +177,7 @@ proptest! {
 
 #[test]
 fn fixed_window_lets_twice_the_limit_across_a_boundary_and_the_sliding_log_does_not() {
-    // W6: 100 per minute, spent at the last nanosecond of one window and the first of the next.
+    // 100 per minute, spent at the last nanosecond of one window and the first of the next.
     let rate = Rate::new(100, Duration::from_secs(60)).unwrap();
     let period = rate.period_ns();
     let fixed = FixedWindow::new(rate).unwrap();

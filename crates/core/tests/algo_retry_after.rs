@@ -1,4 +1,4 @@
-//! W4 for every deterministic algorithm: a denied request sent again exactly `retry_after` later
+//! An exact `retry_after` for every deterministic algorithm: a denied request sent again exactly `retry_after` later
 //! is admitted (if nothing else arrives), and one nanosecond earlier it is not.
 
 use std::time::Duration;
@@ -27,7 +27,7 @@ fn replay(make: &dyn Fn() -> Limiter, history: &[(Nanos, u64)]) -> Limiter {
     limiter
 }
 
-/// Checks W4 at every denial of `requests` (absolute times, costs). `may_never_fit` says which
+/// Checks the exact `retry_after` at every denial of `requests` (absolute times, costs). `may_never_fit` says which
 /// costs may legitimately be refused forever.
 fn check_every_denial(
     make: &dyn Fn() -> Limiter,
@@ -47,7 +47,7 @@ fn check_every_denial(
         }
         prop_assert!(retry_after > Duration::ZERO);
         let wait = retry_after.as_nanos() as Nanos;
-        // The replays include the denied request itself: "sent again", W4's case.
+        // The replays include the denied request itself: "sent again", the case the promise names.
         let on_time = replay(make, &requests[..=i]);
         prop_assert!(
             on_time.decide(t + wait, cost).is_allow(),

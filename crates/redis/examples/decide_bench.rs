@@ -5,7 +5,7 @@
 //! over one multiplexed connection, each on its own bucket, and prints `decisions_per_sec=N`
 //! and `denied_share=F`, the fraction of those decisions that were denials.
 //!
-//! ALGO is `token-bucket` (the default: S5's bucket, large enough that every decision is an
+//! ALGO is `token-bucket` (the default: 10,000 tokens refilled at 1,000/s, large enough that every decision is an
 //! admission with a write) or any other configuration name, at LIMIT units per second (default
 //! 1,000,000, so every decision is admitted). `sliding-window-log` at the default limit keeps
 //! about a second of each loop's requests in its log, so every decision also expires the oldest
@@ -42,7 +42,7 @@ async fn main() {
         .expect("a valid URL"),
     );
     let algo = match kind {
-        // S5's example bucket, large enough that every decision is an admission with a write.
+        // A bucket of 10,000 tokens refilled at 1,000/s, large enough that every decision is an admission with a write.
         Kind::TokenBucket => {
             ExactAlgo::token_bucket(Rate::per_second(limit).expect("LIMIT > 0"), 10 * limit)
         }

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// The Redis key of one exact bucket, for example `rl:{user:alice:/search}`.
 ///
-/// S5 names keys `rl:{scope}:{scope_value}:{api}`. The braces here wrap the whole identity
+/// Redis keys are named `rl:{scope}:{scope_value}:{api}`. The braces here wrap the whole identity
 /// rather than only the scope, because Redis Cluster hashes just the text inside the first pair
 /// of braces: `rl:{user}:alice:/search` would put every user's bucket in one slot, one hot node.
 /// Wrapping all three spreads buckets over the cluster while a bucket's own keys (the sliding

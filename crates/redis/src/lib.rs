@@ -25,7 +25,7 @@
 //!
 //! # The sliding-window log in Redis
 //!
-//! W6 asks for about 100 bytes per logged request, so that a 10,000-unit daily quota takes about
+//! The sliding log aims at about 100 bytes per logged request, so that a 10,000-unit daily quota takes about
 //! 1 MB. One large sorted set does not get there reliably: past 128 entries Redis keeps it as a
 //! skiplist plus a hash table, and on Redis 7.0 an entry then costs a skiplist node (45.8 bytes
 //! on average), a hash-table entry (24), the member's string (8) and 8 to 24 bytes of
@@ -86,7 +86,7 @@
 //!
 //! Run the Redis that holds limits with `maxmemory-policy noeviction`: it then answers writes
 //! with an error when full (the circuit breaker and the bucket's `on_store_failure` take over,
-//! S8) instead of evicting counters. With noeviction a bucket's keys leave only by their TTL,
+//! the circuit breaker) instead of evicting counters. With noeviction a bucket's keys leave only by their TTL,
 //! and the meta, refreshed on every logged request, outlives every chunk. If keys are evicted
 //! or deleted anyway:
 //!

@@ -42,7 +42,7 @@ impl ExactError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// The longest a decision waits for Redis, connecting included. A decision must stay well
-    /// under S7's 10 ms budget when Redis is healthy; when it is not, this is how long a request
+    /// under the 10 ms budget of a Redis-backed decision when Redis is healthy; when it is not, this is how long a request
     /// waits before the breaker's policy decides it.
     pub timeout: Duration,
 }

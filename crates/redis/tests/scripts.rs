@@ -205,7 +205,7 @@ async fn evalsha_alone_serves_a_warm_cache() {
     assert_eq!(command_calls(&mut con, "evalsha").await, 20);
 }
 
-/// Asserts W4 for `algo` at `key` after the bucket has been filled by `fill` requests: the
+/// Asserts that `retry_after` is exact for `algo` at `key` after the bucket has been filled by `fill` requests: the
 /// denial's retry-after is honest in both directions.
 async fn assert_retry_after_is_correct(algo: ExactAlgo, fill: u64, cost: u64) {
     let server = RedisServer::start().expect("private redis-server");
@@ -471,7 +471,7 @@ async fn sliding_log_memory_per_logged_request() {
          {per_request:.1} bytes each",
         keys.len()
     );
-    // W6: at most 100 bytes per logged request (one large sorted set took 94 to 110, 105 here).
+    // At most 100 bytes per logged request (one large sorted set took 94 to 110, 105 here).
     assert!(
         per_request <= 100.0,
         "{per_request:.1} bytes per logged request"
@@ -623,7 +623,7 @@ async fn sliding_log_retry_after_reaches_into_later_chunks() {
     assert!(early_from <= first_end + WINDOW_US, "{early:?}");
     assert!(early < late, "{early:?} {late:?}");
 
-    // W4 in both directions, while chunk 0 is about to expire whole and chunk 1 in part.
+    // An exact `retry_after` in both directions, while chunk 0 is about to expire whole and chunk 1 in part.
     tokio::time::sleep(early / 2).await;
     assert!(
         !limiter.decide(&key, &algo, 150).await.unwrap().is_allow(),

@@ -91,11 +91,11 @@ pub struct RuleInput {
     pub ttl: Option<Duration>,
     /// Why the change was made; kept in the audit log and, for an override, on the rule.
     pub reason: Option<String>,
-    /// What the S2 columns hold.
+    /// What the per-subject quota columns hold.
     pub key: RuleKey,
 }
 
-/// The columns of S2 derived from the validated bucket.
+/// The per-subject quota columns derived from the validated bucket.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleKey {
     pub subject_scope: &'static str,
@@ -221,7 +221,7 @@ pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
     })
 }
 
-/// The S2 columns of a validated bucket. A rule's subject is its match's subject key, or
+/// The per-subject quota columns of a validated bucket. A rule's subject is its match's subject key, or
 /// `caller` when it has none; an absent caller or procedure is `*`, as core reads it.
 pub fn key_of(bucket: &config::Bucket) -> RuleKey {
     let spec = &bucket.match_spec;

@@ -1,4 +1,4 @@
-//! Serving the API (§7): plaintext HTTP, which `rules serve` allows on loopback only
+//! Serving the rules API: plaintext HTTP, which `rules serve` allows on loopback only
 //! unless `--insecure-plaintext`, or server TLS whose certificate files are re-read when they
 //! change, so that a rotated certificate serves the next connection without a restart.
 //!

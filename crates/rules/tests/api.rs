@@ -1,5 +1,5 @@
 //! The rules service's REST API over a real socket, on SQLite and on PostgreSQL: CRUD, each error
-//! status where the SPEC puts it, the daily budget (also under 50 concurrent writers), the
+//! status the API documents, the daily budget (also under 50 concurrent writers), the
 //! audit log, incident overrides, apply, and text stored verbatim.
 
 mod common;

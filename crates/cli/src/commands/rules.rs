@@ -1,4 +1,4 @@
-//! `spillway rules ...`: the rules service and its admin client (§4). Wiring only: the
+//! `spillway rules ...`: the rules service and its admin client. Wiring only: the
 //! work is in `spillway-rules`.
 
 use std::net::SocketAddr;

@@ -172,7 +172,7 @@ fn store_tiers(into: &[AtomicU64; TIERS], ratios: &TierRatios) {
 impl DropRatio {
     /// A limiter with no instruction whose drops suggest retrying after `retry_after` (the
     /// control interval is a good choice: the next instruction may differ). Retry-after is a hint
-    /// here, not W4's exact promise, since any retry passes with probability `1 - ratio`.
+    /// here, not the exact promise of the deterministic algorithms, since any retry passes with probability `1 - ratio`.
     pub fn new(retry_after: Duration) -> Self {
         Self {
             schedule: (0..SCHEDULE_STRIPES * TIERS)

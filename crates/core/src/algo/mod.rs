@@ -143,7 +143,7 @@ impl Rate {
     }
 }
 
-/// The algorithms by name, as the configuration spells them, in SPEC order.
+/// The algorithms by name, as the configuration spells them, in the order docs/configuration.md lists them.
 /// `drop-ratio` is the default.
 #[derive(
     Debug,

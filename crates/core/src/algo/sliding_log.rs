@@ -3,7 +3,7 @@
 //! The only algorithm here that keeps a list, so it sits behind a mutex: it is the exact and the
 //! expensive one. Memory is bounded by the limit, not by traffic: entries hold at least one unit
 //! each and the log never holds more than `count` units, so at most `count` entries of 16 bytes
-//! (a 10,000-unit daily quota is at most 160 KB; W6 quotes about 100 bytes per entry in Redis).
+//! (a 10,000-unit daily quota is at most 160 KB; the Redis sliding log aims at about 100 bytes per entry in Redis).
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};

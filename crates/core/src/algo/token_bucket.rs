@@ -10,7 +10,7 @@ use crate::decision::Verdict;
 
 /// A token bucket holding up to `capacity` tokens, refilled at `rate`, starting full.
 ///
-/// S5's example, 10,000 tokens refilled at 1,000/s: an idle bucket admits 10,000 requests at once;
+/// The example of 10,000 tokens refilled at 1,000/s: an idle bucket admits 10,000 requests at once;
 /// after that one token returns every millisecond, and a request finding the bucket empty is told
 /// to retry in exactly the time its missing tokens take to return (1 ms for a cost of 1, 100 ms
 /// for a cost of 100). Admitted cost over any stretch of `t` never exceeds

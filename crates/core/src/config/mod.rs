@@ -7,7 +7,7 @@
 //! 2. `yaml_serde` reads the [`model`] types, which deny unknown keys and parse limits, durations
 //!    and names inside their visitors so that errors carry the value's position;
 //! 3. [`validate`] checks what spans several keys (a store that does not fit the algorithm, two
-//!    buckets with the same S2 key, ...) and fills in the defaults.
+//!    buckets with the same unique key (subject, value, api), ...) and fills in the defaults.
 //!
 //! ```
 //! let config = spillway_core::config::load_str(

@@ -160,7 +160,7 @@ impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
     }
 }
 
-/// Where each request attribute is read from (§3a). Each value is a list of sources
+/// Where each request attribute is read from (the `identity` section). Each value is a list of sources
 /// separated by commas; the first one present in the request wins.
 ///
 /// A header is whatever the client wrote unless a trusted hop in front of the proxy sets it, so
@@ -672,7 +672,7 @@ pub enum StateStore {
 pub enum FailurePolicy {
     /// Let the traffic through.
     Open,
-    /// Drop it (behind the circuit breaker of S8).
+    /// Drop it (behind the Redis circuit breaker).
     Closed,
 }
 

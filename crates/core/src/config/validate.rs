@@ -1096,7 +1096,7 @@ fn check_descriptor(
     })
 }
 
-/// S2's unique key: (subject, subject value, api). A rule without a subject key is about its
+/// The per-subject quota's unique key: (subject, subject value, api). A rule without a subject key is about its
 /// caller; an absent caller or procedure is the same as `*`.
 fn rule_key(spec: &MatchSpec) -> (&'static str, String, String) {
     let (subject, value) = match &spec.subject {

@@ -41,7 +41,7 @@ impl Store {
         diff.updated.clear();
         let mut before = Vec::new();
         let mut after = Vec::new();
-        // Every delete first, so that a rule may take over the S2 key or the name that another one
+        // Every delete first, so that a rule may take over the unique key (subject, value, api) or the name that another one
         // gives up in the same apply.
         for step in &steps {
             if let Step::Delete(old) | Step::Update(old, _) = step {
