@@ -19,7 +19,7 @@ use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
 use spillway_redis::{
     BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, Password,
-    RedisLimiter, StoreOptions, Target,
+    RedisEndpoint, RedisLimiter, StoreOptions,
 };
 pub(crate) use spillway_redis::{ExactError, RedisKey, UnsupportedAlgorithm};
 
@@ -67,9 +67,11 @@ impl ExactStore {
             return Ok(Some(previous.clone()));
         }
         let target = match &redis.target {
-            RedisTarget::Single { url } => Target::single(url.clone()),
-            RedisTarget::Sentinel { master, nodes } => Target::sentinel(master, nodes.clone()),
-            RedisTarget::Cluster { nodes } => Target::cluster(nodes.clone()),
+            RedisTarget::Single { url } => RedisEndpoint::single(url.clone()),
+            RedisTarget::Sentinel { master, nodes } => {
+                RedisEndpoint::sentinel(master, nodes.clone())
+            }
+            RedisTarget::Cluster { nodes } => RedisEndpoint::cluster(nodes.clone()),
         };
         // The process's own password (its `redis.password_file`, or SPILLWAY_REDIS_PASSWORD),
         // read here, when the section is first used or changes.

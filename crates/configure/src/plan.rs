@@ -8,12 +8,12 @@ use serde::Serialize;
 use crate::current::{CurrentLimits, pair_bucket_name};
 use crate::history::History;
 use crate::policy::{self, Input, PolicyKind, Suggestion};
-use crate::series::{HistorySource, Point, SeriesKey, SourceError, Target, Window};
+use crate::series::{HistorySource, Point, SeriesKey, SeriesTarget, SourceError, Window};
 use crate::settings::Settings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Action {
+pub enum PlanAction {
     /// A new bucket.
     Create,
     /// A bucket whose limit changes.
@@ -22,12 +22,12 @@ pub enum Action {
     Keep,
 }
 
-impl Action {
+impl PlanAction {
     pub fn name(self) -> &'static str {
         match self {
-            Action::Create => "create",
-            Action::Update => "update",
-            Action::Keep => "keep",
+            PlanAction::Create => "create",
+            PlanAction::Update => "update",
+            PlanAction::Keep => "keep",
         }
     }
 }
@@ -133,7 +133,7 @@ pub struct Proposal {
     pub current_limit_rps: Option<f64>,
     pub proposed_limit_rps: Option<f64>,
     pub policy: PolicyKind,
-    pub action: Action,
+    pub action: PlanAction,
     pub evidence: Evidence,
 }
 
@@ -188,8 +188,10 @@ pub fn plan(
         }
         points.dedup_by_key(|p| p.at);
         let (bucket, in_force, pair) = match &key.target {
-            Target::Bucket(bucket) => (bucket.clone(), current.get(&key.service, bucket), None),
-            Target::Pair { caller, procedure } => {
+            SeriesTarget::Bucket(bucket) => {
+                (bucket.clone(), current.get(&key.service, bucket), None)
+            }
+            SeriesTarget::Pair { caller, procedure } => {
                 match current.find_pair(&key.service, caller, procedure) {
                     Some(b) => (b.bucket.clone(), Some(b), None),
                     None => {
@@ -283,7 +285,7 @@ fn keep_per_subject(proposal: &mut Proposal, kind: &str) {
         return;
     }
     proposal.proposed_limit_rps = proposal.current_limit_rps;
-    proposal.action = Action::Keep;
+    proposal.action = PlanAction::Keep;
     proposal.evidence.clamp = None;
     proposal.evidence.reason = Some(format!(
         "a limit per {kind}: the history is the bucket's total over every {kind}, so it says \
@@ -317,10 +319,10 @@ fn propose(
     let suggestion = params.policy.policy().suggest(&input, &mut evidence);
     let proposed = policy::finish(&suggestion, current, params, &mut evidence);
     let action = match (&suggestion, current, proposed) {
-        (Suggestion::Keep { .. }, _, _) | (_, _, None) => Action::Keep,
-        (_, None, Some(_)) => Action::Create,
-        (_, Some(cur), Some(new)) if (new - cur).abs() <= 1e-9 * cur => Action::Keep,
-        _ => Action::Update,
+        (Suggestion::Keep { .. }, _, _) | (_, _, None) => PlanAction::Keep,
+        (_, None, Some(_)) => PlanAction::Create,
+        (_, Some(cur), Some(new)) if (new - cur).abs() <= 1e-9 * cur => PlanAction::Keep,
+        _ => PlanAction::Update,
     };
     Proposal {
         service: key.service.clone(),

@@ -48,8 +48,8 @@ impl PolicyKind {
     pub fn policy(self) -> &'static dyn Policy {
         match self {
             PolicyKind::Historical => &Historical,
-            PolicyKind::Forecast => &Forecast,
-            PolicyKind::Fixed => &Fixed,
+            PolicyKind::Forecast => &ForecastPolicy,
+            PolicyKind::Fixed => &FixedPolicy,
         }
     }
 }
@@ -171,9 +171,9 @@ impl Policy for Historical {
 }
 
 /// `forecast`: next week's highest predicted daily peak ([`crate::forecast`]).
-pub struct Forecast;
+pub struct ForecastPolicy;
 
-impl Policy for Forecast {
+impl Policy for ForecastPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Forecast
     }
@@ -239,9 +239,9 @@ impl Policy for Forecast {
 }
 
 /// `fixed`: the bucket's quota from the quota file, as it is.
-pub struct Fixed;
+pub struct FixedPolicy;
 
-impl Policy for Fixed {
+impl Policy for FixedPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Fixed
     }

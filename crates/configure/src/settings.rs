@@ -159,28 +159,28 @@ impl<'de> Deserialize<'de> for Headroom {
 /// A positive rate in requests per second: a number (`250`, `0.5`) or a limit as the
 /// configuration file writes it (`"250/s"`, `"9000/min"`, `"100 per 30s"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate(pub f64);
+pub struct PlanRate(pub f64);
 
-impl<'de> Deserialize<'de> for Rate {
+impl<'de> Deserialize<'de> for PlanRate {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Rate;
+            type Value = PlanRate;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a rate in requests per second (250) or a limit like \"250/s\"")
             }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Rate, E> {
-                check_limit("rate", v).map(Rate).map_err(E::custom)
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<PlanRate, E> {
+                check_limit("rate", v).map(PlanRate).map_err(E::custom)
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Rate, E> {
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PlanRate, E> {
                 self.visit_f64(v as f64)
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Rate, E> {
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PlanRate, E> {
                 self.visit_f64(v as f64)
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Rate, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PlanRate, E> {
                 spillway_core::limit::Limit::parse(v)
-                    .map(|l| Rate(l.per_second()))
+                    .map(|l| PlanRate(l.per_second()))
                     .map_err(E::custom)
             }
         }
@@ -242,8 +242,8 @@ struct ServiceEntry {
     quantile: Option<Quantile>,
     headroom: Option<Headroom>,
     max_change: Option<MaxChange>,
-    floor: Option<Rate>,
-    ceiling: Option<Rate>,
+    floor: Option<PlanRate>,
+    ceiling: Option<PlanRate>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,7 +290,7 @@ impl PolicyFile {
 struct QuotaEntry {
     service: String,
     bucket: String,
-    limit: Rate,
+    limit: PlanRate,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,7 +301,7 @@ struct QuotaFileText {
 
 /// One contract quota of the `fixed` policy.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Quota {
+pub struct ContractQuota {
     pub service: String,
     pub bucket: String,
     pub limit_rps: f64,
@@ -311,7 +311,7 @@ pub struct Quota {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QuotaFile {
     pub file: String,
-    pub quotas: Vec<Quota>,
+    pub quotas: Vec<ContractQuota>,
 }
 
 impl QuotaFile {
@@ -330,7 +330,7 @@ impl QuotaFile {
                     ),
                 });
             }
-            quotas.push(Quota {
+            quotas.push(ContractQuota {
                 service: entry.service,
                 bucket: entry.bucket,
                 limit_rps: entry.limit.0,
@@ -342,7 +342,7 @@ impl QuotaFile {
         })
     }
 
-    pub fn get(&self, service: &str, bucket: &str) -> Option<&Quota> {
+    pub fn get(&self, service: &str, bucket: &str) -> Option<&ContractQuota> {
         self.quotas
             .iter()
             .find(|q| q.service == service && q.bucket == bucket)

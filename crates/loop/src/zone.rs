@@ -22,7 +22,7 @@ use spillway_core::algo::Ratio;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use crate::plausible::{self, Bounds, Clamp, ClampCounts, Factors};
+use crate::plausible::{self, ClampCounts, CountClamp, Factors, PlausibleBounds};
 use crate::region::tier_drop_ratios;
 use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 
@@ -30,7 +30,7 @@ use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 /// that host's clamps went without one since the last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClampNotice {
-    pub clamp: Clamp,
+    pub clamp: CountClamp,
     pub unlogged: u64,
 }
 
@@ -95,7 +95,7 @@ pub struct ZoneCore {
     window: Intervals<String, BTreeMap<String, Sums>>,
     rules: Option<v1::Rules>,
     /// What a host's counts may say, from the controller's rules.
-    bounds: Bounds,
+    bounds: PlausibleBounds,
     /// The hosts clamped against their peers in the last closed interval, and how much of
     /// their load was counted: their drop ratios are raised to match.
     factors: Factors,
@@ -133,7 +133,7 @@ impl ZoneCore {
             hosts: BTreeMap::new(),
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             rules: None,
-            bounds: Bounds::default(),
+            bounds: PlausibleBounds::default(),
             factors: Factors::default(),
             clamped: ClampCounts::default(),
             notices: Vec::new(),
@@ -193,7 +193,7 @@ impl ZoneCore {
     }
 
     /// The bounds in force (the defaults until the controller's rules came).
-    pub fn bounds(&self) -> &Bounds {
+    pub fn bounds(&self) -> &PlausibleBounds {
         &self.bounds
     }
 
@@ -297,7 +297,7 @@ impl ZoneCore {
         for (bucket, reason, reported, counted) in lowered {
             self.note(
                 now_ms,
-                Clamp {
+                CountClamp {
                     host: report.host_id.clone(),
                     bucket,
                     reason,
@@ -435,7 +435,7 @@ impl ZoneCore {
             &self.bounds,
             self.interval,
             |h, key, r, a, b| {
-                lowered.push(Clamp {
+                lowered.push(CountClamp {
                     host: h.to_owned(),
                     bucket: key.clone(),
                     reason: r,
@@ -470,7 +470,7 @@ impl ZoneCore {
     }
 
     /// Counts a clamp, and keeps it as a notice when its host has had none for a while.
-    fn note(&mut self, now_ms: u64, clamp: Clamp) {
+    fn note(&mut self, now_ms: u64, clamp: CountClamp) {
         self.clamped.add(clamp.reason);
         let due = self
             .noticed
@@ -538,7 +538,7 @@ impl ZoneCore {
         }
         if let Some(rules) = instructions.rules.take() {
             if self.rules_version() != rules.version
-                && let Some(bounds) = Bounds::from_rules(&rules)
+                && let Some(bounds) = PlausibleBounds::from_rules(&rules)
             {
                 self.bounds = bounds;
             }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 
-use self::guard::{Boarding, Guard, Refusal};
+use self::guard::{Boarding, Guard, GuardRefusal};
 use crate::store::{Store, StoreError, TokenRecord, User};
 use crate::time::{format_millis, now_millis};
 
@@ -74,11 +74,11 @@ pub enum AuthError {
     Store(#[from] StoreError),
 }
 
-impl From<Refusal> for AuthError {
-    fn from(refusal: Refusal) -> Self {
+impl From<GuardRefusal> for AuthError {
+    fn from(refusal: GuardRefusal) -> Self {
         match refusal {
-            Refusal::Throttled(seconds) => AuthError::Throttled(seconds),
-            Refusal::Busy => AuthError::Busy,
+            GuardRefusal::Throttled(seconds) => AuthError::Throttled(seconds),
+            GuardRefusal::Busy => AuthError::Busy,
         }
     }
 }

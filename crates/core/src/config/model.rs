@@ -37,7 +37,7 @@ pub struct ConfigFile {
     pub version: u32,
     /// Where request attributes come from.
     #[serde(default)]
-    pub identity: Identity,
+    pub identity: IdentitySources,
     /// The control loop's timing.
     #[serde(default)]
     pub control: Control,
@@ -61,7 +61,7 @@ pub struct DocumentFile {
     pub version: u32,
     /// Where request attributes come from.
     #[serde(default)]
-    pub identity: Identity,
+    pub identity: IdentitySources,
     /// The control loop's timing.
     #[serde(default)]
     pub control: Control,
@@ -169,7 +169,8 @@ impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
 /// procedure and call another). `header:rpc-procedure,path` trusts a mesh hop to set the header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct Identity {
+#[schemars(rename = "Identity")]
+pub struct IdentitySources {
     /// The calling service. Default `header:rpc-caller`.
     pub caller: Sources,
     /// The procedure or API. Default `path`: the HTTP path, which for gRPC is the method
@@ -210,10 +211,10 @@ pub struct Identity {
 /// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
 pub const DEFAULT_XFF_TRUSTED_HOPS: u32 = 1;
 
-impl Default for Identity {
+impl Default for IdentitySources {
     fn default() -> Self {
         let header = |name: &str| Sources(vec![Source::Header(name.to_owned())]);
-        Identity {
+        IdentitySources {
             caller: header("rpc-caller"),
             procedure: Sources(vec![Source::Path]),
             user: header("x-user-id"),

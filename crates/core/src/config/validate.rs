@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{
-    Algorithm, BucketFile, ConfigFile, Control, Cost, DescriptorFile, FailurePolicy, Identity,
-    MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, Scope, SentinelFile, Services, Source, Sources,
-    StateStore, is_header_name,
+    Algorithm, BucketFile, ConfigFile, Control, Cost, DescriptorFile, FailurePolicy,
+    IdentitySources, MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, Scope, SentinelFile, Services,
+    Source, Sources, StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
 use super::secret::{redact_url, url_has_password};
@@ -31,14 +31,14 @@ pub const MAX_BURST_WINDOW: Duration = Duration::from_secs(20);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub version: u32,
-    pub identity: Identity,
+    pub identity: IdentitySources,
     pub control: Control,
     /// In file order.
     pub services: Vec<Service>,
     pub redis: Option<Redis>,
     /// The proxy's in-flight limit on its upstream, when the file has one. It stays
     /// with the process that read the file: the rules a control plane sends carry none.
-    pub concurrency: Option<crate::concurrency::Settings>,
+    pub concurrency: Option<crate::concurrency::ConcurrencySettings>,
     /// The proxy's own settings (`proxy:`); like `concurrency` they stay with the process that
     /// read the file.
     pub proxy: ProxySettings,
@@ -464,10 +464,10 @@ pub(crate) fn validate(file: ConfigFile, positions: &Positions) -> Result<Config
 pub(crate) fn concurrency(
     file: super::ConcurrencyFile,
     positions: &Positions,
-) -> Result<crate::concurrency::Settings, Located> {
+) -> Result<crate::concurrency::ConcurrencySettings, Located> {
     use crate::concurrency::{
-        AlgorithmName, DEFAULT_INITIAL_LIMIT, DEFAULT_MAX_LIMIT, DEFAULT_MIN_LIMIT, LIMIT_CEILING,
-        Settings,
+        AlgorithmName, ConcurrencySettings, DEFAULT_INITIAL_LIMIT, DEFAULT_MAX_LIMIT,
+        DEFAULT_MIN_LIMIT, LIMIT_CEILING,
     };
     let check = Checker { positions };
     let algorithm = AlgorithmName::from(file.algorithm);
@@ -513,7 +513,7 @@ pub(crate) fn concurrency(
                 ));
             }
         }
-        return Ok(Settings::fixed(limit));
+        return Ok(ConcurrencySettings::fixed(limit));
     }
     if file.limit.is_some() {
         return Err(check.at_key(
@@ -544,7 +544,7 @@ pub(crate) fn concurrency(
         Some(n) => n,
         None => DEFAULT_INITIAL_LIMIT.clamp(min, max),
     };
-    Ok(Settings {
+    Ok(ConcurrencySettings {
         algorithm,
         min_limit: min,
         max_limit: max,
@@ -599,8 +599,8 @@ fn check_plausibility(check: &Checker<'_>, control: &Control) -> Result<(), Loca
     Ok(())
 }
 
-fn check_identity(check: &Checker<'_>, identity: &Identity) -> Result<(), Located> {
-    let defaults = Identity::default();
+fn check_identity(check: &Checker<'_>, identity: &IdentitySources) -> Result<(), Located> {
+    let defaults = IdentitySources::default();
     let keys: [(&str, &Sources, &Sources); 7] = [
         ("caller", &identity.caller, &defaults.caller),
         ("procedure", &identity.procedure, &defaults.procedure),
