@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::current::{CurrentLimits, pair_bucket_name};
 use crate::history::History;
 use crate::policy::{self, Input, PolicyKind, Suggestion};
+pub use crate::policy::{Clamp, Evidence};
 use crate::series::{HistorySource, Point, SeriesKey, SeriesTarget, SourceError, Window};
 use crate::settings::Settings;
 
@@ -30,92 +31,6 @@ impl PlanAction {
             PlanAction::Keep => "keep",
         }
     }
-}
-
-/// Which bound moved a proposal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Clamp {
-    /// Cut to (1 + C) times the current limit.
-    MaxChangeUp,
-    /// Raised to the current limit over (1 + C).
-    MaxChangeDown,
-    Floor,
-    Ceiling,
-    /// Raised to one request a minute.
-    Minimum,
-}
-
-impl Clamp {
-    pub fn name(self) -> &'static str {
-        match self {
-            Clamp::MaxChangeUp => "max-change-up",
-            Clamp::MaxChangeDown => "max-change-down",
-            Clamp::Floor => "floor",
-            Clamp::Ceiling => "ceiling",
-            Clamp::Minimum => "minimum",
-        }
-    }
-}
-
-/// What a proposal rests on; every field is optional and left out of JSON when not known.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Evidence {
-    /// Minutes with a value, and their share of the lookback.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub points: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub coverage: Option<f64>,
-    /// The highest minute and when it ended.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile_rps: Option<f64>,
-    /// Next week's highest predicted daily peak, its day, its band and the weekly trend.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_peak_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_peak_day: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_band_rps: Option<[f64; 2]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_trend_per_week: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_outlier_days: Option<usize>,
-    /// Why there is no forecast.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_note: Option<String>,
-    /// The rate the policy rested on, before headroom.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub headroom: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub headroom_basis: Option<String>,
-    /// Base times (1 + headroom), rounded up, before the clamps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unclamped_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub clamp: Option<Clamp>,
-    /// The planned capacity (`--capacity-file`) that raised or lowered the forecast peak: its
-    /// multiplier, the day and the file.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_multiplier: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_day: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quota_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quota_file: Option<String>,
-    /// Why the limit is kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 /// One bucket's proposal (the plan's JSON).

@@ -6,10 +6,49 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyKind;
+/// Which policy proposes the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    Historical,
+    Forecast,
+    Fixed,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::Historical,
+        PolicyKind::Forecast,
+        PolicyKind::Fixed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Historical => "historical",
+            PolicyKind::Forecast => "forecast",
+            PolicyKind::Fixed => "fixed",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == text)
+            .ok_or_else(|| format!("policy \"{text}\": use historical, forecast or fixed"))
+    }
+}
 
 /// How much above the evidence a limit goes: a fixed share, or one derived from the history's
 /// own volatility (`auto`, the buffer tuned to the series; see [`crate::policy`]).

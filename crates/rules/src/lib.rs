@@ -20,6 +20,7 @@ pub mod rule;
 pub mod server;
 pub mod store;
 pub mod time;
+mod token_hash;
 pub mod trace;
 pub mod watch;
 

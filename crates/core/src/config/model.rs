@@ -19,6 +19,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use super::secret::redact_url;
 use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 
+/// Service and bucket names: they become metric labels and the `x-spillway-bucket` header.
+pub const NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]*$";
+
 /// The limiter algorithm of a bucket (`drop-ratio` by default): the core's own [`Kind`], so the
 /// file and the algorithms can never disagree on a name.
 ///
@@ -450,7 +453,7 @@ impl JsonSchema for Services {
         json_schema!({
             "type": "object",
             "description": "The protected (destination) services by name.",
-            "propertyNames": { "pattern": super::validate::NAME_PATTERN },
+            "propertyNames": { "pattern": NAME_PATTERN },
             "additionalProperties": generator.subschema_for::<ServiceFile>()
         })
     }

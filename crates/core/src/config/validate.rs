@@ -20,8 +20,7 @@ use crate::descriptor::{DescriptorSpec, EntrySpec, EntryValue};
 use crate::limit::{Limit, format_duration};
 use crate::pattern::{MatchSpec, Pattern, Subject, SubjectKind, SubjectValue};
 
-/// Service and bucket names: they become metric labels and the `x-spillway-bucket` header.
-pub const NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]*$";
+pub use super::model::NAME_PATTERN;
 
 /// The buffer of unused tokens: 10 s by default, at most 20 s.
 pub const DEFAULT_BURST_WINDOW: Duration = Duration::from_secs(10);
