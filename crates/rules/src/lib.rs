@@ -10,7 +10,6 @@
 //! - [`client`] is the blocking HTTP and HTTPS client the `spillway rules` commands use.
 #![forbid(unsafe_code)]
 
-mod access;
 pub mod api;
 pub mod auth;
 pub mod client;
