@@ -77,7 +77,7 @@ pub enum Command {
     /// The Rate Limit Configurator: limits proposed from traffic history.
     Configure {
         #[command(subcommand)]
-        command: crate::commands::configure::ConfigureCommand,
+        command: crate::commands::configure_command::ConfigureCommand,
     },
     /// A development PKI for mutual TLS on the control plane.
     Certs {

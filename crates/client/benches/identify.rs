@@ -73,7 +73,7 @@ impl Before {
 }
 
 fn bench(c: &mut Criterion) {
-    let default = IdentityExtractor::new(&config::Identity::default());
+    let default = IdentityExtractor::new(&config::IdentitySources::default());
     let before = Before::new();
     let config = config::load_str(RULES, "bench.yaml").unwrap();
     let xff = IdentityExtractor::new(&config.identity);

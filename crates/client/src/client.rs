@@ -233,3 +233,16 @@ impl Client {
             .collect()
     }
 }
+
+// Only with the feature: a client built without Redis has no breaker to report, and a stand-in
+// `BreakerStats` of its own would be a second type of that name. Code that reads the breaker is
+// Redis code, so its crate turns the feature on (as the sidecar's metrics do); since features
+// only add items, that never breaks a crate built against the client without it.
+#[cfg(feature = "redis")]
+impl Client {
+    /// The Redis store's circuit breaker (`spillway_circuit_state`, `spillway_store_errors_total`),
+    /// when the rules have a `redis` section. Only with the `redis` feature.
+    pub fn store_stats(&self) -> Option<spillway_redis::BreakerStats> {
+        self.rules().store.as_ref().map(|store| store.stats())
+    }
+}

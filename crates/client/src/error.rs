@@ -6,7 +6,17 @@ use spillway_core::config::ConfigError;
 
 // With the `redis` feature, spillway-redis's errors; without it, `Infallible`, so the variants
 // that carry them exist in every build (a `match` needs no `cfg`) and are never produced.
-use crate::store::{ExactError, UnsupportedAlgorithm};
+#[cfg(feature = "redis")]
+use spillway_redis::{ExactError, UnsupportedAlgorithm};
+
+/// Without the `redis` feature no Redis address is ever parsed, so [`ClientError::Redis`] is
+/// never produced.
+#[cfg(not(feature = "redis"))]
+type ExactError = std::convert::Infallible;
+/// Without the `redis` feature no exact bucket is ever built, so
+/// [`ClientError::ExactAlgorithm`] is never produced.
+#[cfg(not(feature = "redis"))]
+type UnsupportedAlgorithm = std::convert::Infallible;
 
 /// Why rules were not loaded or compiled. The old rules, if any, stay in force.
 #[derive(Debug, thiserror::Error)]

@@ -150,7 +150,7 @@ enum Compiled {
     Peer,
 }
 
-/// The `identity` section ([`config::Identity`]) compiled: reads a request's attributes from its
+/// The `identity` section ([`config::IdentitySources`]) compiled: reads a request's attributes from its
 /// path, headers and peer.
 #[derive(Debug, Clone)]
 pub struct IdentityExtractor {
@@ -255,7 +255,7 @@ impl Refusal<'_> {
 }
 
 impl IdentityExtractor {
-    pub fn new(identity: &config::Identity) -> Self {
+    pub fn new(identity: &config::IdentitySources) -> Self {
         let all = [
             &identity.caller,
             &identity.procedure,
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn first_present_source_wins() {
-        let identity = IdentityExtractor::new(&config::Identity::default());
+        let identity = IdentityExtractor::new(&config::IdentitySources::default());
         let mut buffer = PathBuffer::new();
         let mut headers = HeaderMap::new();
         headers.insert("rpc-caller", "gateway".parse().unwrap());
@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn by_default_the_procedure_is_the_normalised_path_whatever_the_headers_say() {
-        let identity = IdentityExtractor::new(&config::Identity::default());
+        let identity = IdentityExtractor::new(&config::IdentitySources::default());
         let mut buffer = PathBuffer::new();
         let mut headers = HeaderMap::new();
         headers.insert("rpc-procedure", "/x".parse().unwrap());
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn an_identity_header_sent_twice_or_not_ascii_is_refused_by_name() {
-        let identity = IdentityExtractor::new(&config::Identity::default());
+        let identity = IdentityExtractor::new(&config::IdentitySources::default());
         let mut buffer = PathBuffer::new();
         let mut headers = HeaderMap::new();
         headers.append("x-user-id", "zz1".parse().unwrap());
@@ -467,7 +467,7 @@ mod tests {
         let mut buffer = PathBuffer::new();
         let mut headers = HeaderMap::new();
         headers.insert("x-user-id", "alice, 7".parse().unwrap());
-        let err = IdentityExtractor::new(&config::Identity::default())
+        let err = IdentityExtractor::new(&config::IdentitySources::default())
             .attrs("/", &headers, None, &mut buffer)
             .unwrap_err();
         assert_eq!((err.header.as_str(), err.fault), ("x-user-id", Fault::List));

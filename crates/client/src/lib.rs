@@ -54,6 +54,7 @@ mod descriptors;
 mod error;
 mod identity;
 mod layer;
+mod redis_bucket;
 mod rules;
 // `store: redis` buckets. Without the `redis` feature, a stand-in with the same items, none of
 // which can exist: the rest of the crate compiles the same either way, and a configuration that

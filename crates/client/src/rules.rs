@@ -509,17 +509,6 @@ fn build(service: &str, bucket: &Bucket, max_subjects: usize) -> Result<Limiters
     build_local(bucket, rate, burst, max_subjects).map_err(param)
 }
 
-/// The service and name of the configuration's first `store: redis` bucket.
-pub(crate) fn first_redis_bucket(config: &Config) -> Option<(&str, &str)> {
-    config.services.iter().find_map(|service| {
-        service
-            .buckets
-            .iter()
-            .find(|b| b.store == StateStore::Redis)
-            .map(|b| (service.name.as_str(), b.name.as_str()))
-    })
-}
-
 fn build_local(
     bucket: &Bucket,
     rate: Rate,

@@ -17,15 +17,14 @@ use spillway_core::algo::Rate;
 use spillway_core::config::{Bucket, Config, FailurePolicy, Redis, RedisTarget};
 use spillway_core::decision::Verdict;
 use spillway_core::pattern::{Pattern, SubjectKind, SubjectValue};
+pub(crate) use spillway_redis::RedisKey;
 use spillway_redis::{
     BatchConfig, Batcher, BreakerConfig, BreakerStats, ExactAlgo, GuardedLimiter, Password,
-    RedisLimiter, StoreOptions, Target,
+    RedisEndpoint, RedisLimiter, StoreOptions,
 };
-pub(crate) use spillway_redis::{ExactError, RedisKey, UnsupportedAlgorithm};
 
-use crate::client::Client;
 use crate::error::ClientError;
-use crate::rules::first_redis_bucket;
+use crate::redis_bucket::first_redis_bucket;
 
 /// The Redis endpoint of a configuration and its breaker.
 pub(crate) struct ExactStore {
@@ -67,9 +66,11 @@ impl ExactStore {
             return Ok(Some(previous.clone()));
         }
         let target = match &redis.target {
-            RedisTarget::Single { url } => Target::single(url.clone()),
-            RedisTarget::Sentinel { master, nodes } => Target::sentinel(master, nodes.clone()),
-            RedisTarget::Cluster { nodes } => Target::cluster(nodes.clone()),
+            RedisTarget::Single { url } => RedisEndpoint::single(url.clone()),
+            RedisTarget::Sentinel { master, nodes } => {
+                RedisEndpoint::sentinel(master, nodes.clone())
+            }
+            RedisTarget::Cluster { nodes } => RedisEndpoint::cluster(nodes.clone()),
         };
         // The process's own password (its `redis.password_file`, or SPILLWAY_REDIS_PASSWORD),
         // read here, when the section is first used or changes.
@@ -135,18 +136,6 @@ impl ExactStore {
     /// The breaker's state and counters.
     pub(crate) fn stats(&self) -> BreakerStats {
         self.guarded.breaker().stats()
-    }
-}
-
-// Only with the feature: a client built without Redis has no breaker to report, and a stand-in
-// `BreakerStats` of its own would be a second type of that name. Code that reads the breaker is
-// Redis code, so its crate turns the feature on (as the sidecar's metrics do); since features
-// only add items, that never breaks a crate built against the client without it.
-impl Client {
-    /// The Redis store's circuit breaker (`spillway_circuit_state`, `spillway_store_errors_total`),
-    /// when the rules have a `redis` section. Only with the `redis` feature.
-    pub fn store_stats(&self) -> Option<BreakerStats> {
-        self.rules().store.as_ref().map(|store| store.stats())
     }
 }
 

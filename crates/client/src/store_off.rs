@@ -2,7 +2,6 @@
 //! of which can exist, so the rest of the client is the same code in both builds. A configuration
 //! that asks for Redis is refused when it loads, naming the bucket that asks.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use spillway_core::algo::Rate;
@@ -11,12 +10,8 @@ use spillway_core::decision::Verdict;
 use spillway_core::pattern::SubjectKind;
 
 use crate::error::ClientError;
-use crate::rules::first_redis_bucket;
+use crate::redis_bucket::first_redis_bucket;
 
-/// No Redis address is ever parsed, so [`ClientError::Redis`] is never produced.
-pub(crate) type ExactError = Infallible;
-/// No exact bucket is ever built, so [`ClientError::ExactAlgorithm`] is never produced.
-pub(crate) type UnsupportedAlgorithm = Infallible;
 /// A request's key in Redis, which no request has in this build, since no bucket is ever exact
 /// to make one. Unlike the other stand-ins it has a value, so that the code that would make one
 /// is not flagged unreachable.

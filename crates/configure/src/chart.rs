@@ -279,7 +279,7 @@ pub fn svg(p: &Proposal, h: &History) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Action, Evidence};
+    use crate::plan::{Evidence, PlanAction};
     use crate::policy::PolicyKind;
     use crate::series::{MINUTE, Point, Window};
 
@@ -312,7 +312,7 @@ mod tests {
             current_limit_rps: Some(100.0),
             proposed_limit_rps: Some(200.0),
             policy: PolicyKind::Historical,
-            action: Action::Update,
+            action: PlanAction::Update,
             evidence: Evidence::default(),
         };
         let svg = svg(&p, &h);

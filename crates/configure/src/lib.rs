@@ -37,7 +37,7 @@ pub mod time;
 
 pub use current::{CurrentBucket, CurrentLimits};
 pub use history::History;
-pub use plan::{Action, Evidence, Plan, PlanError, Proposal, plan};
+pub use plan::{Evidence, Plan, PlanAction, PlanError, Proposal, plan};
 pub use policy::{Policy, PolicyKind};
-pub use series::{HistorySource, Point, SeriesKey, SourceError, Target, Trial, Window};
+pub use series::{HistorySource, Point, SeriesKey, SeriesTarget, SourceError, Trial, Window};
 pub use settings::{CapacityFile, Headroom, Params, PolicyFile, QuotaFile, Settings};

@@ -8,12 +8,13 @@ use serde::Serialize;
 use crate::current::{CurrentLimits, pair_bucket_name};
 use crate::history::History;
 use crate::policy::{self, Input, PolicyKind, Suggestion};
-use crate::series::{HistorySource, Point, SeriesKey, SourceError, Target, Window};
+pub use crate::policy::{Clamp, Evidence};
+use crate::series::{HistorySource, Point, SeriesKey, SeriesTarget, SourceError, Window};
 use crate::settings::Settings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Action {
+pub enum PlanAction {
     /// A new bucket.
     Create,
     /// A bucket whose limit changes.
@@ -22,100 +23,14 @@ pub enum Action {
     Keep,
 }
 
-impl Action {
+impl PlanAction {
     pub fn name(self) -> &'static str {
         match self {
-            Action::Create => "create",
-            Action::Update => "update",
-            Action::Keep => "keep",
+            PlanAction::Create => "create",
+            PlanAction::Update => "update",
+            PlanAction::Keep => "keep",
         }
     }
-}
-
-/// Which bound moved a proposal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Clamp {
-    /// Cut to (1 + C) times the current limit.
-    MaxChangeUp,
-    /// Raised to the current limit over (1 + C).
-    MaxChangeDown,
-    Floor,
-    Ceiling,
-    /// Raised to one request a minute.
-    Minimum,
-}
-
-impl Clamp {
-    pub fn name(self) -> &'static str {
-        match self {
-            Clamp::MaxChangeUp => "max-change-up",
-            Clamp::MaxChangeDown => "max-change-down",
-            Clamp::Floor => "floor",
-            Clamp::Ceiling => "ceiling",
-            Clamp::Minimum => "minimum",
-        }
-    }
-}
-
-/// What a proposal rests on; every field is optional and left out of JSON when not known.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Evidence {
-    /// Minutes with a value, and their share of the lookback.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub points: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub coverage: Option<f64>,
-    /// The highest minute and when it ended.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile_rps: Option<f64>,
-    /// Next week's highest predicted daily peak, its day, its band and the weekly trend.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_peak_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_peak_day: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_band_rps: Option<[f64; 2]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_trend_per_week: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_outlier_days: Option<usize>,
-    /// Why there is no forecast.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forecast_note: Option<String>,
-    /// The rate the policy rested on, before headroom.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub headroom: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub headroom_basis: Option<String>,
-    /// Base times (1 + headroom), rounded up, before the clamps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unclamped_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub clamp: Option<Clamp>,
-    /// The planned capacity (`--capacity-file`) that raised or lowered the forecast peak: its
-    /// multiplier, the day and the file.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_multiplier: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_day: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quota_rps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quota_file: Option<String>,
-    /// Why the limit is kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 /// One bucket's proposal (the plan's JSON).
@@ -133,7 +48,7 @@ pub struct Proposal {
     pub current_limit_rps: Option<f64>,
     pub proposed_limit_rps: Option<f64>,
     pub policy: PolicyKind,
-    pub action: Action,
+    pub action: PlanAction,
     pub evidence: Evidence,
 }
 
@@ -188,8 +103,10 @@ pub fn plan(
         }
         points.dedup_by_key(|p| p.at);
         let (bucket, in_force, pair) = match &key.target {
-            Target::Bucket(bucket) => (bucket.clone(), current.get(&key.service, bucket), None),
-            Target::Pair { caller, procedure } => {
+            SeriesTarget::Bucket(bucket) => {
+                (bucket.clone(), current.get(&key.service, bucket), None)
+            }
+            SeriesTarget::Pair { caller, procedure } => {
                 match current.find_pair(&key.service, caller, procedure) {
                     Some(b) => (b.bucket.clone(), Some(b), None),
                     None => {
@@ -283,7 +200,7 @@ fn keep_per_subject(proposal: &mut Proposal, kind: &str) {
         return;
     }
     proposal.proposed_limit_rps = proposal.current_limit_rps;
-    proposal.action = Action::Keep;
+    proposal.action = PlanAction::Keep;
     proposal.evidence.clamp = None;
     proposal.evidence.reason = Some(format!(
         "a limit per {kind}: the history is the bucket's total over every {kind}, so it says \
@@ -317,10 +234,10 @@ fn propose(
     let suggestion = params.policy.policy().suggest(&input, &mut evidence);
     let proposed = policy::finish(&suggestion, current, params, &mut evidence);
     let action = match (&suggestion, current, proposed) {
-        (Suggestion::Keep { .. }, _, _) | (_, _, None) => Action::Keep,
-        (_, None, Some(_)) => Action::Create,
-        (_, Some(cur), Some(new)) if (new - cur).abs() <= 1e-9 * cur => Action::Keep,
-        _ => Action::Update,
+        (Suggestion::Keep { .. }, _, _) | (_, _, None) => PlanAction::Keep,
+        (_, None, Some(_)) => PlanAction::Create,
+        (_, Some(cur), Some(new)) if (new - cur).abs() <= 1e-9 * cur => PlanAction::Keep,
+        _ => PlanAction::Update,
     };
     Proposal {
         service: key.service.clone(),

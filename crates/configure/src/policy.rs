@@ -2,13 +2,10 @@
 //! series' history and says what the limit should rest on; the headroom, the clamps and the
 //! rounding are the same for every policy and live here once ([`finish`]).
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::history::History;
-use crate::plan::{Clamp, Evidence};
+pub use crate::settings::PolicyKind;
 use crate::settings::{CapacityFile, DEFAULT_HEADROOM, Headroom, Params, QuotaFile};
 use crate::stats::round_up_3;
 use crate::time;
@@ -21,52 +18,100 @@ pub const MIN_LIMIT_RPS: f64 = 1.0 / 60.0;
 pub const AUTO_HEADROOM_MIN: f64 = 0.1;
 pub const AUTO_HEADROOM_MAX: f64 = 1.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicyKind {
-    Historical,
-    Forecast,
-    Fixed,
+/// Which bound moved a proposal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Clamp {
+    /// Cut to (1 + C) times the current limit.
+    MaxChangeUp,
+    /// Raised to the current limit over (1 + C).
+    MaxChangeDown,
+    Floor,
+    Ceiling,
+    /// Raised to one request a minute.
+    Minimum,
+}
+
+impl Clamp {
+    pub fn name(self) -> &'static str {
+        match self {
+            Clamp::MaxChangeUp => "max-change-up",
+            Clamp::MaxChangeDown => "max-change-down",
+            Clamp::Floor => "floor",
+            Clamp::Ceiling => "ceiling",
+            Clamp::Minimum => "minimum",
+        }
+    }
+}
+
+/// What a proposal rests on; every field is optional and left out of JSON when not known.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Evidence {
+    /// Minutes with a value, and their share of the lookback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub points: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<f64>,
+    /// The highest minute and when it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile_rps: Option<f64>,
+    /// Next week's highest predicted daily peak, its day, its band and the weekly trend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_peak_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_peak_day: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_band_rps: Option<[f64; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_trend_per_week: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_outlier_days: Option<usize>,
+    /// Why there is no forecast.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_note: Option<String>,
+    /// The rate the policy rested on, before headroom.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headroom_basis: Option<String>,
+    /// Base times (1 + headroom), rounded up, before the clamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unclamped_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clamp: Option<Clamp>,
+    /// The planned capacity (`--capacity-file`) that raised or lowered the forecast peak: its
+    /// multiplier, the day and the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_multiplier: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_day: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_file: Option<String>,
+    /// Why the limit is kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 3] = [
-        PolicyKind::Historical,
-        PolicyKind::Forecast,
-        PolicyKind::Fixed,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::Historical => "historical",
-            PolicyKind::Forecast => "forecast",
-            PolicyKind::Fixed => "fixed",
-        }
-    }
-
     /// The policy that proposes for this kind.
     pub fn policy(self) -> &'static dyn Policy {
         match self {
             PolicyKind::Historical => &Historical,
-            PolicyKind::Forecast => &Forecast,
-            PolicyKind::Fixed => &Fixed,
+            PolicyKind::Forecast => &ForecastPolicy,
+            PolicyKind::Fixed => &FixedPolicy,
         }
-    }
-}
-
-impl fmt::Display for PolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for PolicyKind {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        PolicyKind::ALL
-            .into_iter()
-            .find(|k| k.name() == text)
-            .ok_or_else(|| format!("policy \"{text}\": use historical, forecast or fixed"))
     }
 }
 
@@ -171,9 +216,9 @@ impl Policy for Historical {
 }
 
 /// `forecast`: next week's highest predicted daily peak ([`crate::forecast`]).
-pub struct Forecast;
+pub struct ForecastPolicy;
 
-impl Policy for Forecast {
+impl Policy for ForecastPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Forecast
     }
@@ -239,9 +284,9 @@ impl Policy for Forecast {
 }
 
 /// `fixed`: the bucket's quota from the quota file, as it is.
-pub struct Fixed;
+pub struct FixedPolicy;
 
-impl Policy for Fixed {
+impl Policy for FixedPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Fixed
     }

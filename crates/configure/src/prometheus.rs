@@ -17,7 +17,9 @@ use serde::Deserialize;
 use ureq::Agent;
 use ureq::tls::{RootCerts, TlsConfig, TlsProvider};
 
-use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Target, Trial, Window};
+use crate::series::{
+    HistorySource, MINUTE, Point, SeriesKey, SeriesTarget, SourceError, Trial, Window,
+};
 
 /// the configurator's default: offered load per bucket (every decision summed).
 pub const DEFAULT_METRIC: &str = "spillway_requests_total";
@@ -179,8 +181,8 @@ impl PrometheusSource {
     /// The expression that gives `key`'s series alone.
     fn series_expression(&self, key: &SeriesKey) -> String {
         let labels: Vec<(&str, &str)> = match &key.target {
-            Target::Bucket(bucket) => vec![("service", &key.service), ("bucket", bucket)],
-            Target::Pair { caller, procedure } => vec![
+            SeriesTarget::Bucket(bucket) => vec![("service", &key.service), ("bucket", bucket)],
+            SeriesTarget::Pair { caller, procedure } => vec![
                 ("service", &key.service),
                 ("caller", caller),
                 ("procedure", procedure),

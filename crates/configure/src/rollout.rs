@@ -22,7 +22,7 @@
 //! (0.08%): promoted. Had it dropped 2,000 (0.2%): held, "would have dropped 0.20% of 1000000
 //! requests (at most 0.10%)".
 
-use crate::plan::{Action, Proposal};
+use crate::plan::{PlanAction, Proposal};
 pub use crate::series::Trial;
 
 /// The start of a window that is not counted: the change is still on its way to the proxies
@@ -66,7 +66,7 @@ pub struct RolloutSettings {
 
 /// One step of a rollout, in the order the plan gave the buckets.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub enum RolloutStep {
     /// A new bucket, created in shadow at `limit_rps`; `pair` is the (caller, procedure) it
     /// matches, when it comes from a pair's series (else it takes the whole service).
     Create {
@@ -112,19 +112,19 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl RolloutStep {
     /// The word of the table and of `spillway_configurator_proposals_total{action}`.
     pub fn action(&self) -> &'static str {
         match self {
-            Step::Create { .. } => "create",
-            Step::Candidate { .. } | Step::RegionCandidate { .. } => "candidate",
-            Step::Retune { .. } => "retune",
-            Step::Withdraw { .. } => "withdraw",
-            Step::Validating { .. } => "validating",
-            Step::Promote { .. } => "promote",
-            Step::Due { .. } => "due",
-            Step::Hold { .. } => "hold",
-            Step::Skip { .. } => "skip",
+            RolloutStep::Create { .. } => "create",
+            RolloutStep::Candidate { .. } | RolloutStep::RegionCandidate { .. } => "candidate",
+            RolloutStep::Retune { .. } => "retune",
+            RolloutStep::Withdraw { .. } => "withdraw",
+            RolloutStep::Validating { .. } => "validating",
+            RolloutStep::Promote { .. } => "promote",
+            RolloutStep::Due { .. } => "due",
+            RolloutStep::Hold { .. } => "hold",
+            RolloutStep::Skip { .. } => "skip",
         }
     }
 }
@@ -139,7 +139,7 @@ pub fn steps(
     now_ms: i64,
     written_ms: Option<i64>,
     mut seen: impl FnMut(&ShadowRule, i64, i64) -> Option<Seen>,
-) -> Vec<Step> {
+) -> Vec<RolloutStep> {
     let mut out = Vec::new();
     let shadow_of = |service: &str, bucket: &str| {
         shadows
@@ -161,7 +161,7 @@ pub fn steps(
         }
     }
     for ((service, bucket), group) in groups {
-        let changed = group.iter().any(|p| p.action == Action::Update);
+        let changed = group.iter().any(|p| p.action == PlanAction::Update);
         let regions: Vec<(String, f64)> = group
             .iter()
             .filter_map(|p| {
@@ -170,7 +170,7 @@ pub fn steps(
             })
             .collect();
         match shadow_of(service, bucket) {
-            None if changed => out.push(Step::RegionCandidate {
+            None if changed => out.push(RolloutStep::RegionCandidate {
                 service: service.to_owned(),
                 bucket: bucket.to_owned(),
                 regions,
@@ -178,13 +178,13 @@ pub fn steps(
             None => {}
             Some(rule) if rule.trial == Trial::Candidate && !changed => {
                 handled.push(rule);
-                out.push(Step::Withdraw { rule: rule.clone() });
+                out.push(RolloutStep::Withdraw { rule: rule.clone() });
             }
             Some(rule)
                 if rule.trial == Trial::Candidate && !same_regions(&rule.regions, &regions) =>
             {
                 handled.push(rule);
-                out.push(Step::Retune {
+                out.push(RolloutStep::Retune {
                     rule: rule.clone(),
                     limit_rps: rule.limit_rps,
                     regions,
@@ -202,13 +202,13 @@ pub fn steps(
             continue;
         }
         match (p.action, p.proposed_limit_rps) {
-            (Action::Create, Some(limit_rps)) => out.push(Step::Create {
+            (PlanAction::Create, Some(limit_rps)) => out.push(RolloutStep::Create {
                 service: p.service.clone(),
                 bucket: p.bucket.clone(),
                 limit_rps,
                 pair: p.caller.clone().zip(p.procedure.clone()),
             }),
-            (Action::Update, Some(limit_rps)) => out.push(Step::Candidate {
+            (PlanAction::Update, Some(limit_rps)) => out.push(RolloutStep::Candidate {
                 service: p.service.clone(),
                 bucket: p.bucket.clone(),
                 limit_rps,
@@ -220,16 +220,17 @@ pub fn steps(
         let proposal = proposals
             .iter()
             .find(|p| p.service == rule.service && p.bucket == rule.bucket);
-        if rule.trial == Trial::Candidate && proposal.is_some_and(|p| p.action == Action::Keep) {
-            out.push(Step::Withdraw { rule: rule.clone() });
+        if rule.trial == Trial::Candidate && proposal.is_some_and(|p| p.action == PlanAction::Keep)
+        {
+            out.push(RolloutStep::Withdraw { rule: rule.clone() });
             continue;
         }
         if let Some(limit_rps) = proposal
-            .filter(|p| p.action == Action::Update)
+            .filter(|p| p.action == PlanAction::Update)
             .and_then(|p| p.proposed_limit_rps)
             .filter(|&l| l > 0.0 && (l - rule.limit_rps).abs() > 1e-9 * rule.limit_rps.max(1.0))
         {
-            out.push(Step::Retune {
+            out.push(RolloutStep::Retune {
                 rule: (*rule).clone(),
                 limit_rps,
                 regions: rule.regions.clone(),
@@ -240,13 +241,13 @@ pub fn steps(
         // Over when the clock and the history have both passed its end.
         let left_ms = (end_ms - now_ms).max(end_ms - written_ms.unwrap_or(now_ms));
         if left_ms > 0 {
-            out.push(Step::Validating {
+            out.push(RolloutStep::Validating {
                 rule: rule.clone(),
                 left_ms,
             });
             continue;
         }
-        let hold = |reason: String| Step::Hold {
+        let hold = |reason: String| RolloutStep::Hold {
             rule: rule.clone(),
             reason,
         };
@@ -269,12 +270,12 @@ pub fn steps(
                         settings.max_virtual_drop * 100.0
                     ))
                 } else if settings.promote {
-                    Step::Promote {
+                    RolloutStep::Promote {
                         rule: rule.clone(),
                         share,
                     }
                 } else {
-                    Step::Due {
+                    RolloutStep::Due {
                         rule: rule.clone(),
                         share,
                     }
@@ -314,7 +315,7 @@ mod tests {
     use crate::plan::Evidence;
     use crate::policy::PolicyKind;
 
-    fn proposal(bucket: &str, action: Action, limit: Option<f64>) -> Proposal {
+    fn proposal(bucket: &str, action: PlanAction, limit: Option<f64>) -> Proposal {
         Proposal {
             service: "api".into(),
             bucket: bucket.into(),
@@ -365,10 +366,10 @@ mod tests {
             })
         });
         assert!(
-            matches!(&steps[0], Step::Promote { share, .. } if (*share - 0.0008).abs() < 1e-12)
+            matches!(&steps[0], RolloutStep::Promote { share, .. } if (*share - 0.0008).abs() < 1e-12)
         );
         match &steps[1] {
-            Step::Hold { reason, .. } => assert_eq!(
+            RolloutStep::Hold { reason, .. } => assert_eq!(
                 reason,
                 "would have dropped 0.20% of 1000000 requests (at most 0.10%)"
             ),
@@ -379,18 +380,18 @@ mod tests {
     #[test]
     fn new_buckets_are_created_in_shadow_and_changes_in_force_become_candidates() {
         let proposals = [
-            proposal("new", Action::Create, Some(5.0)),
-            proposal("nothing", Action::Create, None),
-            proposal("in-force", Action::Update, Some(7.0)),
-            proposal("kept", Action::Keep, Some(7.0)),
+            proposal("new", PlanAction::Create, Some(5.0)),
+            proposal("nothing", PlanAction::Create, None),
+            proposal("in-force", PlanAction::Update, Some(7.0)),
+            proposal("kept", PlanAction::Keep, Some(7.0)),
         ];
         let steps = steps(&proposals, &[], SETTINGS, 0, None, |_, _, _| None);
         assert_eq!(steps.len(), 2);
         assert!(
-            matches!(&steps[0], Step::Create { bucket, limit_rps, .. } if bucket == "new" && *limit_rps == 5.0)
+            matches!(&steps[0], RolloutStep::Create { bucket, limit_rps, .. } if bucket == "new" && *limit_rps == 5.0)
         );
         assert!(
-            matches!(&steps[1], Step::Candidate { bucket, limit_rps, .. } if bucket == "in-force" && *limit_rps == 7.0)
+            matches!(&steps[1], RolloutStep::Candidate { bucket, limit_rps, .. } if bucket == "in-force" && *limit_rps == 7.0)
         );
     }
 
@@ -407,7 +408,7 @@ mod tests {
         });
         assert_eq!(asked, vec![Trial::Candidate]);
         assert!(
-            matches!(&promoted[0], Step::Promote { rule, .. } if rule.trial == Trial::Candidate)
+            matches!(&promoted[0], RolloutStep::Promote { rule, .. } if rule.trial == Trial::Candidate)
         );
         let held = steps(&[], &rules, SETTINGS, 86_401_000, None, |_, _, _| {
             Some(Seen {
@@ -415,23 +416,29 @@ mod tests {
                 would_drop: 5000.0,
             })
         });
-        assert!(matches!(&held[0], Step::Hold { .. }));
+        assert!(matches!(&held[0], RolloutStep::Hold { .. }));
         // Its proposal moved: the candidate gets it and a new window; nothing else is set.
-        let moved = [proposal("a", Action::Update, Some(6.0))];
+        let moved = [proposal("a", PlanAction::Update, Some(6.0))];
         let retuned = steps(&moved, &rules, SETTINGS, 5_000, None, |_, _, _| None);
         assert_eq!(retuned.len(), 1, "{retuned:?}");
-        assert!(matches!(&retuned[0], Step::Retune { limit_rps, .. } if *limit_rps == 6.0));
+        assert!(matches!(&retuned[0], RolloutStep::Retune { limit_rps, .. } if *limit_rps == 6.0));
         // The limit in force is right again: the candidate goes.
-        let kept = [proposal("a", Action::Keep, Some(10.0))];
+        let kept = [proposal("a", PlanAction::Keep, Some(10.0))];
         let withdrawn = steps(&kept, &rules, SETTINGS, 5_000, None, |_, _, _| None);
-        assert!(matches!(&withdrawn[..], [Step::Withdraw { rule }] if rule.bucket == "a"));
+        assert!(matches!(&withdrawn[..], [RolloutStep::Withdraw { rule }] if rule.bucket == "a"));
         // A shadow bucket whose proposal is kept goes on validating.
         let shadows = [shadow("a", 8.0, 1_000)];
         let validating = steps(&kept, &shadows, SETTINGS, 5_000, None, |_, _, _| None);
-        assert!(matches!(&validating[..], [Step::Validating { .. }]));
+        assert!(matches!(&validating[..], [RolloutStep::Validating { .. }]));
     }
 
-    fn regional(bucket: &str, region: &str, action: Action, current: f64, limit: f64) -> Proposal {
+    fn regional(
+        bucket: &str,
+        region: &str,
+        action: PlanAction,
+        current: f64,
+        limit: f64,
+    ) -> Proposal {
         Proposal {
             region: Some(region.into()),
             current_limit_rps: Some(current),
@@ -442,13 +449,13 @@ mod tests {
     #[test]
     fn a_regions_proposals_are_one_candidate_retuned_withdrawn_or_validated_together() {
         let proposals = [
-            regional("r", "eu", Action::Update, 100.0, 60.0),
-            regional("r", "us", Action::Keep, 100.0, 100.0),
+            regional("r", "eu", PlanAction::Update, 100.0, 60.0),
+            regional("r", "us", PlanAction::Keep, 100.0, 100.0),
         ];
         let steps_now = steps(&proposals, &[], SETTINGS, 0, None, |_, _, _| None);
         match &steps_now[..] {
             [
-                Step::RegionCandidate {
+                RolloutStep::RegionCandidate {
                     bucket, regions, ..
                 },
             ] => {
@@ -470,16 +477,19 @@ mod tests {
                 would_drop: 0.0,
             })
         });
-        assert!(matches!(&later[..], [Step::Promote { .. }]), "{later:?}");
+        assert!(
+            matches!(&later[..], [RolloutStep::Promote { .. }]),
+            "{later:?}"
+        );
         // A region's proposal moved: retuned, the rule's own limit kept.
         let moved = [
-            regional("r", "eu", Action::Update, 100.0, 70.0),
-            regional("r", "us", Action::Keep, 100.0, 100.0),
+            regional("r", "eu", PlanAction::Update, 100.0, 70.0),
+            regional("r", "us", PlanAction::Keep, 100.0, 100.0),
         ];
         let retuned = steps(&moved, &rules, SETTINGS, 5_000, None, |_, _, _| None);
         match &retuned[..] {
             [
-                Step::Retune {
+                RolloutStep::Retune {
                     limit_rps, regions, ..
                 },
             ] => {
@@ -490,12 +500,12 @@ mod tests {
         }
         // Every region keeps its limit in force: withdrawn.
         let kept = [
-            regional("r", "eu", Action::Keep, 100.0, 100.0),
-            regional("r", "us", Action::Keep, 100.0, 100.0),
+            regional("r", "eu", PlanAction::Keep, 100.0, 100.0),
+            regional("r", "us", PlanAction::Keep, 100.0, 100.0),
         ];
         let withdrawn = steps(&kept, &rules, SETTINGS, 5_000, None, |_, _, _| None);
         assert!(
-            matches!(&withdrawn[..], [Step::Withdraw { .. }]),
+            matches!(&withdrawn[..], [RolloutStep::Withdraw { .. }]),
             "{withdrawn:?}"
         );
         assert!(steps(&kept, &[], SETTINGS, 0, None, |_, _, _| None).is_empty());
@@ -511,16 +521,18 @@ mod tests {
             })
         };
         let early = steps(&[], &rules, SETTINGS, 2_000, None, seen);
-        assert!(matches!(&early[0], Step::Validating { left_ms, .. } if *left_ms == 86_399_000));
+        assert!(
+            matches!(&early[0], RolloutStep::Validating { left_ms, .. } if *left_ms == 86_399_000)
+        );
         let due = RolloutSettings {
             promote: false,
             ..SETTINGS
         };
         let later = steps(&[], &rules, due, 86_401_000, None, seen);
-        assert!(matches!(&later[0], Step::Due { .. }));
-        let moved = [proposal("a", Action::Update, Some(20.0))];
+        assert!(matches!(&later[0], RolloutStep::Due { .. }));
+        let moved = [proposal("a", PlanAction::Update, Some(20.0))];
         let retuned = steps(&moved, &rules, SETTINGS, 86_401_000, None, seen);
-        assert!(matches!(&retuned[0], Step::Retune { limit_rps, .. } if *limit_rps == 20.0));
+        assert!(matches!(&retuned[0], RolloutStep::Retune { limit_rps, .. } if *limit_rps == 20.0));
         assert_eq!(retuned.len(), 1, "no create or skip besides");
     }
 
@@ -530,9 +542,13 @@ mod tests {
         let quiet = steps(&[], &rules, SETTINGS, 86_400_000, None, |_, _, _| {
             Some(Seen::default())
         });
-        assert!(matches!(&quiet[0], Step::Hold { reason, .. } if reason.contains("no traffic")));
+        assert!(
+            matches!(&quiet[0], RolloutStep::Hold { reason, .. } if reason.contains("no traffic"))
+        );
         let blind = steps(&[], &rules, SETTINGS, 86_400_000, None, |_, _, _| None);
-        assert!(matches!(&blind[0], Step::Hold { reason, .. } if reason.contains("cannot say")));
+        assert!(
+            matches!(&blind[0], RolloutStep::Hold { reason, .. } if reason.contains("cannot say"))
+        );
     }
 
     #[test]
@@ -563,7 +579,9 @@ mod tests {
             Some(86_440_000),
             |_, _, _| panic!("not asked before the history is there"),
         );
-        assert!(matches!(&lagging[0], Step::Validating { left_ms, .. } if *left_ms == 10_000));
+        assert!(
+            matches!(&lagging[0], RolloutStep::Validating { left_ms, .. } if *left_ms == 10_000)
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub struct Point {
 /// What a series is the load of: a bucket of a service, or a (caller, procedure) pair that
 /// would become a new bucket (GRL's RLC proposes one per pair).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Target {
+pub enum SeriesTarget {
     Bucket(String),
     Pair { caller: String, procedure: String },
 }
@@ -24,7 +24,7 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
     pub service: String,
-    pub target: Target,
+    pub target: SeriesTarget,
     pub region: Option<String>,
 }
 
@@ -32,7 +32,7 @@ impl SeriesKey {
     pub fn bucket(service: &str, bucket: &str) -> Self {
         SeriesKey {
             service: service.to_owned(),
-            target: Target::Bucket(bucket.to_owned()),
+            target: SeriesTarget::Bucket(bucket.to_owned()),
             region: None,
         }
     }
@@ -40,7 +40,7 @@ impl SeriesKey {
     pub fn pair(service: &str, caller: &str, procedure: &str) -> Self {
         SeriesKey {
             service: service.to_owned(),
-            target: Target::Pair {
+            target: SeriesTarget::Pair {
                 caller: caller.to_owned(),
                 procedure: procedure.to_owned(),
             },
@@ -52,8 +52,8 @@ impl SeriesKey {
 impl fmt::Display for SeriesKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.target {
-            Target::Bucket(bucket) => write!(f, "{}/{bucket}", self.service)?,
-            Target::Pair { caller, procedure } => {
+            SeriesTarget::Bucket(bucket) => write!(f, "{}/{bucket}", self.service)?,
+            SeriesTarget::Pair { caller, procedure } => {
                 write!(f, "{} caller={caller} procedure={procedure}", self.service)?
             }
         }

@@ -6,10 +6,49 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyKind;
+/// Which policy proposes the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    Historical,
+    Forecast,
+    Fixed,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::Historical,
+        PolicyKind::Forecast,
+        PolicyKind::Fixed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Historical => "historical",
+            PolicyKind::Forecast => "forecast",
+            PolicyKind::Fixed => "fixed",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == text)
+            .ok_or_else(|| format!("policy \"{text}\": use historical, forecast or fixed"))
+    }
+}
 
 /// How much above the evidence a limit goes: a fixed share, or one derived from the history's
 /// own volatility (`auto`, the buffer tuned to the series; see [`crate::policy`]).
@@ -159,28 +198,28 @@ impl<'de> Deserialize<'de> for Headroom {
 /// A positive rate in requests per second: a number (`250`, `0.5`) or a limit as the
 /// configuration file writes it (`"250/s"`, `"9000/min"`, `"100 per 30s"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate(pub f64);
+pub struct PlanRate(pub f64);
 
-impl<'de> Deserialize<'de> for Rate {
+impl<'de> Deserialize<'de> for PlanRate {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Rate;
+            type Value = PlanRate;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a rate in requests per second (250) or a limit like \"250/s\"")
             }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Rate, E> {
-                check_limit("rate", v).map(Rate).map_err(E::custom)
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<PlanRate, E> {
+                check_limit("rate", v).map(PlanRate).map_err(E::custom)
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Rate, E> {
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PlanRate, E> {
                 self.visit_f64(v as f64)
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Rate, E> {
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PlanRate, E> {
                 self.visit_f64(v as f64)
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Rate, E> {
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PlanRate, E> {
                 spillway_core::limit::Limit::parse(v)
-                    .map(|l| Rate(l.per_second()))
+                    .map(|l| PlanRate(l.per_second()))
                     .map_err(E::custom)
             }
         }
@@ -242,8 +281,8 @@ struct ServiceEntry {
     quantile: Option<Quantile>,
     headroom: Option<Headroom>,
     max_change: Option<MaxChange>,
-    floor: Option<Rate>,
-    ceiling: Option<Rate>,
+    floor: Option<PlanRate>,
+    ceiling: Option<PlanRate>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,7 +329,7 @@ impl PolicyFile {
 struct QuotaEntry {
     service: String,
     bucket: String,
-    limit: Rate,
+    limit: PlanRate,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,7 +340,7 @@ struct QuotaFileText {
 
 /// One contract quota of the `fixed` policy.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Quota {
+pub struct ContractQuota {
     pub service: String,
     pub bucket: String,
     pub limit_rps: f64,
@@ -311,7 +350,7 @@ pub struct Quota {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QuotaFile {
     pub file: String,
-    pub quotas: Vec<Quota>,
+    pub quotas: Vec<ContractQuota>,
 }
 
 impl QuotaFile {
@@ -330,7 +369,7 @@ impl QuotaFile {
                     ),
                 });
             }
-            quotas.push(Quota {
+            quotas.push(ContractQuota {
                 service: entry.service,
                 bucket: entry.bucket,
                 limit_rps: entry.limit.0,
@@ -342,7 +381,7 @@ impl QuotaFile {
         })
     }
 
-    pub fn get(&self, service: &str, bucket: &str) -> Option<&Quota> {
+    pub fn get(&self, service: &str, bucket: &str) -> Option<&ContractQuota> {
         self.quotas
             .iter()
             .find(|q| q.service == service && q.bucket == bucket)

@@ -5,7 +5,7 @@
 
 use spillway_configure::builtin::BuiltinSource;
 use spillway_configure::{
-    Action, CurrentBucket, CurrentLimits, HistorySource, Params, Point, SeriesKey, Settings,
+    CurrentBucket, CurrentLimits, HistorySource, Params, PlanAction, Point, SeriesKey, Settings,
     Window, plan,
 };
 use spillway_loop::{HistoryBatch, HistoryRow};
@@ -144,9 +144,9 @@ fn a_plan_rests_on_the_builtin_history(url: &str) {
     // the max-change band [50, 200] of 100/s, so raised to 50.
     assert_eq!(all.evidence.peak_rps, Some(15.0));
     assert_eq!(all.proposed_limit_rps, Some(50.0));
-    assert_eq!(all.action, Action::Update);
+    assert_eq!(all.action, PlanAction::Update);
     let quiet = plan.proposals.iter().find(|p| p.bucket == "quiet").unwrap();
-    assert_eq!(quiet.action, Action::Create);
+    assert_eq!(quiet.action, PlanAction::Create);
     assert_eq!(quiet.proposed_limit_rps, Some(1.25));
 }
 

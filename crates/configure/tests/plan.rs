@@ -7,8 +7,9 @@ use spillway_configure::plan::Clamp;
 use spillway_configure::series::{DAY, MINUTE};
 use spillway_configure::synthetic::{Shape, SyntheticSource};
 use spillway_configure::{
-    Action, CapacityFile, CurrentBucket, CurrentLimits, Headroom, HistorySource, Params, PlanError,
-    Point, PolicyKind, QuotaFile, SeriesKey, Settings, SourceError, Window, chart, report,
+    CapacityFile, CurrentBucket, CurrentLimits, Headroom, HistorySource, Params, PlanAction,
+    PlanError, Point, PolicyKind, QuotaFile, SeriesKey, Settings, SourceError, Window, chart,
+    report,
 };
 
 struct InMemory(Vec<(SeriesKey, Vec<Point>)>);
@@ -110,11 +111,11 @@ fn bad_histories_keep_with_a_reason() {
         reason("users")
     );
     for b in ["gappy", "silent", "nan", "users"] {
-        assert_eq!(get(b).action, Action::Keep, "{b}");
+        assert_eq!(get(b).action, PlanAction::Keep, "{b}");
         assert_eq!(get(b).proposed_limit_rps, get(b).current_limit_rps, "{b}");
     }
     // A new bucket without traffic gets no limit at all, never zero.
-    assert_eq!(get("new-silent").action, Action::Keep);
+    assert_eq!(get("new-silent").action, PlanAction::Keep);
     assert_eq!(get("new-silent").proposed_limit_rps, None);
     // Its JSON: null limits, the reason in the evidence.
     let json = report::json(&plan);
@@ -175,25 +176,25 @@ fn fixed_quotas_create_update_and_keep() {
     let get = |b: &str| plan.proposals.iter().find(|p| p.bucket == b).unwrap();
     assert_eq!(
         (get("a").action, get("a").proposed_limit_rps),
-        (Action::Update, Some(100.0))
+        (PlanAction::Update, Some(100.0))
     );
     assert_eq!(get("a").evidence.clamp, None);
     assert_eq!(
         (get("fresh").action, get("fresh").proposed_limit_rps),
-        (Action::Create, Some(3.0))
+        (PlanAction::Create, Some(3.0))
     );
     // A quota that is already the limit is kept: a contract is not rounded (3.333... is not
     // 3.34).
     assert_eq!(
         (get("c").action, get("c").proposed_limit_rps),
-        (Action::Keep, Some(100.0 / 30.0))
+        (PlanAction::Keep, Some(100.0 / 30.0))
     );
     // A quota for a bucket with a limit per user is that limit.
     assert_eq!(
         (get("users").action, get("users").proposed_limit_rps),
-        (Action::Update, Some(7.0))
+        (PlanAction::Update, Some(7.0))
     );
-    assert_eq!(get("b").action, Action::Keep);
+    assert_eq!(get("b").action, PlanAction::Keep);
     assert!(
         get("b")
             .evidence
@@ -225,7 +226,7 @@ fn pairs_get_new_buckets_and_existing_pairs_their_own() {
         |_, _| {},
     )
     .unwrap();
-    let names: Vec<(&str, Action)> = plan
+    let names: Vec<(&str, PlanAction)> = plan
         .proposals
         .iter()
         .map(|p| (p.bucket.as_str(), p.action))
@@ -233,10 +234,10 @@ fn pairs_get_new_buckets_and_existing_pairs_their_own() {
     assert_eq!(
         names,
         [
-            ("orders", Action::Update),
-            ("gw-b-2", Action::Create),
-            ("gw-a", Action::Create),
-            ("gw-b", Action::Keep)
+            ("orders", PlanAction::Update),
+            ("gw-b-2", PlanAction::Create),
+            ("gw-a", PlanAction::Create),
+            ("gw-b", PlanAction::Keep)
         ]
     );
     assert_eq!(plan.proposals[0].proposed_limit_rps, Some(12.5));
@@ -471,7 +472,7 @@ proptest! {
         if let Some(limit) = p.proposed_limit_rps {
             prop_assert!(limit.is_finite() && limit >= 1.0 / 60.0, "{:?}", p);
         }
-        if p.action == Action::Keep {
+        if p.action == PlanAction::Keep {
             prop_assert_eq!(p.proposed_limit_rps, p.current_limit_rps);
         }
         if let (Some(cur), Some(new)) = (current, p.proposed_limit_rps) && new > 1.0 / 60.0 {

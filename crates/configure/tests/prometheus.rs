@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use spillway_configure::plan::Clamp;
 use spillway_configure::prometheus::{PrometheusSource, Query};
 use spillway_configure::{
-    Action, CurrentBucket, CurrentLimits, HistorySource, Params, PlanError, Point, PolicyKind,
+    CurrentBucket, CurrentLimits, HistorySource, Params, PlanAction, PlanError, Point, PolicyKind,
     SeriesKey, Settings, SourceError, Trial, Window,
 };
 
@@ -432,7 +432,7 @@ fn historical_limits_match_the_history(f: &Fixture) {
 
     let expect = |name: &str| three_digits_up(quantile_by_sorting(&f.truths[name].1, 0.999) * 1.25);
     let seasonal = by("seasonal");
-    assert_eq!(seasonal.action, Action::Create);
+    assert_eq!(seasonal.action, PlanAction::Create);
     assert!(
         close(seasonal.proposed_limit_rps.unwrap(), expect("seasonal")),
         "{seasonal:?}"
@@ -441,7 +441,7 @@ fn historical_limits_match_the_history(f: &Fixture) {
 
     let trending = by("trending");
     assert!(expect("trending") > 200.0);
-    assert_eq!(trending.action, Action::Update);
+    assert_eq!(trending.action, PlanAction::Update);
     assert_eq!(trending.proposed_limit_rps, Some(200.0));
     assert_eq!(trending.evidence.clamp, Some(Clamp::MaxChangeUp));
     assert!(close(
@@ -459,11 +459,11 @@ fn historical_limits_match_the_history(f: &Fixture) {
         "{spiky:?}"
     );
     assert!(close(spiky.proposed_limit_rps.unwrap(), expect("spiky")));
-    assert_eq!(spiky.action, Action::Update);
+    assert_eq!(spiky.action, PlanAction::Update);
 
     // A bucket in force that no series is about is kept, with the reason.
     let idle = by("idle");
-    assert_eq!(idle.action, Action::Keep);
+    assert_eq!(idle.action, PlanAction::Keep);
     assert_eq!(idle.proposed_limit_rps, Some(50.0));
     assert!(
         idle.evidence
@@ -545,7 +545,7 @@ fn forecast_over_prometheus_is_the_forecast_of_the_history(f: &Fixture) {
             close(p.proposed_limit_rps.unwrap(), m.proposed_limit_rps.unwrap()),
             "{p:?}\n{m:?}"
         );
-        assert_eq!(p.action, Action::Create);
+        assert_eq!(p.action, PlanAction::Create);
     }
     let trending = over_prometheus
         .proposals
@@ -683,7 +683,7 @@ fn a_lookback_mostly_before_the_history_keeps_with_the_reason(f: &Fixture) {
         .iter()
         .find(|p| p.bucket == "seasonal")
         .unwrap();
-    assert_eq!(p.action, Action::Keep);
+    assert_eq!(p.action, PlanAction::Keep);
     assert_eq!(p.proposed_limit_rps, Some(300.0));
     assert!(
         p.evidence.reason.as_deref().unwrap().contains("(gaps)"),

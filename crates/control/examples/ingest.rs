@@ -34,7 +34,7 @@ use spillway_link::{Target, now_ms};
 use spillway_proto::v1;
 use spillway_proto::v1::aggregator_client::AggregatorClient;
 use spillway_tls::certs::{self, Leaf, LeafRole};
-use spillway_tls::{Expect, Role, TlsFiles, TlsSource};
+use spillway_tls::{Expect, TlsFiles, TlsSource, WorkloadRole};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -176,7 +176,7 @@ fn expect_aggregator() -> Expect {
     Expect::new(
         format!("the aggregator of region {REGION}, zone {ZONE}"),
         |identity| match &identity.role {
-            Role::Aggregator { region, zone } if region == REGION && zone == ZONE => Ok(()),
+            WorkloadRole::Aggregator { region, zone } if region == REGION && zone == ZONE => Ok(()),
             _ => Err("a proxy reports only to its own zone's aggregator".into()),
         },
     )

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use spillway_tls::server::{Acceptor, OnReject, Rejected};
+use spillway_tls::server::{Acceptor, HandshakeRejected, OnReject};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -205,7 +205,7 @@ async fn connection(
             };
             match accepted {
                 Ok((tls, peer)) => drive(&shared, tls, peer, stop).await,
-                Err(error) => on_reject(&Rejected { remote, error }),
+                Err(error) => on_reject(&HandshakeRejected { remote, error }),
             }
         }
     }

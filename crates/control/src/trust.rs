@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use spillway_tls::server::{OnReject, PeerInfo};
-use spillway_tls::{Identity, Role, TlsSource};
+use spillway_tls::{Identity, TlsSource, WorkloadRole};
 use tonic::{Request, Status};
 
 /// Why a peer was refused: the `reason` label of `spillway_control_plane_rejected_total`.
@@ -92,7 +92,7 @@ pub mod rules {
     /// A client of the aggregator of `region`/`zone`: a proxy of that zone; its host id.
     pub fn proxy_of(identity: &Identity, region: &str, zone: &str) -> Result<String, Refusal> {
         match &identity.role {
-            Role::Proxy {
+            WorkloadRole::Proxy {
                 region: r,
                 zone: z,
                 host,
@@ -133,8 +133,8 @@ pub mod rules {
     /// An aggregator streaming to the controller of `region`: its zone.
     pub fn aggregator_of(identity: &Identity, region: &str) -> Result<String, Refusal> {
         match &identity.role {
-            Role::Aggregator { region: r, zone } if r == region => Ok(zone.clone()),
-            Role::Aggregator { region: r, .. } => Err(refuse(
+            WorkloadRole::Aggregator { region: r, zone } if r == region => Ok(zone.clone()),
+            WorkloadRole::Aggregator { region: r, .. } => Err(refuse(
                 Reason::Region,
                 format!(
                     "{identity} is an aggregator of region {r}; this controller serves region {region}"
@@ -153,8 +153,8 @@ pub mod rules {
     /// A peer of the controller of `region`: another region's controller; its region.
     pub fn peer_of(identity: &Identity, region: &str) -> Result<String, Refusal> {
         match &identity.role {
-            Role::Controller { region: r } if r != region => Ok(r.clone()),
-            Role::Controller { .. } => Err(refuse(
+            WorkloadRole::Controller { region: r } if r != region => Ok(r.clone()),
+            WorkloadRole::Controller { .. } => Err(refuse(
                 Reason::Region,
                 format!(
                     "{identity} is of this controller's own region {region}; peers are other regions' controllers"
@@ -317,7 +317,7 @@ impl Trust {
 /// and `--host-id`, given, must agree with the certificate).
 pub fn own_identity(
     source: &TlsSource,
-    check: impl FnOnce(&Role) -> bool,
+    check: impl FnOnce(&WorkloadRole) -> bool,
     expected: &str,
 ) -> Result<Identity, String> {
     let identity = source.identity().map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use spillway_core::concurrency::{AlgorithmName, Gate, Settings};
+use spillway_core::concurrency::{AlgorithmName, ConcurrencySettings, Gate};
 use spillway_core::criticality::Criticality;
 use spillway_testkit::alloc::{CountingAllocator, allocations_in};
 
@@ -16,8 +16,11 @@ fn concurrency_gate_admits_refuses_and_releases_without_allocating() {
     // A limit of 2 refuses the third of every three requests; gradient's 20 and no limit refuse
     // none.
     for (settings, expected) in [
-        (Some(Settings::fixed(2)), 10_000),
-        (Some(Settings::adaptive(AlgorithmName::Gradient)), 0),
+        (Some(ConcurrencySettings::fixed(2)), 10_000),
+        (
+            Some(ConcurrencySettings::adaptive(AlgorithmName::Gradient)),
+            0,
+        ),
         (None, 0),
     ] {
         let gate = Gate::new(settings, Duration::ZERO);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use spillway_core::concurrency::{AlgorithmName, Gate, Permit, Settings, UPDATE_EVERY};
+use spillway_core::concurrency::{AlgorithmName, ConcurrencySettings, Gate, Permit, UPDATE_EVERY};
 use spillway_core::criticality::Criticality;
 
 /// One phase of the upstream: its service time from `from` on.
@@ -64,7 +64,13 @@ struct Run {
 }
 
 /// Runs `upstream` behind a gate of `settings` for `length`, offered `rate` requests a second.
-fn run(upstream: &Upstream, settings: Settings, rate: f64, length: Duration, seed: u64) -> Run {
+fn run(
+    upstream: &Upstream,
+    settings: ConcurrencySettings,
+    rate: f64,
+    length: Duration,
+    seed: u64,
+) -> Run {
     let gate = Gate::new(Some(settings), Duration::ZERO);
     let mut rng = fastrand::Rng::with_seed(seed);
     // When each worker is next free: FIFO, so a request takes the worker free soonest.
@@ -159,12 +165,12 @@ fn algorithm() -> impl Strategy<Value = AlgorithmName> {
 /// `min_limit` at most half the workers, `max_limit` at least twice them plus 8, and an initial
 /// limit up to 16 times the workers (from 140 times, gradient was once seen still 75% above its
 /// fixed point 20 s later).
-fn case() -> impl Strategy<Value = (usize, u64, Settings, u64)> {
+fn case() -> impl Strategy<Value = (usize, u64, ConcurrencySettings, u64)> {
     (4usize..=64, 5u64..=40, algorithm(), any::<u64>()).prop_flat_map(
         |(workers, service_ms, algorithm, seed)| {
             let w = workers as u32;
             (1..=w / 2, 2 * w + 8..=1000, 1..=16 * w).prop_map(move |(min, max, initial)| {
-                let settings = Settings {
+                let settings = ConcurrencySettings {
                     algorithm,
                     min_limit: min,
                     max_limit: max,
@@ -256,7 +262,7 @@ fn concurrency_unlimited_latency_grows_with_the_queue() {
     let cap = capacity(16, 10);
     let run = run(
         &upstream,
-        Settings::fixed(1_000_000),
+        ConcurrencySettings::fixed(1_000_000),
         2.0 * cap,
         Duration::from_secs(10),
         1,
@@ -273,7 +279,7 @@ fn concurrency_unlimited_latency_grows_with_the_queue() {
 /// in flight than the limit, and every place is given back.
 #[test]
 fn concurrency_gate_holds_its_limit_across_threads() {
-    let gate = Gate::new(Some(Settings::fixed(8)), Duration::ZERO);
+    let gate = Gate::new(Some(ConcurrencySettings::fixed(8)), Duration::ZERO);
     let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
     std::thread::scope(|scope| {
         for _ in 0..4 {

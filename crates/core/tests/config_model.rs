@@ -171,20 +171,20 @@ fn the_schema_describes_batch_with_its_range() {
 
 #[test]
 fn a_concurrency_section_loads_with_its_defaults_and_is_off_when_absent() {
-    use spillway_core::concurrency::{AlgorithmName, Settings};
+    use spillway_core::concurrency::{AlgorithmName, ConcurrencySettings};
     let load = |text: &str| config::load_str(text, "c.yaml").unwrap().concurrency;
     assert_eq!(load("version: 1\n"), None);
     assert_eq!(
         load("version: 1\nconcurrency: {}\n"),
-        Some(Settings::adaptive(AlgorithmName::Gradient))
+        Some(ConcurrencySettings::adaptive(AlgorithmName::Gradient))
     );
     assert_eq!(
         load("version: 1\nconcurrency: { algorithm: fixed, limit: 64 }\n"),
-        Some(Settings::fixed(64))
+        Some(ConcurrencySettings::fixed(64))
     );
     assert_eq!(
         load("version: 1\nconcurrency: { algorithm: vegas, min_limit: 2, max_limit: 8 }\n"),
-        Some(Settings {
+        Some(ConcurrencySettings {
             algorithm: AlgorithmName::Vegas,
             min_limit: 2,
             max_limit: 8,

@@ -34,7 +34,7 @@ use tonic::transport::Channel;
 use crate::backoff::Backoff;
 use crate::clock::now_unix_ns;
 use crate::session::{SessionError, Stop, Target, UrlError, reconnect};
-use spillway_tls::{Expect, Role, TlsSource};
+use spillway_tls::{Expect, TlsSource, WorkloadRole};
 
 /// How long a stopping host waits for its aggregator to end the stream after its last report,
 /// so that report is delivered, not reset with the stream.
@@ -183,7 +183,11 @@ impl ClientLink {
             let expect = Expect::new(
                 format!("the aggregator of region {region}, zone {zone}"),
                 move |identity| match &identity.role {
-                    Role::Aggregator { region: r, zone: z } if *r == region && *z == zone => Ok(()),
+                    WorkloadRole::Aggregator { region: r, zone: z }
+                        if *r == region && *z == zone =>
+                    {
+                        Ok(())
+                    }
                     _ => Err("a proxy reports only to its own zone's aggregator".into()),
                 },
             );

@@ -28,7 +28,7 @@ pub mod zone;
 pub use host::{HostCore, HostId, HostStep, HostTime};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use ledger::{HistoryBatch, HistoryRow, Ledger};
-pub use plausible::{Bounds, Clamp, ClampCounts, ClampReason, Factors};
+pub use plausible::{ClampCounts, ClampReason, CountClamp, Factors, PlausibleBounds};
 pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
 pub use rules::{LinkRules, RulesError, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};

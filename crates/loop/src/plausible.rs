@@ -96,7 +96,7 @@ impl ClampReason {
 
 /// One count of one host lowered: what it reported and what was counted instead, per interval.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Clamp {
+pub struct CountClamp {
     pub host: String,
     pub bucket: BucketKey,
     pub reason: ClampReason,
@@ -130,7 +130,7 @@ impl ClampCounts {
 /// The bounds in force: the controller's `control.plausibility` and its buckets' limits, or the
 /// defaults and no limits before its rules came.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Bounds {
+pub struct PlausibleBounds {
     /// Whether these are the controller's (rules came) rather than the defaults.
     known: bool,
     plausibility: Plausibility,
@@ -138,7 +138,7 @@ pub struct Bounds {
     limits: HashMap<BucketKey, f64>,
 }
 
-impl Bounds {
+impl PlausibleBounds {
     /// The bounds of a validated configuration.
     pub fn from_config(config: &Config) -> Self {
         let limits = config
@@ -210,7 +210,7 @@ fn per_interval(rps: f64, interval: Interval) -> u64 {
 /// `clamped(bucket, reason, reported, counted)` for each count lowered.
 pub fn check_report(
     sums: &mut Sums,
-    bounds: &Bounds,
+    bounds: &PlausibleBounds,
     interval: Interval,
     mut clamped: impl FnMut(&BucketKey, ClampReason, u64, u64),
 ) {
@@ -314,7 +314,7 @@ fn median_without(sorted: &[u64], skip: Option<usize>) -> f64 {
 /// tail when it left before the tail), so it is no measure of what a host offers.
 pub fn bound_peers(
     hosts: &mut BTreeMap<String, Sums>,
-    bounds: &Bounds,
+    bounds: &PlausibleBounds,
     interval: Interval,
     mut clamped: impl FnMut(&str, &BucketKey, ClampReason, u64, u64),
     peer: impl Fn(&str) -> bool,
@@ -423,8 +423,8 @@ mod tests {
     }
 
     /// The bounds of rules with the bucket at `limit_rps`, or before any rules came.
-    fn bounds(limit_rps: Option<f64>) -> Bounds {
-        let mut b = Bounds::default();
+    fn bounds(limit_rps: Option<f64>) -> PlausibleBounds {
+        let mut b = PlausibleBounds::default();
         if let Some(l) = limit_rps {
             b.known = true;
             b.limits.insert(BucketKey::new("api", "all"), l);
@@ -628,7 +628,7 @@ mod tests {
         let mut seen = Vec::new();
         check_report(
             &mut sums,
-            &Bounds::default(),
+            &PlausibleBounds::default(),
             Interval::from_ms(500),
             |_, r, from, to| seen.push((r, from, to)),
         );
@@ -659,7 +659,7 @@ mod tests {
         let mut same = honest.clone();
         check_report(
             &mut same,
-            &Bounds::default(),
+            &PlausibleBounds::default(),
             Interval::from_ms(1000),
             |_, _, _, _| panic!("clamped"),
         );

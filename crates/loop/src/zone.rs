@@ -22,7 +22,7 @@ use spillway_core::algo::Ratio;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use crate::plausible::{self, Bounds, Clamp, ClampCounts, Factors};
+use crate::plausible::{self, ClampCounts, CountClamp, Factors, PlausibleBounds};
 use crate::region::tier_drop_ratios;
 use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 
@@ -30,7 +30,7 @@ use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 /// that host's clamps went without one since the last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClampNotice {
-    pub clamp: Clamp,
+    pub clamp: CountClamp,
     pub unlogged: u64,
 }
 
@@ -95,7 +95,7 @@ pub struct ZoneCore {
     window: Intervals<String, BTreeMap<String, Sums>>,
     rules: Option<v1::Rules>,
     /// What a host's counts may say, from the controller's rules.
-    bounds: Bounds,
+    bounds: PlausibleBounds,
     /// The hosts clamped against their peers in the last closed interval, and how much of
     /// their load was counted: their drop ratios are raised to match.
     factors: Factors,
@@ -133,7 +133,7 @@ impl ZoneCore {
             hosts: BTreeMap::new(),
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             rules: None,
-            bounds: Bounds::default(),
+            bounds: PlausibleBounds::default(),
             factors: Factors::default(),
             clamped: ClampCounts::default(),
             notices: Vec::new(),
@@ -193,7 +193,7 @@ impl ZoneCore {
     }
 
     /// The bounds in force (the defaults until the controller's rules came).
-    pub fn bounds(&self) -> &Bounds {
+    pub fn bounds(&self) -> &PlausibleBounds {
         &self.bounds
     }
 
@@ -297,7 +297,7 @@ impl ZoneCore {
         for (bucket, reason, reported, counted) in lowered {
             self.note(
                 now_ms,
-                Clamp {
+                CountClamp {
                     host: report.host_id.clone(),
                     bucket,
                     reason,
@@ -435,7 +435,7 @@ impl ZoneCore {
             &self.bounds,
             self.interval,
             |h, key, r, a, b| {
-                lowered.push(Clamp {
+                lowered.push(CountClamp {
                     host: h.to_owned(),
                     bucket: key.clone(),
                     reason: r,
@@ -470,7 +470,7 @@ impl ZoneCore {
     }
 
     /// Counts a clamp, and keeps it as a notice when its host has had none for a while.
-    fn note(&mut self, now_ms: u64, clamp: Clamp) {
+    fn note(&mut self, now_ms: u64, clamp: CountClamp) {
         self.clamped.add(clamp.reason);
         let due = self
             .noticed
@@ -538,7 +538,7 @@ impl ZoneCore {
         }
         if let Some(rules) = instructions.rules.take() {
             if self.rules_version() != rules.version
-                && let Some(bounds) = Bounds::from_rules(&rules)
+                && let Some(bounds) = PlausibleBounds::from_rules(&rules)
             {
                 self.bounds = bounds;
             }
@@ -680,258 +680,4 @@ fn replace_counts<'a>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(host: &str, sequence: u64, offered: u64, rules_version: u64) -> v1::Report {
-        v1::Report {
-            surge: false,
-            host_id: host.into(),
-            zone: "z1".into(),
-            region: "r1".into(),
-            rules_version,
-            sequence,
-            interval_ms: 1_000,
-            buckets: vec![v1::BucketCounts {
-                service: "api".into(),
-                bucket: "all".into(),
-                offered,
-                allowed: offered,
-                shadow_dropped: 0,
-                offered_tail: Some(offered / 4),
-                hosts: None,
-                tier_offered: Vec::new(),
-            }],
-        }
-    }
-
-    fn surge_report(host: &str, sequence: u64, offered: u64) -> v1::Report {
-        v1::Report {
-            surge: true,
-            ..report(host, sequence, offered, 1)
-        }
-    }
-
-    fn forwards(steps: &[ZoneStep]) -> Vec<&v1::ZoneReport> {
-        steps
-            .iter()
-            .filter_map(|s| match s {
-                ZoneStep::Forward(r) => Some(r),
-                ZoneStep::Send { .. } => None,
-            })
-            .collect()
-    }
-
-    /// A zone at 7.000 s with hosts a and b linked, the controller's stream open.
-    fn zone() -> ZoneCore {
-        let mut zone = ZoneCore::new("r1", "z1", 7_000);
-        zone.upstream_opened();
-        zone.join("a", 1);
-        zone.join("b", 2);
-        zone
-    }
-
-    #[test]
-    fn an_interval_leaves_when_its_last_host_reports_or_after_the_grace() {
-        let mut zone = zone();
-        assert!(zone.on_report(8_001, 1, report("a", 7, 300, 1)).is_empty());
-        let steps = zone.on_report(8_002, 2, report("b", 7, 100, 1));
-        let sent = forwards(&steps);
-        assert_eq!(sent.len(), 1, "complete when both reported");
-        assert_eq!((sent[0].sequence, sent[0].clients), (7, 2));
-        assert_eq!(sent[0].buckets[0].offered, 400);
-        // The controller learns the hosts once, then only what changed.
-        let hosts: Vec<&str> = sent[0].hosts.iter().map(|h| h.host_id.as_str()).collect();
-        assert_eq!(hosts, ["a", "b"]);
-        // Interval 8: only a reports; it leaves a grace (250 ms) after its end, without b.
-        zone.on_report(9_001, 1, report("a", 8, 300, 1));
-        assert!(forwards(&zone.poll(9_249)).is_empty());
-        let steps = zone.poll(9_250);
-        let sent = forwards(&steps);
-        assert_eq!((sent[0].sequence, sent[0].clients), (8, 1));
-        // b's counts of interval 7 stand in for its missing report.
-        assert_eq!(sent[0].buckets[0].offered, 400);
-        assert!(sent[0].hosts.is_empty(), "nothing changed");
-        assert_eq!(zone.forwarded(), 2);
-        // A report of a forwarded interval is late.
-        zone.on_report(9_300, 2, report("b", 8, 100, 1));
-        assert_eq!(zone.late_reports(), 1);
-        // Interval 9: b is silent again; its last report was of 7, two intervals ago, so the
-        // sums go without it.
-        zone.on_report(10_001, 1, report("a", 9, 300, 1));
-        let steps = zone.poll(10_250);
-        let sent = forwards(&steps);
-        assert_eq!((sent[0].sequence, sent[0].buckets[0].offered), (9, 300));
-    }
-
-    #[test]
-    fn a_leaving_hosts_last_partial_report_counts_once_and_nothing_stands_in_for_it() {
-        let mut zone = zone();
-        zone.on_report(8_001, 1, report("a", 7, 300, 1));
-        zone.on_report(8_002, 2, report("b", 7, 100, 1));
-        // Halfway through interval 8, a stops: its last report is of what it counted so far,
-        // then its stream ends.
-        assert!(forwards(&zone.on_report(8_500, 1, report("a", 8, 150, 1))).is_empty());
-        assert!(forwards(&zone.on_stream_end(8_500, "a", 1)).is_empty());
-        let steps = zone.on_report(9_001, 2, report("b", 8, 250, 1));
-        let sent = forwards(&steps);
-        assert_eq!(sent[0].sequence, 8);
-        assert_eq!(sent[0].buckets[0].offered, 150 + 250);
-        // Interval 9 goes without a.
-        let sent = zone.on_report(10_001, 2, report("b", 9, 400, 1));
-        assert_eq!(forwards(&sent)[0].buckets[0].offered, 400);
-    }
-
-    #[test]
-    fn a_surge_estimate_counts_a_host_that_left_for_nothing() {
-        let mut zone = zone();
-        zone.on_report(8_001, 1, report("a", 7, 300, 1));
-        zone.on_report(8_002, 2, report("b", 7, 100, 1));
-        // In interval 8, a stops and b's guard engages at 400 an interval.
-        zone.on_stream_end(8_300, "a", 1);
-        zone.on_report(8_400, 2, surge_report("b", 8, 400));
-        let steps = zone.poll(8_410);
-        let sent = forwards(&steps);
-        assert!(sent[0].surge);
-        // b's 100 replaced by its 400 now, and a's 300 gone with it.
-        assert_eq!(sent[0].buckets[0].offered, 400);
-        assert_eq!(sent[0].buckets[0].hosts, Some(1));
-        // c, which joined in interval 8, stops at its end: its last report (of 8) and the end
-        // of its stream come before b's report, so interval 8 closes after c left, its sums
-        // counting c.
-        zone.join("c", 3);
-        zone.on_report(9_000, 3, report("c", 8, 200, 1));
-        zone.on_stream_end(9_000, "c", 3);
-        let sent = zone.on_report(9_001, 2, report("b", 8, 400, 1));
-        assert_eq!(
-            forwards(&sent)[0].buckets[0].offered,
-            600,
-            "interval 8 counts c"
-        );
-        zone.on_report(9_300, 2, surge_report("b", 9, 500));
-        let steps = zone.poll(9_310);
-        // b's 400 replaced by its 500 now, c's 200 gone.
-        assert_eq!(forwards(&steps)[0].buckets[0].offered, 500);
-        // d reports interval 9 only: 10 closes with its counts standing in, 11 without them
-        // (no stand-in past one interval). When it leaves in 12, nothing of it is in the last
-        // closed interval's sums to take out of the estimate.
-        zone.join("d", 4);
-        zone.on_report(10_000, 4, report("d", 9, 200, 1));
-        let sent = zone.on_report(10_001, 2, report("b", 9, 500, 1));
-        assert_eq!(forwards(&sent)[0].buckets[0].offered, 700);
-        zone.on_report(11_001, 2, report("b", 10, 500, 1));
-        assert_eq!(forwards(&zone.poll(11_250))[0].buckets[0].offered, 700);
-        zone.on_report(12_001, 2, report("b", 11, 500, 1));
-        assert_eq!(forwards(&zone.poll(12_250))[0].buckets[0].offered, 500);
-        zone.on_stream_end(12_300, "d", 4);
-        zone.on_report(12_400, 2, surge_report("b", 12, 600));
-        assert_eq!(forwards(&zone.poll(12_410))[0].buckets[0].offered, 600);
-    }
-
-    #[test]
-    fn a_large_zone_closes_early_without_a_few_silent_hosts() {
-        // 64 hosts: two may be missing 10 ms (a hundredth of the interval) after the interval's end.
-        let mut zone = ZoneCore::new("r1", "z1", 7_000);
-        zone.upstream_opened();
-        let names: Vec<String> = (0..64).map(|i| format!("h{i:02}")).collect();
-        for (i, name) in names.iter().enumerate() {
-            zone.join(name, i as u64);
-        }
-        for (i, name) in names.iter().enumerate() {
-            zone.on_report(8_001, i as u64, report(name, 7, 10, 1));
-        }
-        // Interval 8: h00 and h01 are silent, 62 report.
-        for (i, name) in names.iter().enumerate().skip(2) {
-            assert!(forwards(&zone.on_report(9_001, i as u64, report(name, 8, 20, 1))).is_empty());
-        }
-        assert!(
-            forwards(&zone.poll(9_009)).is_empty(),
-            "before the quorum's wait"
-        );
-        let steps = zone.poll(9_010);
-        let sent = forwards(&steps);
-        assert_eq!((sent[0].sequence, sent[0].clients), (8, 62));
-        // 62 x 20 reported, and 2 x 10 from the silent hosts' interval 7.
-        assert_eq!(sent[0].buckets[0].offered, 62 * 20 + 2 * 10);
-        // Interval 9: three silent are more than one in 32: the grace applies.
-        for (i, name) in names.iter().enumerate().skip(3) {
-            zone.on_report(10_001, i as u64, report(name, 9, 20, 1));
-        }
-        assert!(forwards(&zone.poll(10_249)).is_empty());
-        assert_eq!(forwards(&zone.poll(10_250))[0].sequence, 9);
-    }
-
-    #[test]
-    fn instructions_split_shares_by_each_hosts_load_and_carry_rules_to_hosts_that_lack_them() {
-        let mut zone = zone();
-        zone.on_report(8_001, 1, report("a", 7, 300, 1));
-        zone.on_report(8_002, 2, report("b", 7, 100, 2));
-        let instructions = v1::ZoneInstructions {
-            instructions: Some(v1::Instructions {
-                interval_ms: 1_000,
-                sequence: 7,
-                rules_version: 2,
-                rules: Some(v1::Rules {
-                    version: 2,
-                    yaml: "rules".into(),
-                    ..Default::default()
-                }),
-                buckets: vec![v1::BucketInstruction {
-                    service: "api".into(),
-                    bucket: "all".into(),
-                    share: Some(Ratio::from_f64(0.5).raw()),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-        };
-        let steps = zone.on_instructions(8_100, instructions.clone());
-        let sent: Vec<(&str, f64, bool)> = steps
-            .iter()
-            .map(|s| match s {
-                ZoneStep::Send { host, instructions } => (
-                    host.as_str(),
-                    Ratio::from_raw(instructions.buckets[0].share.unwrap()).as_f64(),
-                    instructions.rules.is_some(),
-                ),
-                ZoneStep::Forward(_) => panic!("nothing to forward"),
-            })
-            .collect();
-        // A offered 300 of the zone's 400: 0.375 of the bucket; only a runs other rules.
-        assert!((sent[0].1 - 0.375).abs() < 1e-6 && (sent[1].1 - 0.125).abs() < 1e-6);
-        assert_eq!((sent[0].0, sent[0].2), ("a", true));
-        assert_eq!((sent[1].0, sent[1].2), ("b", false));
-        // Sent once; again only when the send failed.
-        let again = zone.on_instructions(8_200, instructions.clone());
-        assert_eq!(again.len(), 2, "both hosts are still instructed");
-        assert!(again.iter().all(
-            |s| matches!(s, ZoneStep::Send { instructions, .. } if instructions.rules.is_none())
-        ));
-        zone.send_failed("a");
-        let retry = zone.on_instructions(8_300, instructions);
-        assert!(
-            matches!(&retry[0], ZoneStep::Send { host, instructions } if host == "a" && instructions.rules.is_some())
-        );
-    }
-
-    #[test]
-    fn a_host_that_left_is_reported_gone_and_an_old_stream_ending_changes_nothing() {
-        let mut zone = zone();
-        zone.on_report(8_001, 1, report("a", 7, 300, 1));
-        zone.on_report(8_002, 2, report("b", 7, 100, 1));
-        // a reconnected on stream 3 before its stream 1 ended.
-        zone.on_report(9_001, 3, report("a", 8, 300, 1));
-        assert!(zone.on_stream_end(9_002, "a", 1).is_empty());
-        assert_eq!(zone.hosts(), 2);
-        // b leaves: interval 8 no longer waits for it.
-        let steps = zone.on_stream_end(9_003, "b", 2);
-        let sent = forwards(&steps);
-        assert_eq!(sent[0].sequence, 8);
-        assert_eq!(sent[0].gone, ["b"]);
-        // That report was lost on the way up: the next one says it again.
-        let lost = sent[0].clone();
-        zone.forward_failed(&lost);
-        let steps = zone.on_report(10_001, 3, report("a", 9, 300, 1));
-        assert_eq!(forwards(&steps)[0].gone, ["b"]);
-    }
-}
+mod tests;

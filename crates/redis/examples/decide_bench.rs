@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use spillway_core::algo::{Kind, Rate};
-use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
+use spillway_redis::{ExactAlgo, RedisEndpoint, RedisKey, RedisLimiter, StoreOptions};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -34,7 +34,7 @@ async fn main() {
 
     let limiter = Arc::new(
         RedisLimiter::new(
-            Target::single(url),
+            RedisEndpoint::single(url),
             StoreOptions {
                 timeout: Duration::from_secs(1),
             },

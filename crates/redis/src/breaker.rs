@@ -103,7 +103,7 @@ pub struct BreakerStats {
 /// Leave to call Redis once. Hand it back with the outcome to [`CircuitBreaker::record`].
 #[derive(Debug)]
 #[must_use = "the outcome of a permitted call must be recorded"]
-pub struct Permit {
+pub struct BreakerPermit {
     word: u64,
 }
 
@@ -124,7 +124,7 @@ pub enum CallOutcome {
 
 /// What the prober should do next, from [`CircuitBreaker::poll`].
 #[derive(Debug)]
-pub enum Step {
+pub enum BreakerStep {
     /// Ping Redis now and record the answer.
     Probe(Probe),
     /// Nothing before this instant.
@@ -333,7 +333,7 @@ impl CircuitBreaker {
     }
 
     /// Whether a request may call Redis now. `None`: decide it by policy instead.
-    pub fn permit(&self) -> Option<Permit> {
+    pub fn permit(&self) -> Option<BreakerPermit> {
         let word = self.word.load(Ordering::Acquire);
         let permitted = match phase(word) {
             CLOSED => true,
@@ -347,7 +347,7 @@ impl CircuitBreaker {
             _ => false,
         };
         if permitted {
-            Some(Permit { word })
+            Some(BreakerPermit { word })
         } else {
             self.short_circuited.fetch_add(1, Ordering::Relaxed);
             None
@@ -356,14 +356,14 @@ impl CircuitBreaker {
 
     /// Records how a permitted call ended, at `now`. A failure is logged as "unknown";
     /// [`Self::record_failure`] says what it was.
-    pub fn record(&self, permit: Permit, outcome: CallOutcome, now: Instant) {
+    pub fn record(&self, permit: BreakerPermit, outcome: CallOutcome, now: Instant) {
         self.settle(permit.word, outcome, None, false, now);
     }
 
     /// Records a permitted call that failed with `error`, at `now`.
     pub fn record_failure(
         &self,
-        permit: Permit,
+        permit: BreakerPermit,
         outcome: CallOutcome,
         error: &dyn fmt::Display,
         now: Instant,
@@ -373,12 +373,12 @@ impl CircuitBreaker {
 
     /// What the prober should do at `now`: ping, wait, or stop. Also judges a ramp stage whose
     /// time is up, so the ramp advances without traffic.
-    pub fn poll(&self, now: Instant) -> Step {
+    pub fn poll(&self, now: Instant) -> BreakerStep {
         let mut ctl = self.lock();
         self.flush_summary(&mut ctl, now);
         let word = self.word.load(Ordering::Acquire);
         match phase(word) {
-            CLOSED => return Step::Done,
+            CLOSED => return BreakerStep::Done,
             HALF_OPEN if now >= ctl.stage_started + self.config.stage_for => {
                 let (succeeded, failed) = self.stage_counts(word);
                 let answered = succeeded + failed;
@@ -395,7 +395,7 @@ impl CircuitBreaker {
         }
         let word = self.word.load(Ordering::Acquire);
         let every = match phase(word) {
-            CLOSED => return Step::Done,
+            CLOSED => return BreakerStep::Done,
             HALF_OPEN => self.config.ramp_probe_every,
             _ => self.config.probe_every,
         };
@@ -403,13 +403,13 @@ impl CircuitBreaker {
         if now >= next {
             self.next_probe
                 .store(self.nanos(now + every), Ordering::Relaxed);
-            return Step::Probe(Probe { word });
+            return BreakerStep::Probe(Probe { word });
         }
         let stage_end = ctl.stage_started + self.config.stage_for;
         if phase(word) == HALF_OPEN && stage_end > now {
-            Step::Wait(next.min(stage_end))
+            BreakerStep::Wait(next.min(stage_end))
         } else {
-            Step::Wait(next)
+            BreakerStep::Wait(next)
         }
     }
 

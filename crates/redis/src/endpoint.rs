@@ -28,7 +28,7 @@ use crate::password::Password;
 
 /// Where a limiter finds Redis. Its `Debug` shows a URL's password as `***`.
 #[derive(Clone, PartialEq, Eq)]
-pub enum Target {
+pub enum RedisEndpoint {
     /// One server, `redis://HOST:PORT[/DB]`.
     Single { url: String },
     /// The primary that `sentinels` (`redis://HOST:PORT` each) know as `master`.
@@ -41,15 +41,15 @@ pub enum Target {
     Cluster { nodes: Vec<String> },
 }
 
-impl Target {
+impl RedisEndpoint {
     /// One server at `url`.
     pub fn single(url: impl Into<String>) -> Self {
-        Target::Single { url: url.into() }
+        RedisEndpoint::Single { url: url.into() }
     }
 
     /// The primary named `master` by `sentinels`.
     pub fn sentinel(master: impl Into<String>, sentinels: Vec<String>) -> Self {
-        Target::Sentinel {
+        RedisEndpoint::Sentinel {
             master: master.into(),
             sentinels,
         }
@@ -57,7 +57,7 @@ impl Target {
 
     /// The Redis Cluster that `nodes` (some or all of its nodes) belong to.
     pub fn cluster(nodes: Vec<String>) -> Self {
-        Target::Cluster { nodes }
+        RedisEndpoint::Cluster { nodes }
     }
 
     /// The target in a few words for log lines, passwords hidden.
@@ -69,31 +69,31 @@ impl Target {
                 .join(", ")
         };
         match self {
-            Target::Single { url } => redact_url(url).into_owned(),
-            Target::Sentinel { master, sentinels } => {
+            RedisEndpoint::Single { url } => redact_url(url).into_owned(),
+            RedisEndpoint::Sentinel { master, sentinels } => {
                 format!("sentinel master {master} via {}", redacted(sentinels))
             }
-            Target::Cluster { nodes } => format!("cluster via {}", redacted(nodes)),
+            RedisEndpoint::Cluster { nodes } => format!("cluster via {}", redacted(nodes)),
         }
     }
 }
 
-impl std::fmt::Debug for Target {
+impl std::fmt::Debug for RedisEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let redacted = |urls: &[String]| -> Vec<String> {
             urls.iter().map(|u| redact_url(u).into_owned()).collect()
         };
         match self {
-            Target::Single { url } => f
+            RedisEndpoint::Single { url } => f
                 .debug_struct("Single")
                 .field("url", &redact_url(url))
                 .finish(),
-            Target::Sentinel { master, sentinels } => f
+            RedisEndpoint::Sentinel { master, sentinels } => f
                 .debug_struct("Sentinel")
                 .field("master", master)
                 .field("sentinels", &redacted(sentinels))
                 .finish(),
-            Target::Cluster { nodes } => f
+            RedisEndpoint::Cluster { nodes } => f
                 .debug_struct("Cluster")
                 .field("nodes", &redacted(nodes))
                 .finish(),
@@ -149,9 +149,13 @@ impl Connector {
     /// `password`, when given, replaces any password of the URLs: the process's own, from its
     /// `redis.password_file` or its environment. For Sentinel it is the primary's (the
     /// sentinels are asked with their URLs as written).
-    fn new(target: &Target, timeout: Duration, password: Option<&Password>) -> RedisResult<Self> {
+    fn new(
+        target: &RedisEndpoint,
+        timeout: Duration,
+        password: Option<&Password>,
+    ) -> RedisResult<Self> {
         Ok(match target {
-            Target::Single { url } => {
+            RedisEndpoint::Single { url } => {
                 let mut info = url.as_str().into_connection_info()?;
                 if let Some(password) = password {
                     let settings = info
@@ -162,17 +166,19 @@ impl Connector {
                 }
                 Connector::Single(Client::open(info)?)
             }
-            Target::Sentinel { master, sentinels } => Connector::Sentinel(SentinelClient::build(
-                sentinels.clone(),
-                master.clone(),
-                password.map(|password| {
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(
-                        RedisConnectionInfo::default().set_password(password.expose()),
-                    )
-                }),
-                SentinelServerType::Master,
-            )?),
-            Target::Cluster { nodes } => {
+            RedisEndpoint::Sentinel { master, sentinels } => {
+                Connector::Sentinel(SentinelClient::build(
+                    sentinels.clone(),
+                    master.clone(),
+                    password.map(|password| {
+                        SentinelNodeConnectionInfo::default().set_redis_connection_info(
+                            RedisConnectionInfo::default().set_password(password.expose()),
+                        )
+                    }),
+                    SentinelServerType::Master,
+                )?)
+            }
+            RedisEndpoint::Cluster { nodes } => {
                 let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
@@ -212,7 +218,7 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     pub(crate) fn new(
-        target: &Target,
+        target: &RedisEndpoint,
         timeout: Duration,
         password: Option<&Password>,
     ) -> RedisResult<Self> {

@@ -8,10 +8,10 @@ use spillway_core::config::FailurePolicy;
 use spillway_core::decision::Verdict;
 
 use crate::algo::ExactAlgo;
-use crate::breaker::{BreakerConfig, CallOutcome, CircuitBreaker, Step};
+use crate::breaker::{BreakerConfig, BreakerStep, CallOutcome, CircuitBreaker};
 use crate::key::RedisKey;
 use crate::limiter::ExactError;
-use crate::limiter::{Answer, RedisLimiter};
+use crate::limiter::{RedisLimiter, ScriptAnswer};
 
 /// Why a decision did not come from Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ impl GuardedLimiter {
         algo: &ExactAlgo,
         cost: u64,
         want: u64,
-    ) -> Result<Answer, Fallback> {
+    ) -> Result<ScriptAnswer, Fallback> {
         let breaker = self.breaker();
         let Some(permit) = breaker.permit() else {
             // The prober normally runs already (one atomic load); this starts another if its
@@ -172,13 +172,13 @@ async fn probe(shared: Weak<Shared>) {
     while let Some(guarded) = shared.upgrade() {
         let breaker = &guarded.breaker;
         match breaker.poll(Instant::now()) {
-            Step::Done => {
+            BreakerStep::Done => {
                 if !breaker.release_prober() {
                     slot.held = false;
                     return;
                 }
             }
-            Step::Probe(probe) => {
+            BreakerStep::Probe(probe) => {
                 let result = guarded.limiter.ping().await;
                 let now = Instant::now();
                 match &result {
@@ -186,7 +186,7 @@ async fn probe(shared: Weak<Shared>) {
                     Err(e) => breaker.record_probe(probe, outcome(e), Some(e), now),
                 }
             }
-            Step::Wait(until) => {
+            BreakerStep::Wait(until) => {
                 drop(guarded);
                 tokio::time::sleep_until(until.into()).await;
             }

@@ -5,7 +5,7 @@
 //! algorithm ([`ExactAlgo`]: token bucket, leaky bucket, fixed window, sliding-window log,
 //! sliding-window counter and GCRA, every algorithm the configuration allows with
 //! `store: redis`) against a single node, a Sentinel-managed primary or a Redis Cluster
-//! ([`Target`]), with time from Redis `TIME`, weighted costs and our own
+//! ([`RedisEndpoint`]), with time from Redis `TIME`, weighted costs and our own
 //! `EVALSHA`-then-`EVAL` path. A bucket's keys share one hash tag ([`RedisKey`]), so on a
 //! cluster each decision is one call to the node that owns the bucket's slot.
 //! [`GuardedLimiter`] puts a [`CircuitBreaker`] in front of it and applies the bucket's
@@ -127,11 +127,12 @@ mod script;
 pub use algo::{ExactAlgo, UnsupportedAlgorithm};
 pub use batch::{BatchConfig, Batcher, BatchingLimiter};
 pub use breaker::{
-    BreakerConfig, BreakerStats, CallOutcome, CircuitBreaker, CircuitState, Permit, Probe, Step,
+    BreakerConfig, BreakerPermit, BreakerStats, BreakerStep, CallOutcome, CircuitBreaker,
+    CircuitState, Probe,
 };
-pub use endpoint::Target;
+pub use endpoint::RedisEndpoint;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
 pub use key::RedisKey;
-pub use limiter::{Answer, ExactError, RedisLimiter, StoreOptions};
+pub use limiter::{ExactError, RedisLimiter, ScriptAnswer, StoreOptions};
 pub use password::{PASSWORD_ENV, Password, PasswordError};
 pub use script::ScriptKind;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use spillway_core::decision::{NEVER, Verdict};
 
 use crate::algo::ExactAlgo;
-use crate::endpoint::{Endpoint, Target};
+use crate::endpoint::{Endpoint, RedisEndpoint};
 use crate::key::RedisKey;
 use crate::password::{Password, PasswordError};
 use crate::script::ScriptKind;
@@ -59,7 +59,7 @@ impl Default for StoreOptions {
 
 /// Everything a script says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Answer {
+pub struct ScriptAnswer {
     /// Allowed, or denied with the time after which the same request fits.
     pub verdict: Verdict,
     /// Units that would still be admitted right after this request (for `ratelimit` headers).
@@ -80,14 +80,14 @@ pub struct RedisLimiter {
 impl RedisLimiter {
     /// A limiter for `target`. It connects on the first decision, so it can be built while Redis
     /// is down; it fails only on a malformed URL.
-    pub fn new(target: Target, options: StoreOptions) -> Result<Self, ExactError> {
+    pub fn new(target: RedisEndpoint, options: StoreOptions) -> Result<Self, ExactError> {
         Self::with_password(target, None, options)
     }
 
     /// Like [`RedisLimiter::new`], authenticating with `password` (which replaces any password
     /// written in the target's URLs): the process's own, from [`Password::resolve`].
     pub fn with_password(
-        target: Target,
+        target: RedisEndpoint,
         password: Option<Password>,
         options: StoreOptions,
     ) -> Result<Self, ExactError> {
@@ -137,7 +137,7 @@ impl RedisLimiter {
         key: &RedisKey,
         algo: &ExactAlgo,
         cost: u64,
-    ) -> Result<Answer, ExactError> {
+    ) -> Result<ScriptAnswer, ExactError> {
         self.take(key, algo, cost, cost).await
     }
 
@@ -150,7 +150,7 @@ impl RedisLimiter {
         algo: &ExactAlgo,
         cost: u64,
         want: u64,
-    ) -> Result<Answer, ExactError> {
+    ) -> Result<ScriptAnswer, ExactError> {
         self.bounded(self.call(key, algo, cost, want)).await
     }
 
@@ -181,7 +181,7 @@ impl RedisLimiter {
         algo: &ExactAlgo,
         cost: u64,
         want: u64,
-    ) -> Result<Answer, ExactError> {
+    ) -> Result<ScriptAnswer, ExactError> {
         let mut con = self.endpoint.connection().await?;
         let script = algo.script();
         let companion;
@@ -197,7 +197,7 @@ impl RedisLimiter {
     }
 }
 
-fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, ExactError> {
+fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<ScriptAnswer, ExactError> {
     let &[allowed, retry_us, remaining, granted] = reply.as_slice() else {
         return Err(ExactError::BadReply { script, reply });
     };
@@ -209,7 +209,7 @@ fn parse(script: ScriptKind, reply: Vec<i64>) -> Result<Answer, ExactError> {
         },
         _ => return Err(ExactError::BadReply { script, reply }),
     };
-    Ok(Answer {
+    Ok(ScriptAnswer {
         verdict,
         remaining: u64::try_from(remaining).unwrap_or(0),
         granted: u64::try_from(granted).unwrap_or(0),

@@ -106,9 +106,9 @@ mod tests {
     #[test]
     fn a_target_prints_no_password() {
         for target in [
-            crate::Target::single("redis://:hunter2@cache:6379"),
-            crate::Target::sentinel("m", vec!["redis://app:hunter2@s1:26379".into()]),
-            crate::Target::cluster(vec!["rediss://:hunter2@n1:7000".into()]),
+            crate::RedisEndpoint::single("redis://:hunter2@cache:6379"),
+            crate::RedisEndpoint::sentinel("m", vec!["redis://app:hunter2@s1:26379".into()]),
+            crate::RedisEndpoint::cluster(vec!["rediss://:hunter2@n1:7000".into()]),
         ] {
             let printed = format!("{target:?}");
             assert!(

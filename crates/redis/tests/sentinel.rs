@@ -9,8 +9,8 @@ use std::time::Duration;
 use spillway_core::algo::Rate;
 use spillway_core::config::FailurePolicy;
 use spillway_redis::{
-    BreakerConfig, CircuitState, ExactAlgo, GuardedLimiter, RedisKey, RedisLimiter, StoreOptions,
-    Target,
+    BreakerConfig, CircuitState, ExactAlgo, GuardedLimiter, RedisEndpoint, RedisKey, RedisLimiter,
+    StoreOptions,
 };
 use spillway_testkit::{MASTER_NAME, RedisSentinelSet};
 
@@ -24,7 +24,7 @@ struct Counts {
 async fn decisions_continue_after_the_primary_is_killed() {
     let mut set = RedisSentinelSet::start().expect("private sentinel set");
     let limiter = RedisLimiter::new(
-        Target::sentinel(MASTER_NAME, set.sentinel_urls()),
+        RedisEndpoint::sentinel(MASTER_NAME, set.sentinel_urls()),
         StoreOptions {
             timeout: Duration::from_millis(300),
         },

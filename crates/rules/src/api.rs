@@ -22,12 +22,13 @@ use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use crate::access;
 use crate::auth::Authenticator;
 use crate::problem::{ApiError, StoreFailure};
 use crate::rule::{Bounds, check_reason, input_of, parse_config, parse_rule};
 use crate::store::{Role, Store, User};
 use spillway_core::config::MAX_CONFIG_BYTES;
+
+mod access;
 
 /// What every handler shares.
 #[derive(Clone)]

@@ -26,14 +26,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::{Algorithm, Argon2, Params, Version};
-
-use self::guard::{Boarding, Guard, Refusal};
+use self::guard::{Boarding, Guard, GuardRefusal};
 use crate::store::{Store, StoreError, TokenRecord, User};
 use crate::time::{format_millis, now_millis};
-
-pub const TOKEN_PREFIX: &str = "spw_";
+use crate::token_hash::verify_secret;
+pub use crate::token_hash::{TOKEN_PREFIX, hash_secret};
 
 /// How long a verified token is trusted from memory before the store is asked again. A change
 /// of a token or of its user reaches every instance within this plus one read: well inside the
@@ -74,34 +71,13 @@ pub enum AuthError {
     Store(#[from] StoreError),
 }
 
-impl From<Refusal> for AuthError {
-    fn from(refusal: Refusal) -> Self {
+impl From<GuardRefusal> for AuthError {
+    fn from(refusal: GuardRefusal) -> Self {
         match refusal {
-            Refusal::Throttled(seconds) => AuthError::Throttled(seconds),
-            Refusal::Busy => AuthError::Busy,
+            GuardRefusal::Throttled(seconds) => AuthError::Throttled(seconds),
+            GuardRefusal::Busy => AuthError::Busy,
         }
     }
-}
-
-fn hasher() -> Argon2<'static> {
-    // 4 MiB, one pass: see the module comment.
-    let params = Params::new(4096, 1, 1, None).expect("constant argon2 parameters are valid");
-    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
-}
-
-pub fn hash_secret(secret: &str) -> Result<String, String> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| e.to_string())?;
-    let salt = SaltString::encode_b64(&bytes).map_err(|e| e.to_string())?;
-    hasher()
-        .hash_password(secret.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(|e| e.to_string())
-}
-
-fn verify_secret(secret: &str, hash: &str) -> bool {
-    PasswordHash::new(hash)
-        .is_ok_and(|parsed| hasher().verify_password(secret.as_bytes(), &parsed).is_ok())
 }
 
 /// The hash an unknown token id is checked against: same parameters as a real one, so the
@@ -361,6 +337,8 @@ fn still_valid(record: &TokenRecord, now: i64) -> Result<&User, AuthError> {
 
 #[cfg(test)]
 mod tests {
+    use argon2::password_hash::PasswordHash;
+
     use super::*;
 
     #[test]

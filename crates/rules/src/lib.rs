@@ -10,7 +10,6 @@
 //! - [`client`] is the blocking HTTP and HTTPS client the `spillway rules` commands use.
 #![forbid(unsafe_code)]
 
-mod access;
 pub mod api;
 pub mod auth;
 pub mod client;
@@ -20,6 +19,7 @@ pub mod rule;
 pub mod server;
 pub mod store;
 pub mod time;
+mod token_hash;
 pub mod trace;
 pub mod watch;
 

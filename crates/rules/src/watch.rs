@@ -7,8 +7,7 @@
 //! file, a change committed while the listener was reconnecting) and ends incident overrides on
 //! time even when no rules service is running to delete them.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -21,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::rule::{self, Rule};
 #[cfg(feature = "postgres")]
 use crate::store::CHANNEL;
+use crate::store::local::local_channel;
 use crate::store::{Backend, Store, StoreError, normalize};
 use crate::time::now_millis;
 
@@ -92,39 +92,6 @@ impl RuleSet {
     /// When the next incident override ends, if any does.
     fn next_expiry(&self) -> Option<i64> {
         self.rules.iter().filter_map(|r| r.expires_at).min()
-    }
-}
-
-type Registry = Mutex<HashMap<String, watch::Sender<i64>>>;
-
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-/// The name under which watchers of one SQLite file meet the stores that write it.
-pub(crate) fn local_key(url: &str) -> String {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    let path = path.split('?').next().unwrap_or(path);
-    std::fs::canonicalize(path)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| path.to_owned())
-}
-
-fn local_channel(key: &str) -> watch::Receiver<i64> {
-    let mut map = registry().lock().unwrap_or_else(|e| e.into_inner());
-    map.entry(key.to_owned())
-        .or_insert_with(|| watch::channel(0).0)
-        .subscribe()
-}
-
-pub(crate) fn notify_local(key: &str, version: i64) {
-    let map = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(sender) = map.get(key) {
-        sender.send_replace(version);
     }
 }
 

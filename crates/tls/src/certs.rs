@@ -18,7 +18,7 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-use crate::identity::{Identity, Role, valid_segment};
+use crate::identity::{Identity, WorkloadRole, valid_segment};
 
 /// How long a development CA is valid.
 pub const CA_DAYS: i64 = 3650;
@@ -81,14 +81,14 @@ impl Leaf {
         };
         let role = match self.role {
             LeafRole::Server => return Ok(None),
-            LeafRole::Controller => Role::Controller {
+            LeafRole::Controller => WorkloadRole::Controller {
                 region: need(&self.region, "controller", "--region")?,
             },
-            LeafRole::Aggregator => Role::Aggregator {
+            LeafRole::Aggregator => WorkloadRole::Aggregator {
                 region: need(&self.region, "aggregator", "--region")?,
                 zone: need(&self.zone, "aggregator", "--zone")?,
             },
-            LeafRole::Proxy => Role::Proxy {
+            LeafRole::Proxy => WorkloadRole::Proxy {
                 region: need(&self.region, "proxy", "--region")?,
                 zone: need(&self.zone, "proxy", "--zone")?,
                 host: need(&self.host, "proxy", "--host")?,

@@ -17,7 +17,7 @@ pub const DEFAULT_TRUST_DOMAIN: &str = "spillway.local";
 
 /// A role of the control plane, with where it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Role {
+pub enum WorkloadRole {
     Proxy {
         region: String,
         zone: String,
@@ -32,34 +32,34 @@ pub enum Role {
     },
 }
 
-impl Role {
+impl WorkloadRole {
     /// `proxy`, `aggregator` or `controller`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Role::Proxy { .. } => "proxy",
-            Role::Aggregator { .. } => "aggregator",
-            Role::Controller { .. } => "controller",
+            WorkloadRole::Proxy { .. } => "proxy",
+            WorkloadRole::Aggregator { .. } => "aggregator",
+            WorkloadRole::Controller { .. } => "controller",
         }
     }
 
     pub fn region(&self) -> &str {
         match self {
-            Role::Proxy { region, .. }
-            | Role::Aggregator { region, .. }
-            | Role::Controller { region } => region,
+            WorkloadRole::Proxy { region, .. }
+            | WorkloadRole::Aggregator { region, .. }
+            | WorkloadRole::Controller { region } => region,
         }
     }
 
     pub fn zone(&self) -> Option<&str> {
         match self {
-            Role::Proxy { zone, .. } | Role::Aggregator { zone, .. } => Some(zone),
-            Role::Controller { .. } => None,
+            WorkloadRole::Proxy { zone, .. } | WorkloadRole::Aggregator { zone, .. } => Some(zone),
+            WorkloadRole::Controller { .. } => None,
         }
     }
 
     pub fn host(&self) -> Option<&str> {
         match self {
-            Role::Proxy { host, .. } => Some(host),
+            WorkloadRole::Proxy { host, .. } => Some(host),
             _ => None,
         }
     }
@@ -69,7 +69,7 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity {
     pub trust_domain: String,
-    pub role: Role,
+    pub role: WorkloadRole,
 }
 
 /// Why a URI is not a Spillway identity.
@@ -106,7 +106,7 @@ pub fn valid_segment(segment: &str) -> bool {
 }
 
 impl Identity {
-    pub fn new(trust_domain: &str, role: Role) -> Self {
+    pub fn new(trust_domain: &str, role: WorkloadRole) -> Self {
         Self {
             trust_domain: trust_domain.to_owned(),
             role,
@@ -134,16 +134,16 @@ impl Identity {
             });
         }
         let role = match segments.as_slice() {
-            ["spillway", "proxy", region, zone, host] => Role::Proxy {
+            ["spillway", "proxy", region, zone, host] => WorkloadRole::Proxy {
                 region: (*region).to_owned(),
                 zone: (*zone).to_owned(),
                 host: (*host).to_owned(),
             },
-            ["spillway", "aggregator", region, zone] => Role::Aggregator {
+            ["spillway", "aggregator", region, zone] => WorkloadRole::Aggregator {
                 region: (*region).to_owned(),
                 zone: (*zone).to_owned(),
             },
-            ["spillway", "controller", region] => Role::Controller {
+            ["spillway", "controller", region] => WorkloadRole::Controller {
                 region: (*region).to_owned(),
             },
             _ => return Err(IdentityError::Shape(uri.to_owned())),
@@ -183,9 +183,9 @@ impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "spiffe://{}/spillway/", self.trust_domain)?;
         match &self.role {
-            Role::Proxy { region, zone, host } => write!(f, "proxy/{region}/{zone}/{host}"),
-            Role::Aggregator { region, zone } => write!(f, "aggregator/{region}/{zone}"),
-            Role::Controller { region } => write!(f, "controller/{region}"),
+            WorkloadRole::Proxy { region, zone, host } => write!(f, "proxy/{region}/{zone}/{host}"),
+            WorkloadRole::Aggregator { region, zone } => write!(f, "aggregator/{region}/{zone}"),
+            WorkloadRole::Controller { region } => write!(f, "controller/{region}"),
         }
     }
 }
@@ -299,7 +299,7 @@ mod tests {
         let id = Identity::from_uris(&uris, "spillway.local").unwrap();
         assert_eq!(
             id.role,
-            Role::Controller {
+            WorkloadRole::Controller {
                 region: "us".into()
             }
         );

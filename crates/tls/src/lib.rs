@@ -15,4 +15,4 @@ pub mod server;
 
 pub use client::{Connector, Expect};
 pub use files::{TlsError, TlsFiles, TlsSource};
-pub use identity::{DEFAULT_TRUST_DOMAIN, Identity, IdentityError, Role, SanPolicy};
+pub use identity::{DEFAULT_TRUST_DOMAIN, Identity, IdentityError, SanPolicy, WorkloadRole};

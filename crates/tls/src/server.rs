@@ -96,13 +96,13 @@ pub fn server_config(
 
 /// A handshake that did not complete.
 #[derive(Debug, Clone)]
-pub struct Rejected {
+pub struct HandshakeRejected {
     pub remote: SocketAddr,
     pub error: String,
 }
 
 /// What a listener does with a failed handshake (log it, count it).
-pub type OnReject = Arc<dyn Fn(&Rejected) + Send + Sync>;
+pub type OnReject = Arc<dyn Fn(&HandshakeRejected) + Send + Sync>;
 
 /// Accepts TLS connections for one listener.
 #[derive(Clone)]
@@ -242,7 +242,7 @@ pub fn incoming(
                     Ok((inner, info)) => {
                         let _ = tx.send(Ok(TlsConn { inner, info })).await;
                     }
-                    Err(error) => on_reject(&Rejected { remote, error }),
+                    Err(error) => on_reject(&HandshakeRejected { remote, error }),
                 }
             });
         }

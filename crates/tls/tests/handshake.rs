@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use spillway_tls::certs::{self, Leaf, LeafRole};
 use spillway_tls::server::{Acceptor, ClientAuth};
-use spillway_tls::{Connector, Expect, Identity, Role, TlsFiles, TlsSource};
+use spillway_tls::{Connector, Expect, Identity, TlsFiles, TlsSource, WorkloadRole};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower_service::Service;
@@ -104,7 +104,7 @@ async fn both_sides_learn_each_others_identity_and_strangers_are_refused() {
     .unwrap();
     assert_eq!(
         source(&agg).identity().unwrap().role,
-        Role::Aggregator {
+        WorkloadRole::Aggregator {
             region: "eu".into(),
             zone: "a".into()
         }
@@ -112,7 +112,7 @@ async fn both_sides_learn_each_others_identity_and_strangers_are_refused() {
 
     // A proxy dials its aggregator: each side sees the other's identity.
     let expect_agg = Expect::new("the aggregator of eu/a", |id| match &id.role {
-        Role::Aggregator { region, zone } if region == "eu" && zone == "a" => Ok(()),
+        WorkloadRole::Aggregator { region, zone } if region == "eu" && zone == "a" => Ok(()),
         _ => Err("wrong role".into()),
     });
     let (client, server) = dial(source(&proxy), source(&agg), expect_agg).await;
@@ -122,7 +122,7 @@ async fn both_sides_learn_each_others_identity_and_strangers_are_refused() {
 
     // The proxy refuses a server that is not the role it expects.
     let expect_ctl = Expect::new("the controller of eu", |id| match &id.role {
-        Role::Controller { region } if region == "eu" => Ok(()),
+        WorkloadRole::Controller { region } if region == "eu" => Ok(()),
         _ => Err("wrong role".into()),
     });
     let (client, _) = dial(source(&proxy), source(&agg), expect_ctl).await;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::{ArgGroup, Args, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, ValueEnum};
 use spillway_configure::builtin::BuiltinSource;
 use spillway_configure::prometheus::{PrometheusSource, Query};
 use spillway_configure::settings::{self, FileError};
@@ -15,18 +15,6 @@ use spillway_configure::{
     PolicyKind, QuotaFile, Settings, SourceError, Window, chart, report,
 };
 use spillway_rules::client::{RulesClient, RulesResponse};
-
-#[derive(Debug, Subcommand)]
-pub enum ConfigureCommand {
-    /// Propose limits from each bucket's traffic history and explain them; changes nothing.
-    Plan(Box<PlanArgs>),
-    /// Plan, then roll out through the rules API as a service user, shadow first: new buckets
-    /// are created in shadow, and promoted to enforce once they have been validated.
-    Apply(Box<super::configure_apply::ApplyArgs>),
-    /// `apply --promote` every `--every`, and at once when the rules change; counts on
-    /// `--admin`.
-    Run(Box<super::configure_run::RunArgs>),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -132,18 +120,9 @@ fn duration(text: &str) -> Result<Duration, String> {
     spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
-pub fn configure(command: ConfigureCommand) -> ExitCode {
-    match command {
-        ConfigureCommand::Plan(args) => plan(&args),
-        ConfigureCommand::Apply(args) => {
-            let _ = COMMAND.set("apply");
-            super::configure_apply::apply(&args)
-        }
-        ConfigureCommand::Run(args) => {
-            let _ = COMMAND.set("run");
-            super::configure_run::run(&args)
-        }
-    }
+/// Names the subcommand that runs, for messages (`plan` when none is named).
+pub(super) fn set_command(name: &'static str) {
+    let _ = COMMAND.set(name);
 }
 
 /// `plan` or `apply`, for messages.
@@ -426,7 +405,7 @@ pub(super) fn planned(
     })
 }
 
-fn plan(args: &PlanArgs) -> ExitCode {
+pub(super) fn plan(args: &PlanArgs) -> ExitCode {
     let Planned {
         plan,
         source,

@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use spillway_configure::CurrentLimits;
 use spillway_configure::rollout::{
-    self, RolloutSettings, Seen, ShadowRule, Step, Trial, limit_text,
+    self, RolloutSettings, RolloutStep, Seen, ShadowRule, Trial, limit_text,
 };
 use spillway_configure::time::{format_duration_ms, parse_millis};
 use spillway_core::time::format_millis;
@@ -242,31 +242,31 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
             eprintln!("spillway configure apply: {detail}");
         }
         let (service, bucket, limit_rps) = match step {
-            Step::Create {
+            RolloutStep::Create {
                 service,
                 bucket,
                 limit_rps,
                 ..
             }
-            | Step::Candidate {
+            | RolloutStep::Candidate {
                 service,
                 bucket,
                 limit_rps,
             } => (service.clone(), bucket.clone(), Some(*limit_rps)),
-            Step::Skip {
+            RolloutStep::Skip {
                 service, bucket, ..
             } => (service.clone(), bucket.clone(), None),
-            Step::RegionCandidate {
+            RolloutStep::RegionCandidate {
                 service, bucket, ..
             } => (service.clone(), bucket.clone(), None),
-            Step::Retune {
+            RolloutStep::Retune {
                 rule, limit_rps, ..
             } => (rule.service.clone(), rule.bucket.clone(), Some(*limit_rps)),
-            Step::Validating { rule, .. }
-            | Step::Withdraw { rule }
-            | Step::Promote { rule, .. }
-            | Step::Due { rule, .. }
-            | Step::Hold { rule, .. } => (
+            RolloutStep::Validating { rule, .. }
+            | RolloutStep::Withdraw { rule }
+            | RolloutStep::Promote { rule, .. }
+            | RolloutStep::Due { rule, .. }
+            | RolloutStep::Hold { rule, .. } => (
                 rule.service.clone(),
                 rule.bucket.clone(),
                 Some(rule.limit_rps),
@@ -309,7 +309,7 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
     let next_due = steps
         .iter()
         .filter_map(|step| match step {
-            Step::Validating { left_ms, .. } => u64::try_from(*left_ms).ok(),
+            RolloutStep::Validating { left_ms, .. } => u64::try_from(*left_ms).ok(),
             _ => None,
         })
         .min()
@@ -324,7 +324,7 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
 /// Does what `step` says through the rules API; what happened, in words.
 fn carry_out(
     client: &RulesClient,
-    step: &Step,
+    step: &RolloutStep,
     rules: &Value,
     shadows: &[(ShadowRule, Value)],
     window: &str,
@@ -354,7 +354,7 @@ fn carry_out(
             .map_err(|e| format!("{}/{}: {e}", text("service"), text("name")))
     };
     match step {
-        Step::Create {
+        RolloutStep::Create {
             service,
             bucket,
             limit_rps,
@@ -379,7 +379,7 @@ fn carry_out(
                 limit_text(*limit_rps)
             ))
         }
-        Step::RegionCandidate {
+        RolloutStep::RegionCandidate {
             service,
             bucket,
             regions,
@@ -402,7 +402,7 @@ fn carry_out(
                 describe_regions(regions)
             ))
         }
-        Step::Candidate {
+        RolloutStep::Candidate {
             service,
             bucket,
             limit_rps,
@@ -421,7 +421,7 @@ fn carry_out(
                 "a candidate beside {current}: tried in shadow for {window}, {current} enforced meanwhile"
             ))
         }
-        Step::Retune {
+        RolloutStep::Retune {
             rule,
             limit_rps,
             regions,
@@ -446,7 +446,7 @@ fn carry_out(
                 limit_text(rule.limit_rps)
             ))
         }
-        Step::Withdraw { rule } => {
+        RolloutStep::Withdraw { rule } => {
             let original = rule_of(rule);
             let mut body = writable(&original);
             if let Some(map) = body.as_object_mut() {
@@ -462,7 +462,7 @@ fn carry_out(
                 limit_text(rule.limit_rps)
             ))
         }
-        Step::Promote { rule, share } if rule.trial == Trial::Candidate => {
+        RolloutStep::Promote { rule, share } if rule.trial == Trial::Candidate => {
             let original = rule_of(rule);
             let mut body = writable(&original);
             let before = body["limit"].as_str().unwrap_or_default().to_owned();
@@ -493,7 +493,7 @@ fn carry_out(
                 share * 100.0
             ))
         }
-        Step::Retune {
+        RolloutStep::Retune {
             rule, limit_rps, ..
         } => {
             let original = rule_of(rule);
@@ -510,7 +510,7 @@ fn carry_out(
                 limit_text(rule.limit_rps)
             ))
         }
-        Step::Promote { rule, share } => {
+        RolloutStep::Promote { rule, share } => {
             let original = rule_of(rule);
             let mut body = writable(&original);
             body["mode"] = json!("enforce");
@@ -524,11 +524,11 @@ fn carry_out(
                 share * 100.0
             ))
         }
-        Step::Due { share, .. } => Ok(format!(
+        RolloutStep::Due { share, .. } => Ok(format!(
             "validated (would have dropped {:.3}% over {window}): promote with --promote",
             share * 100.0
         )),
-        Step::Validating { left_ms, rule } => Ok(format!(
+        RolloutStep::Validating { left_ms, rule } => Ok(format!(
             "{}, {} of its validation left",
             match rule.trial {
                 Trial::Shadow => "in shadow",
@@ -536,14 +536,14 @@ fn carry_out(
             },
             format_duration_ms(((*left_ms + 999) / 1000) * 1000)
         )),
-        Step::Hold { reason, rule } => Ok(format!(
+        RolloutStep::Hold { reason, rule } => Ok(format!(
             "held {}: {reason}",
             match rule.trial {
                 Trial::Shadow => "in shadow",
                 Trial::Candidate => "as a candidate",
             }
         )),
-        Step::Skip { reason, .. } => Ok(reason.clone()),
+        RolloutStep::Skip { reason, .. } => Ok(reason.clone()),
     }
 }
 

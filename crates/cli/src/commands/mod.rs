@@ -5,6 +5,7 @@ mod certs;
 mod check;
 pub mod configure;
 pub mod configure_apply;
+pub mod configure_command;
 pub mod configure_run;
 mod control;
 mod demo;
@@ -13,6 +14,7 @@ mod proxy;
 #[cfg(feature = "rls")]
 mod rls;
 mod rules;
+mod signal;
 mod sim;
 mod telemetry;
 mod trust;
@@ -22,6 +24,7 @@ use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
+pub use self::signal::stop_signal;
 use crate::args::{Command, LogFormat};
 
 /// Logs go to stderr, filtered by `RUST_LOG`, or at `default_level` without it. With an OTLP
@@ -94,24 +97,6 @@ pub fn default_log_level(command: &Command) -> &'static str {
     }
 }
 
-/// Waits until the process is asked to stop: SIGTERM (how orchestrators stop a service) or SIGINT
-/// (Ctrl-C). Without a SIGTERM handler (it cannot be installed), SIGINT alone.
-pub async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(err) => {
-            tracing::warn!(%err, "cannot listen for SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 pub fn run(command: Command) -> ExitCode {
     match command {
         Command::Check { config } => check::check(&config),
@@ -129,7 +114,7 @@ pub fn run(command: Command) -> ExitCode {
         #[cfg(not(feature = "rls"))]
         Command::Rls(_) => without_feature("rls", "spillway rls"),
         Command::Certs { command } => certs::certs(command),
-        Command::Configure { command } => configure::configure(command),
+        Command::Configure { command } => configure_command::configure(command),
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use spillway_net::admin::{AdminAuth, AdminToken, check_exposure};
-use spillway_tls::{Identity, Role, TlsFiles, TlsSource};
+use spillway_tls::{Identity, TlsFiles, TlsSource, WorkloadRole};
 
 use crate::args::TlsArgs;
 
@@ -59,9 +59,9 @@ impl Place {
             (given, named) => Ok(given.or_else(|| named.map(str::to_owned))),
         };
         let (zone, host) = match &identity.role {
-            Role::Proxy { zone, host, .. } => (Some(zone.as_str()), Some(host.as_str())),
-            Role::Aggregator { zone, .. } => (Some(zone.as_str()), None),
-            Role::Controller { .. } => (None, None),
+            WorkloadRole::Proxy { zone, host, .. } => (Some(zone.as_str()), Some(host.as_str())),
+            WorkloadRole::Aggregator { zone, .. } => (Some(zone.as_str()), None),
+            WorkloadRole::Controller { .. } => (None, None),
         };
         Ok(Place {
             region: agree("--region", self.region, Some(identity.role.region()))?,

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use spillway_link::{Backoff, Target, now_ms};
 use spillway_loop::{ZoneCore, ZoneStep};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
-use spillway_tls::{Expect, Role, TlsSource};
+use spillway_tls::{Expect, TlsSource, WorkloadRole};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -100,7 +100,7 @@ impl Aggregator {
                 trust::own_identity(
                     source,
                     |role| {
-                        matches!(role, Role::Aggregator { region, zone }
+                        matches!(role, WorkloadRole::Aggregator { region, zone }
                             if *region == options.region && *zone == options.zone)
                     },
                     &format!(
@@ -113,7 +113,7 @@ impl Aggregator {
                 let expect = Expect::new(
                     format!("the controller of region {region}"),
                     move |identity| match &identity.role {
-                        Role::Controller { region: r } if *r == region => Ok(()),
+                        WorkloadRole::Controller { region: r } if *r == region => Ok(()),
                         _ => {
                             Err("an aggregator reports only to its own region's controller".into())
                         }

@@ -24,7 +24,7 @@ use spillway_loop::{
     BucketKey, BucketView, HistoryBatch, HostView, Ledger, RegionCore, RegionStep, RulesSnapshot,
 };
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
-use spillway_tls::{Expect, Role, TlsSource};
+use spillway_tls::{Expect, TlsSource, WorkloadRole};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -121,7 +121,7 @@ impl Controller {
         if let Some(source) = &options.tls {
             trust::own_identity(
                 source,
-                |role| matches!(role, Role::Controller { region } if *region == options.region),
+                |role| matches!(role, WorkloadRole::Controller { region } if *region == options.region),
                 &format!("the controller of region {}", options.region),
             )
             .map_err(ControlError::Identity)?;
@@ -139,12 +139,12 @@ impl Controller {
                         let certified = certified.clone();
                         let expect = Expect::new("another region's controller", move |identity| {
                             match &identity.role {
-                                Role::Controller { region: r } if *r != region => {
+                                WorkloadRole::Controller { region: r } if *r != region => {
                                     *certified.lock().unwrap_or_else(|p| p.into_inner()) =
                                         Some(r.clone());
                                     Ok(())
                                 }
-                                Role::Controller { .. } => {
+                                WorkloadRole::Controller { .. } => {
                                     Err("a peer is of another region than this controller's".into())
                                 }
                                 _ => Err("peers are controllers".into()),

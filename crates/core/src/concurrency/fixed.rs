@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{LimitAlgorithm, Window};
+use super::{ConcurrencyWindow, LimitAlgorithm};
 
 /// Always the same limit, whatever the upstream does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,7 @@ impl LimitAlgorithm for Fixed {
         self.limit
     }
 
-    fn update(&mut self, _now: Duration, _window: &Window) -> u32 {
+    fn update(&mut self, _now: Duration, _window: &ConcurrencyWindow) -> u32 {
         self.limit
     }
 }

@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{LimitAlgorithm, Limiter, MAX_WINDOW, MIN_SAMPLES, Settings, Window};
+use super::{
+    ConcurrencyLimiter, ConcurrencySettings, ConcurrencyWindow, LimitAlgorithm, MAX_WINDOW,
+    MIN_SAMPLES,
+};
 use crate::criticality::Criticality;
 
 /// The counter every request touches, on a cache line of its own so that the window's sums,
@@ -41,8 +44,8 @@ impl Default for Sums {
 /// What only [`Gate::update`] and [`Gate::configure`] touch.
 #[derive(Debug)]
 struct State {
-    settings: Option<Settings>,
-    limiter: Option<Limiter>,
+    settings: Option<ConcurrencySettings>,
+    limiter: Option<ConcurrencyLimiter>,
     /// When the open window began.
     opened: Duration,
 }
@@ -81,7 +84,7 @@ pub struct Permit {
 
 impl Gate {
     /// A gate running `settings` from `now`, or off for `None`.
-    pub fn new(settings: Option<Settings>, now: Duration) -> Arc<Self> {
+    pub fn new(settings: Option<ConcurrencySettings>, now: Duration) -> Arc<Self> {
         let gate = Arc::new(Gate {
             inflight: Padded::default(),
             limit: AtomicU32::new(0),
@@ -147,7 +150,7 @@ impl Gate {
     /// Applies a `concurrency:` section (or `None`, off) as of `now`. The same settings again
     /// change nothing; new ones start their algorithm afresh at its initial limit. Requests in
     /// flight keep their places.
-    pub fn configure(&self, settings: Option<Settings>, now: Duration) {
+    pub fn configure(&self, settings: Option<ConcurrencySettings>, now: Duration) {
         let mut state = self.lock();
         if state.settings == settings {
             return;
@@ -191,7 +194,7 @@ impl Gate {
 
     /// Empties the sums into a window. A completion that lands between two of the swaps is
     /// counted in this window or the next, whole or split: a window is a mean, not a ledger.
-    fn take_window(&self) -> Window {
+    fn take_window(&self) -> ConcurrencyWindow {
         let samples = self.sums.samples.swap(0, Relaxed);
         let sum = self.sums.rtt_sum_ns.swap(0, Relaxed);
         let min = self.sums.rtt_min_ns.swap(u64::MAX, Relaxed);
@@ -202,7 +205,7 @@ impl Gate {
             .max_inflight
             .swap(self.inflight.0.load(Relaxed), Relaxed);
         let mean = sum.checked_div(samples).unwrap_or(0);
-        Window {
+        ConcurrencyWindow {
             samples,
             mean_rtt: Duration::from_nanos(mean),
             min_rtt: Duration::from_nanos(if samples == 0 { 0 } else { min }),
@@ -231,7 +234,7 @@ impl Gate {
     }
 
     /// The settings in force.
-    pub fn settings(&self) -> Option<Settings> {
+    pub fn settings(&self) -> Option<ConcurrencySettings> {
         self.lock().settings
     }
 
@@ -281,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_fixed_gate_refuses_past_its_limit_and_frees_places() {
-        let gate = Gate::new(Some(Settings::fixed(2)), Duration::ZERO);
+        let gate = Gate::new(Some(ConcurrencySettings::fixed(2)), Duration::ZERO);
         let a = gate.try_acquire(Criticality::Critical).unwrap();
         let b = gate.try_acquire(Criticality::Critical).unwrap();
         let refused = gate.try_acquire(Criticality::Critical).unwrap_err();
@@ -296,7 +299,7 @@ mod tests {
 
     #[test]
     fn lower_tiers_are_refused_first() {
-        let gate = Gate::new(Some(Settings::fixed(20)), Duration::ZERO);
+        let gate = Gate::new(Some(ConcurrencySettings::fixed(20)), Duration::ZERO);
         let mut held = Vec::new();
         for _ in 0..15 {
             held.push(gate.try_acquire(Criticality::Critical).unwrap());
@@ -325,7 +328,7 @@ mod tests {
         assert_eq!(gate.inflight(), 0);
         assert_eq!(gate.limit(), 0);
         // Turned on with those still in flight, which give nothing back when they end.
-        gate.configure(Some(Settings::fixed(1)), Duration::ZERO);
+        gate.configure(Some(ConcurrencySettings::fixed(1)), Duration::ZERO);
         drop(permits);
         assert_eq!(gate.inflight(), 0);
         let one = gate.try_acquire(Criticality::Critical).unwrap();
@@ -335,9 +338,9 @@ mod tests {
 
     #[test]
     fn a_window_waits_for_enough_samples_then_moves_the_limit() {
-        let settings = Settings {
+        let settings = ConcurrencySettings {
             initial_limit: 100,
-            ..Settings::adaptive(AlgorithmName::Gradient)
+            ..ConcurrencySettings::adaptive(AlgorithmName::Gradient)
         };
         let gate = Gate::new(Some(settings), Duration::ZERO);
         let mut permits: Vec<_> = (0..60)
@@ -359,16 +362,16 @@ mod tests {
     #[test]
     fn the_same_settings_keep_the_limit_and_new_ones_restart() {
         let gate = Gate::new(
-            Some(Settings::adaptive(AlgorithmName::Vegas)),
+            Some(ConcurrencySettings::adaptive(AlgorithmName::Vegas)),
             Duration::ZERO,
         );
         assert_eq!(gate.limit(), 20);
         gate.configure(
-            Some(Settings::adaptive(AlgorithmName::Vegas)),
+            Some(ConcurrencySettings::adaptive(AlgorithmName::Vegas)),
             Duration::ZERO,
         );
         assert_eq!(gate.limit(), 20);
-        gate.configure(Some(Settings::fixed(7)), Duration::ZERO);
+        gate.configure(Some(ConcurrencySettings::fixed(7)), Duration::ZERO);
         assert_eq!(gate.limit(), 7);
         gate.configure(None, Duration::ZERO);
         assert!(!gate.enabled());

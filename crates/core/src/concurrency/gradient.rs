@@ -34,7 +34,7 @@
 
 use std::time::Duration;
 
-use super::{LimitAlgorithm, Window, rounded};
+use super::{ConcurrencyWindow, LimitAlgorithm, rounded};
 
 #[derive(Debug, Clone)]
 pub struct Gradient {
@@ -113,7 +113,7 @@ impl LimitAlgorithm for Gradient {
         rounded(self.limit, self.min, self.max)
     }
 
-    fn update(&mut self, now: Duration, window: &Window) -> u32 {
+    fn update(&mut self, now: Duration, window: &ConcurrencyWindow) -> u32 {
         let elapsed = self
             .last
             .map_or(Duration::ZERO, |last| now.saturating_sub(last));
@@ -191,8 +191,8 @@ impl LimitAlgorithm for Gradient {
 mod tests {
     use super::*;
 
-    fn window(mean_ms: u64, inflight: u32) -> Window {
-        Window {
+    fn window(mean_ms: u64, inflight: u32) -> ConcurrencyWindow {
+        ConcurrencyWindow {
             samples: 20,
             mean_rtt: Duration::from_millis(mean_ms),
             min_rtt: Duration::from_millis(mean_ms),

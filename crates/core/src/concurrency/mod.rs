@@ -7,7 +7,7 @@
 //! more in flight only queues and adds latency. The algorithms here watch that latency and move
 //! the limit to where it starts to grow.
 //!
-//! Sans-IO: an algorithm ([`Fixed`], [`Vegas`], [`Gradient`]) is fed [`Window`]s (the round-trip
+//! Sans-IO: an algorithm ([`Fixed`], [`Vegas`], [`Gradient`]) is fed [`ConcurrencyWindow`]s (the round-trip
 //! times and in-flight counts of the requests that completed since the last one) and the time,
 //! as values; it never reads a clock. The [`Gate`] is the hot path: an atomic in-flight counter
 //! checked against the current limit, plus the atomic sums a window is made of; the proxy calls
@@ -52,7 +52,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the requests that completed during one window saw.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Window {
+pub struct ConcurrencyWindow {
     /// Requests whose round trip was measured.
     pub samples: u64,
     /// Their mean round-trip time.
@@ -70,7 +70,7 @@ pub trait LimitAlgorithm {
     /// The limit now.
     fn limit(&self) -> u32;
     /// Learns from one window ending at `now` (any monotonic origin) and returns the new limit.
-    fn update(&mut self, now: Duration, window: &Window) -> u32;
+    fn update(&mut self, now: Duration, window: &ConcurrencyWindow) -> u32;
 }
 
 /// Which algorithm a `concurrency:` section asks for.
@@ -106,18 +106,18 @@ impl fmt::Display for AlgorithmName {
 /// A validated `concurrency:` section: `min_limit <= initial_limit <= max_limit`, all at least 1
 /// (a fixed limit has all three equal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Settings {
+pub struct ConcurrencySettings {
     pub algorithm: AlgorithmName,
     pub min_limit: u32,
     pub max_limit: u32,
     pub initial_limit: u32,
 }
 
-impl Settings {
+impl ConcurrencySettings {
     /// A fixed limit of `limit` (at least 1).
     pub fn fixed(limit: u32) -> Self {
         let limit = limit.max(1);
-        Settings {
+        ConcurrencySettings {
             algorithm: AlgorithmName::Fixed,
             min_limit: limit,
             max_limit: limit,
@@ -127,7 +127,7 @@ impl Settings {
 
     /// `algorithm` with the default bounds.
     pub fn adaptive(algorithm: AlgorithmName) -> Self {
-        Settings {
+        ConcurrencySettings {
             algorithm,
             min_limit: DEFAULT_MIN_LIMIT,
             max_limit: DEFAULT_MAX_LIMIT,
@@ -136,14 +136,16 @@ impl Settings {
     }
 
     /// The algorithm these settings describe, at its initial limit.
-    pub fn limiter(&self) -> Limiter {
+    pub fn limiter(&self) -> ConcurrencyLimiter {
         let min = self.min_limit.max(1);
         let max = self.max_limit.max(min);
         let initial = self.initial_limit.clamp(min, max);
         match self.algorithm {
-            AlgorithmName::Fixed => Limiter::Fixed(Fixed::new(initial)),
-            AlgorithmName::Vegas => Limiter::Vegas(Vegas::new(initial, min, max)),
-            AlgorithmName::Gradient => Limiter::Gradient(Gradient::new(initial, min, max)),
+            AlgorithmName::Fixed => ConcurrencyLimiter::Fixed(Fixed::new(initial)),
+            AlgorithmName::Vegas => ConcurrencyLimiter::Vegas(Vegas::new(initial, min, max)),
+            AlgorithmName::Gradient => {
+                ConcurrencyLimiter::Gradient(Gradient::new(initial, min, max))
+            }
         }
     }
 }
@@ -151,26 +153,26 @@ impl Settings {
 /// One of the algorithms, chosen by the configuration (an enum rather than a box, so a call is
 /// a match, not a virtual call).
 #[derive(Debug, Clone)]
-pub enum Limiter {
+pub enum ConcurrencyLimiter {
     Fixed(Fixed),
     Vegas(Vegas),
     Gradient(Gradient),
 }
 
-impl LimitAlgorithm for Limiter {
+impl LimitAlgorithm for ConcurrencyLimiter {
     fn limit(&self) -> u32 {
         match self {
-            Limiter::Fixed(a) => a.limit(),
-            Limiter::Vegas(a) => a.limit(),
-            Limiter::Gradient(a) => a.limit(),
+            ConcurrencyLimiter::Fixed(a) => a.limit(),
+            ConcurrencyLimiter::Vegas(a) => a.limit(),
+            ConcurrencyLimiter::Gradient(a) => a.limit(),
         }
     }
 
-    fn update(&mut self, now: Duration, window: &Window) -> u32 {
+    fn update(&mut self, now: Duration, window: &ConcurrencyWindow) -> u32 {
         match self {
-            Limiter::Fixed(a) => a.update(now, window),
-            Limiter::Vegas(a) => a.update(now, window),
-            Limiter::Gradient(a) => a.update(now, window),
+            ConcurrencyLimiter::Fixed(a) => a.update(now, window),
+            ConcurrencyLimiter::Vegas(a) => a.update(now, window),
+            ConcurrencyLimiter::Gradient(a) => a.update(now, window),
         }
     }
 }

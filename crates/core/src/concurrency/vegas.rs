@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::{LimitAlgorithm, Window, rounded};
+use super::{ConcurrencyWindow, LimitAlgorithm, rounded};
 
 #[derive(Debug, Clone)]
 pub struct Vegas {
@@ -49,7 +49,7 @@ impl LimitAlgorithm for Vegas {
         rounded(self.limit, self.min, self.max)
     }
 
-    fn update(&mut self, now: Duration, window: &Window) -> u32 {
+    fn update(&mut self, now: Duration, window: &ConcurrencyWindow) -> u32 {
         let l = self.log();
         if window.samples == 0 {
             if window.dropped > 0 {
@@ -98,8 +98,8 @@ impl LimitAlgorithm for Vegas {
 mod tests {
     use super::*;
 
-    fn window(mean_ms: u64, min_ms: u64, inflight: u32) -> Window {
-        Window {
+    fn window(mean_ms: u64, min_ms: u64, inflight: u32) -> ConcurrencyWindow {
+        ConcurrencyWindow {
             samples: 20,
             mean_rtt: Duration::from_millis(mean_ms),
             min_rtt: Duration::from_millis(min_ms),
@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn failures_shrink_the_limit() {
         let mut vegas = Vegas::new(100, 1, 1000);
-        let failed = Window {
+        let failed = ConcurrencyWindow {
             dropped: 3,
             ..window(20, 20, 100)
         };

@@ -37,7 +37,7 @@ pub(crate) use error::did_you_mean;
 pub use model::{
     Algorithm, BucketFile, CandidateFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile,
     Control, Cost, CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile,
-    FailurePolicy, Identity, MatchFile, Mode, ProxyFile, RedisFile, Scope, SentinelFile,
+    FailurePolicy, IdentitySources, MatchFile, Mode, ProxyFile, RedisFile, Scope, SentinelFile,
     ServiceFile, Services, Source, Sources, StateStore,
 };
 pub use positions::Position;

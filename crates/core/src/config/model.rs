@@ -19,6 +19,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use super::secret::redact_url;
 use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 
+/// Service and bucket names: they become metric labels and the `x-spillway-bucket` header.
+pub const NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]*$";
+
 /// The limiter algorithm of a bucket (`drop-ratio` by default): the core's own [`Kind`], so the
 /// file and the algorithms can never disagree on a name.
 ///
@@ -26,6 +29,17 @@ use crate::limit::{DURATION_PATTERN, Limit, format_duration, parse_duration};
 pub use crate::algo::Kind as Algorithm;
 /// Whether drops are real: `enforce` (the default) or `shadow`.
 pub use crate::decision::Mode;
+
+mod cost;
+mod duration;
+mod identity;
+mod redis;
+pub use self::cost::{Cost, CostHeader};
+pub use self::duration::DurationText;
+pub(crate) use self::duration::{duration_text, option_duration_text};
+pub(crate) use self::identity::is_header_name;
+pub use self::identity::{DEFAULT_XFF_TRUSTED_HOPS, IdentitySources, Source, Sources};
+pub use self::redis::{RedisFile, SentinelFile};
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -37,7 +51,7 @@ pub struct ConfigFile {
     pub version: u32,
     /// Where request attributes come from.
     #[serde(default)]
-    pub identity: Identity,
+    pub identity: IdentitySources,
     /// The control loop's timing.
     #[serde(default)]
     pub control: Control,
@@ -61,7 +75,7 @@ pub struct DocumentFile {
     pub version: u32,
     /// Where request attributes come from.
     #[serde(default)]
-    pub identity: Identity,
+    pub identity: IdentitySources,
     /// The control loop's timing.
     #[serde(default)]
     pub control: Control,
@@ -157,192 +171,6 @@ impl From<ConcurrencyAlgorithm> for crate::concurrency::AlgorithmName {
             ConcurrencyAlgorithm::Vegas => Self::Vegas,
             ConcurrencyAlgorithm::Fixed => Self::Fixed,
         }
-    }
-}
-
-/// Where each request attribute is read from (the `identity` section). Each value is a list of sources
-/// separated by commas; the first one present in the request wins.
-///
-/// A header is whatever the client wrote unless a trusted hop in front of the proxy sets it, so
-/// the defaults read nothing from a header that decides which bucket a request falls in by its
-/// route: `procedure` is the path (which the upstream routes by, so a client cannot name one
-/// procedure and call another). `header:rpc-procedure,path` trusts a mesh hop to set the header.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct Identity {
-    /// The calling service. Default `header:rpc-caller`.
-    pub caller: Sources,
-    /// The procedure or API. Default `path`: the HTTP path, which for gRPC is the method
-    /// (`/package.Service/Method`).
-    pub procedure: Sources,
-    /// Default `header:x-user-id`.
-    pub user: Sources,
-    /// Default `header:x-org-id`.
-    pub org: Sources,
-    /// Default `header:x-api-key`.
-    pub api_key: Sources,
-    /// Default `peer`, the address of the connection; or `header:x-forwarded-for`, counted by
-    /// `xff_trusted_hops`.
-    pub ip: Sources,
-    /// For `ip: header:x-forwarded-for`: how many hops in front of the proxy are trusted to
-    /// append to `x-forwarded-for`. The proxy appends its peer to the list it received,
-    /// and the client is the address this many places left of that last one: with peer 10.0.0.9
-    /// and `x-forwarded-for: 203.0.113.7, 10.0.0.5`, 0 gives 10.0.0.9, 1 gives 10.0.0.5 and 2
-    /// gives 203.0.113.7. Default 1 (one load balancer).
-    pub xff_trusted_hops: u32,
-    /// The request's criticality tier: `critical_plus`, `critical` (the default, also
-    /// for a request without it or with a value that names no tier), `sheddable_plus` or
-    /// `sheddable`, in any case. Default `header:rpc-criticality`. Where a drop-ratio bucket must
-    /// drop a share of its traffic, the lowest tiers absorb it first.
-    pub criticality: Sources,
-    /// Whether the criticality header comes from a trusted hop, which may raise a request above
-    /// the default tier. Default false: a client may lower its own tier (mark its prefetches
-    /// `sheddable`) but a `critical_plus` it writes itself counts as `critical`.
-    pub criticality_trusted: bool,
-    /// Identity headers that are lists by design: for these the first element of the list
-    /// (several fields being one list) is the value read, and the upstream gets the whole list.
-    /// Any other identity header with a comma in its value is refused, since HTTP reads it as the
-    /// header sent twice. Default none; `x-forwarded-for` keeps its own rules and is not named here.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub list_headers: Vec<String>,
-}
-
-/// The default of `identity.xff_trusted_hops`: one load balancer in front of the proxy.
-pub const DEFAULT_XFF_TRUSTED_HOPS: u32 = 1;
-
-impl Default for Identity {
-    fn default() -> Self {
-        let header = |name: &str| Sources(vec![Source::Header(name.to_owned())]);
-        Identity {
-            caller: header("rpc-caller"),
-            procedure: Sources(vec![Source::Path]),
-            user: header("x-user-id"),
-            org: header("x-org-id"),
-            api_key: header("x-api-key"),
-            ip: Sources(vec![Source::Peer]),
-            xff_trusted_hops: DEFAULT_XFF_TRUSTED_HOPS,
-            criticality: header("rpc-criticality"),
-            criticality_trusted: false,
-            list_headers: Vec::new(),
-        }
-    }
-}
-
-/// One place a request attribute can come from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// `header:NAME`; the name is kept in lower case, as HTTP/2 sends it.
-    Header(String),
-    /// `path`: the HTTP path (gRPC puts `/package.Service/Method` there).
-    Path,
-    /// `peer`: the IP address of the connection.
-    Peer,
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Source::Header(name) => write!(f, "header:{name}"),
-            Source::Path => f.write_str("path"),
-            Source::Peer => f.write_str("peer"),
-        }
-    }
-}
-
-/// `header:rpc-procedure,path`: sources in order of preference, never empty.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Sources(pub Vec<Source>);
-
-impl fmt::Display for Sources {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, source) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{source}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Characters of an HTTP header name (RFC 9110 `token`).
-pub(crate) fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-impl Sources {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let mut sources = Vec::new();
-        for part in text.split(',') {
-            let part = part.trim();
-            let source = match part {
-                "path" => Source::Path,
-                "peer" => Source::Peer,
-                "" => {
-                    return Err(format!(
-                        "source list \"{text}\" has an empty entry; write sources like \"header:x-user-id\" or \"header:rpc-procedure,path\""
-                    ));
-                }
-                _ => match part.split_once(':') {
-                    Some(("header", name)) if is_header_name(name.trim()) => {
-                        Source::Header(name.trim().to_ascii_lowercase())
-                    }
-                    Some(("header", name)) => {
-                        return Err(format!(
-                            "\"{}\" is not a valid header name; use letters, digits and '-'",
-                            name.trim()
-                        ));
-                    }
-                    _ => {
-                        return Err(format!(
-                            "unknown source \"{part}\"; use header:NAME, path or peer (several separated by commas, the first present wins)"
-                        ));
-                    }
-                },
-            };
-            sources.push(source);
-        }
-        Ok(Sources(sources))
-    }
-}
-
-impl Serialize for Sources {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Sources {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct SourcesVisitor;
-        impl de::Visitor<'_> for SourcesVisitor {
-            type Value = Sources;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("sources like \"header:x-user-id\" or \"header:rpc-procedure,path\"")
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Sources, E> {
-                Sources::parse(text).map_err(E::custom)
-            }
-        }
-        deserializer.deserialize_str(SourcesVisitor)
-    }
-}
-
-impl JsonSchema for Sources {
-    fn schema_name() -> Cow<'static, str> {
-        "Sources".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "description": "Sources separated by commas, the first present wins: header:NAME, path (the HTTP path) or peer (the connection's address).",
-            "pattern": r"^\s*(header:\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+|path|peer)\s*(,\s*(header:\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+|path|peer)\s*)*$",
-            "examples": ["header:rpc-caller", "header:rpc-procedure,path", "peer"]
-        })
     }
 }
 
@@ -449,7 +277,7 @@ impl JsonSchema for Services {
         json_schema!({
             "type": "object",
             "description": "The protected (destination) services by name.",
-            "propertyNames": { "pattern": super::validate::NAME_PATTERN },
+            "propertyNames": { "pattern": NAME_PATTERN },
             "additionalProperties": generator.subschema_for::<ServiceFile>()
         })
     }
@@ -756,239 +584,5 @@ impl FailurePolicy {
 impl fmt::Display for FailurePolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// What one request costs: a fixed number, or read from a header.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, JsonSchema)]
-#[serde(untagged)]
-pub enum Cost {
-    /// `cost: 100`: every request costs this many units.
-    Fixed(NonZeroU64),
-    /// `cost: { header: x-cost, default: 1 }`.
-    Header(CostHeader),
-}
-
-impl Default for Cost {
-    fn default() -> Self {
-        Cost::Fixed(NonZeroU64::MIN)
-    }
-}
-
-impl fmt::Display for Cost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Cost::Fixed(n) => write!(f, "{n}"),
-            Cost::Header(h) => write!(f, "header {} (default {})", h.header, h.default),
-        }
-    }
-}
-
-/// A cost read from a request header, with the cost of a request that lacks it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CostHeader {
-    /// The header that carries the cost, e.g. `x-cost`.
-    pub header: String,
-    /// The cost when the header is missing or not a whole number. Default 1.
-    #[serde(default = "one")]
-    pub default: NonZeroU64,
-}
-
-fn one() -> NonZeroU64 {
-    NonZeroU64::MIN
-}
-
-impl<'de> Deserialize<'de> for Cost {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct CostVisitor;
-        impl<'de> de::Visitor<'de> for CostVisitor {
-            type Value = Cost;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a whole number of at least 1, or { header: x-cost, default: 1 }")
-            }
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Cost, E> {
-                NonZeroU64::new(n).map(Cost::Fixed).ok_or_else(|| {
-                    E::custom("cost 0: a request costs at least 1; to exempt requests, narrow the bucket's match")
-                })
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Cost, E> {
-                match u64::try_from(n) {
-                    Ok(n) => self.visit_u64(n),
-                    Err(_) => Err(E::custom(format_args!(
-                        "cost {n}: a request costs at least 1"
-                    ))),
-                }
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Cost, A::Error> {
-                CostHeader::deserialize(MapAccessDeserializer::new(map)).map(Cost::Header)
-            }
-        }
-        deserializer.deserialize_any(CostVisitor)
-    }
-}
-
-/// The Redis that exact buckets count in: exactly one of `url`, `sentinel` or `cluster`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("oneOf" = [
-    { "required": ["url"] },
-    { "required": ["sentinel"] },
-    { "required": ["cluster"] }
-]))]
-pub struct RedisFile {
-    /// A single node: `redis://HOST:PORT[/DB]` (or `rediss://` for TLS).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// A primary watched by Redis Sentinel.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sentinel: Option<SentinelFile>,
-    /// The nodes of a Redis Cluster to start from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<Vec<String>>,
-    /// How long one Redis call may take before it counts as a store failure. Default `50ms`.
-    #[serde(default = "default_redis_timeout", with = "duration_text")]
-    #[schemars(with = "DurationText")]
-    pub timeout: Duration,
-    /// A file holding the Redis password (its text, without a trailing newline), read by each
-    /// process that connects when it starts: the password stays out of this file, out of the
-    /// control plane's link and out of logs. Relative paths are from the working directory.
-    /// Without it, the `SPILLWAY_REDIS_PASSWORD` environment variable gives the password, if
-    /// set; a password written in a URL is the last resort.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_file: Option<PathBuf>,
-}
-
-impl fmt::Debug for RedisFile {
-    /// URLs with their password replaced by `***`, so a logged configuration shows none.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisFile")
-            .field("url", &self.url.as_deref().map(redact_url))
-            .field("sentinel", &self.sentinel)
-            .field(
-                "cluster",
-                &self
-                    .cluster
-                    .as_ref()
-                    .map(|nodes| nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>()),
-            )
-            .field("timeout", &self.timeout)
-            .field("password_file", &self.password_file)
-            .finish()
-    }
-}
-
-pub(crate) fn default_redis_timeout() -> Duration {
-    Duration::from_millis(50)
-}
-
-/// Redis Sentinel: the monitored master's name and the sentinels to ask.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SentinelFile {
-    /// The master's name in the sentinels' configuration, e.g. `mymaster`.
-    pub master: String,
-    /// Sentinel addresses, e.g. `redis://10.0.0.1:26379`.
-    pub nodes: Vec<String>,
-}
-
-impl fmt::Debug for SentinelFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SentinelFile")
-            .field("master", &self.master)
-            .field(
-                "nodes",
-                &self.nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-/// The schema of a duration (`250ms`, `1s`, `2m`, `1h`, `1d`).
-pub struct DurationText;
-
-impl JsonSchema for DurationText {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "description": "A whole number (at least 1) and a unit: ms, s, m (or min), h or d.",
-            "pattern": DURATION_PATTERN,
-            "examples": ["250ms", "1s", "2m"]
-        })
-    }
-}
-
-struct DurationVisitor;
-
-impl de::Visitor<'_> for DurationVisitor {
-    type Value = Duration;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a duration like 250ms, 1s or 2m")
-    }
-
-    // Raised inside the visitor so the error carries the value's position.
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
-        parse_duration(text).map_err(E::custom)
-    }
-
-    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Duration, E> {
-        Err(E::custom(format_args!(
-            "duration {n} has no unit; write {n}s or {n}ms"
-        )))
-    }
-}
-
-/// Serde for durations written as `250ms`, `1s`, `2m`.
-pub(crate) mod duration_text {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&format_duration(*value))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        deserializer.deserialize_any(DurationVisitor)
-    }
-}
-
-/// Serde for optional durations.
-pub(crate) mod option_duration_text {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(
-        value: &Option<Duration>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(d) => serializer.serialize_str(&format_duration(*d)),
-            None => serializer.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        struct OptionVisitor;
-        impl<'de> de::Visitor<'de> for OptionVisitor {
-            type Value = Option<Duration>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration like 250ms, 1s or 2m")
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-                d.deserialize_any(DurationVisitor).map(Some)
-            }
-        }
-        deserializer.deserialize_option(OptionVisitor)
     }
 }

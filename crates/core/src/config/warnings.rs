@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::model::{Algorithm, Identity, Source};
+use super::model::{Algorithm, IdentitySources, Source};
 use super::positions::{Position, Positions, child, item};
 use super::validate::Config;
 
@@ -29,7 +29,11 @@ impl fmt::Display for Warning {
 /// `caller`, which decides the bucket a request falls in and which a client writes itself unless
 /// a trusted hop sets it, a criticality header trusted to raise a request's tier
 ///, and an `xff_trusted_hops` that nothing reads.
-pub(crate) fn identity(identity: &Identity, positions: &Positions, file: &str) -> Vec<Warning> {
+pub(crate) fn identity(
+    identity: &IdentitySources,
+    positions: &Positions,
+    file: &str,
+) -> Vec<Warning> {
     let mut warnings = Vec::new();
     let mut warn = |key: &str, message: String| {
         warnings.push(Warning {

@@ -31,13 +31,13 @@ fn open(b: &CircuitBreaker, now: Instant) {
 /// Polls at `now`, expecting a probe, and records it as `outcome` at `now`.
 fn probe(b: &CircuitBreaker, now: Instant, outcome: CallOutcome) {
     match b.poll(now) {
-        Step::Probe(p) => b.record_probe(p, outcome, None, now),
+        BreakerStep::Probe(p) => b.record_probe(p, outcome, None, now),
         other => panic!("expected a probe at {now:?}, got {other:?}"),
     }
 }
 
 /// Polls at `now` and drops any probe unanswered (a ping that never came back).
-fn tick(b: &CircuitBreaker, now: Instant) -> Step {
+fn tick(b: &CircuitBreaker, now: Instant) -> BreakerStep {
     b.poll(now)
 }
 
@@ -64,15 +64,15 @@ fn probes_until(b: &CircuitBreaker, from: Instant, until: Instant, outcome: Call
             return sent;
         }
         match b.poll(now) {
-            Step::Probe(p) => {
+            BreakerStep::Probe(p) => {
                 b.record_probe(p, outcome, None, now);
                 sent += 1;
             }
-            Step::Wait(at) => {
+            BreakerStep::Wait(at) => {
                 assert!(at > now, "a wait in the past would spin the prober");
                 now = at;
             }
-            Step::Done => return sent,
+            BreakerStep::Done => return sent,
         }
     }
     panic!("the prober never reached {until:?}");
@@ -95,13 +95,16 @@ fn consecutive_failures_open_and_a_success_resets_the_count() {
     let stats = b.stats();
     assert_eq!((stats.errors, stats.timeouts, stats.successes), (5, 4, 1));
     assert_eq!(stats.opened, 1);
-    assert!(matches!(b.poll(t), Step::Wait(_)), "an open circuit probes");
+    assert!(
+        matches!(b.poll(t), BreakerStep::Wait(_)),
+        "an open circuit probes"
+    );
 }
 
 #[test]
 fn a_closed_circuit_needs_no_prober() {
     let b = CircuitBreaker::new(BreakerConfig::default());
-    assert!(matches!(b.poll(Instant::now()), Step::Done));
+    assert!(matches!(b.poll(Instant::now()), BreakerStep::Done));
     assert!(!b.claim_prober());
     open(&b, Instant::now());
     assert!(b.claim_prober());
@@ -119,11 +122,11 @@ fn an_open_circuit_refuses_every_request_and_probes_on_a_timer() {
         assert!(b.permit().is_none());
     }
     assert_eq!(b.stats().short_circuited, 100);
-    let Step::Wait(at) = tick(&b, t) else {
+    let BreakerStep::Wait(at) = tick(&b, t) else {
         panic!("no probe before probe_every");
     };
     assert_eq!(at, t + ms(250));
-    assert!(matches!(tick(&b, t + ms(249)), Step::Wait(_)));
+    assert!(matches!(tick(&b, t + ms(249)), BreakerStep::Wait(_)));
     assert_eq!(b.retry_hint(t + ms(100)), ms(150), "until the next probe");
     probe(&b, t + ms(250), CallOutcome::Error);
     assert_eq!(
@@ -131,7 +134,7 @@ fn an_open_circuit_refuses_every_request_and_probes_on_a_timer() {
         CircuitState::Open,
         "a failed probe keeps it open"
     );
-    let Step::Wait(at) = tick(&b, t + ms(260)) else {
+    let BreakerStep::Wait(at) = tick(&b, t + ms(260)) else {
         panic!("the next probe is one probe_every later");
     };
     assert_eq!(at, t + ms(500));
@@ -175,7 +178,7 @@ fn the_ramp_is_driven_by_time_not_by_traffic() {
     assert_eq!(b.state(), half_open(3, 75));
     probes_until(&b, t + ms(1_000), t + ms(1_000), CallOutcome::Success);
     assert_eq!(b.state(), CircuitState::Closed);
-    assert!(matches!(b.poll(t + ms(1_001)), Step::Done));
+    assert!(matches!(b.poll(t + ms(1_001)), BreakerStep::Done));
     let stats = b.stats();
     assert_eq!((stats.opened, stats.recovered), (1, 1));
     assert!(call(&b, t + ms(1_001), CallOutcome::Success));
@@ -239,7 +242,7 @@ fn a_stage_below_eighty_percent_reopens_and_eighty_percent_passes() {
         half_open(1, 25),
         "judged only when the stage ends"
     );
-    let Step::Wait(next) = tick(&b, t + ms(500)) else {
+    let BreakerStep::Wait(next) = tick(&b, t + ms(500)) else {
         panic!("a reopened circuit waits for its next probe");
     };
     assert_eq!(b.state(), CircuitState::Open);
@@ -275,7 +278,7 @@ fn a_stage_with_too_few_answers_goes_on_until_it_has_them() {
     for i in 1..=5 {
         let _unanswered = tick(&b, t + ms(50 * i));
     }
-    let Step::Wait(at) = tick(&b, t + ms(260)) else {
+    let BreakerStep::Wait(at) = tick(&b, t + ms(260)) else {
         panic!("the next probe is not due yet");
     };
     assert_eq!(at, t + ms(300), "the next probe, not a wait in the past");
@@ -347,9 +350,9 @@ fn simulate(rate: u64, healthy_at: Duration) -> (Duration, Vec<(CircuitState, u6
         }
         if in_flight.is_none() && now >= wake {
             match b.poll(now) {
-                Step::Probe(p) => in_flight = Some((p, now + ms(1))),
-                Step::Wait(at) => wake = at,
-                Step::Done => {}
+                BreakerStep::Probe(p) => in_flight = Some((p, now + ms(1))),
+                BreakerStep::Wait(at) => wake = at,
+                BreakerStep::Done => {}
             }
         }
         due += rate as f64 / 1_000.0;

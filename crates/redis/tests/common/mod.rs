@@ -5,13 +5,13 @@ pub mod outage;
 
 use std::time::Duration;
 
-use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
+use spillway_redis::{ExactAlgo, RedisEndpoint, RedisKey, RedisLimiter, StoreOptions};
 
 /// A limiter with a generous timeout: these tests measure exactness, not latency, and a debug
 /// build on a busy machine is slow.
 pub fn limiter(url: &str) -> RedisLimiter {
     RedisLimiter::new(
-        Target::single(url),
+        RedisEndpoint::single(url),
         StoreOptions {
             timeout: Duration::from_secs(2),
         },
@@ -22,7 +22,7 @@ pub fn limiter(url: &str) -> RedisLimiter {
 /// A limiter on the Redis Cluster that `nodes` belong to, as generous as [`limiter`].
 pub fn cluster_limiter(nodes: Vec<String>) -> RedisLimiter {
     RedisLimiter::new(
-        Target::cluster(nodes),
+        RedisEndpoint::cluster(nodes),
         StoreOptions {
             timeout: Duration::from_secs(2),
         },

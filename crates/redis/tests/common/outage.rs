@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use spillway_core::algo::Rate;
 use spillway_redis::{
-    BreakerConfig, CircuitState, ExactAlgo, GuardedLimiter, RedisLimiter, StoreOptions, Target,
+    BreakerConfig, CircuitState, ExactAlgo, GuardedLimiter, RedisEndpoint, RedisLimiter,
+    StoreOptions,
 };
 use spillway_testkit::RedisServer;
 
@@ -17,7 +18,7 @@ pub const BOUND: Duration = Duration::from_secs(2);
 /// on a busy machine meets.
 pub fn guarded(url: &str) -> Arc<GuardedLimiter> {
     let limiter = RedisLimiter::new(
-        Target::single(url),
+        RedisEndpoint::single(url),
         StoreOptions {
             timeout: Duration::from_millis(250),
         },

@@ -59,7 +59,7 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Why a check was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum GuardRefusal {
     /// The source or the token id is out of allowance: ask again in this many seconds.
     Throttled(u64),
     /// Every check slot is taken.
@@ -78,13 +78,13 @@ pub struct Guard {
     failed: Mutex<HashMap<[u8; 32], Instant>>,
     /// The pairs being checked: a receiver that wakes when that check has ended.
     flights: Mutex<HashMap<[u8; 32], watch::Receiver<()>>>,
-    counts: Counts,
+    counts: GuardCounts,
     log: Mutex<LogWindow>,
 }
 
 /// What `/metrics` shows: totals since start.
 #[derive(Default)]
-pub struct Counts {
+pub struct GuardCounts {
     pub failed: AtomicU64,
     pub throttled: AtomicU64,
     pub busy: AtomicU64,
@@ -141,12 +141,12 @@ impl Guard {
             ids: Mutex::new(Allowances::new(ID_ALLOWANCE)),
             failed: Mutex::default(),
             flights: Mutex::default(),
-            counts: Counts::default(),
+            counts: GuardCounts::default(),
             log: Mutex::default(),
         }
     }
 
-    pub fn counts(&self) -> &Counts {
+    pub fn counts(&self) -> &GuardCounts {
         &self.counts
     }
 
@@ -209,7 +209,7 @@ impl Guard {
 
     /// Takes one check's worth of allowance from `source` (when known) and from token `id`, or
     /// says when to ask again. Kept unless [`Charge::refund`] gives it back.
-    pub fn charge(&self, source: Option<IpAddr>, id: &str) -> Result<Charge<'_>, Refusal> {
+    pub fn charge(&self, source: Option<IpAddr>, id: &str) -> Result<Charge<'_>, GuardRefusal> {
         let now = Instant::now();
         let source = source.map(prefix);
         if let Some(source) = source {
@@ -218,7 +218,7 @@ impl Guard {
                 .lock()
                 .map_or(None, |mut table| table.take(&source, now));
             if let Some(wait) = wait {
-                return Err(self.refuse(Refusal::Throttled(seconds(wait)), Some(source)));
+                return Err(self.refuse(GuardRefusal::Throttled(seconds(wait)), Some(source)));
             }
         }
         let wait = self
@@ -229,7 +229,7 @@ impl Guard {
             if let (Some(source), Ok(mut table)) = (source, self.sources.lock()) {
                 table.give_back(&source);
             }
-            return Err(self.refuse(Refusal::Throttled(seconds(wait)), source));
+            return Err(self.refuse(GuardRefusal::Throttled(seconds(wait)), source));
         }
         Ok(Charge {
             guard: self,
@@ -239,14 +239,14 @@ impl Guard {
     }
 
     /// Runs `check` (argon2) on a check thread once one is free, first come first served;
-    /// [`Refusal::Busy`] at once when too many already wait.
+    /// [`GuardRefusal::Busy`] at once when too many already wait.
     pub async fn verify(
         &self,
         source: Option<IpAddr>,
         check: impl FnOnce() -> bool + Send + 'static,
-    ) -> Result<bool, Refusal> {
+    ) -> Result<bool, GuardRefusal> {
         let ticket = Ticket::take(&self.admitted, self.capacity)
-            .ok_or_else(|| self.refuse(Refusal::Busy, source.map(prefix)))?;
+            .ok_or_else(|| self.refuse(GuardRefusal::Busy, source.map(prefix)))?;
         let (done, outcome) = oneshot::channel();
         let checked = self.checked.clone();
         // The ticket moves into the job: a client that gives up does not free its place before
@@ -271,17 +271,17 @@ impl Guard {
     }
 
     /// Counts a refusal, and logs the ones since the last line when [`LOG_EVERY`] has passed.
-    fn refuse(&self, refusal: Refusal, source: Option<IpAddr>) -> Refusal {
+    fn refuse(&self, refusal: GuardRefusal, source: Option<IpAddr>) -> GuardRefusal {
         match refusal {
-            Refusal::Throttled(_) => self.counts.throttled.fetch_add(1, Ordering::Relaxed),
-            Refusal::Busy => self.counts.busy.fetch_add(1, Ordering::Relaxed),
+            GuardRefusal::Throttled(_) => self.counts.throttled.fetch_add(1, Ordering::Relaxed),
+            GuardRefusal::Busy => self.counts.busy.fetch_add(1, Ordering::Relaxed),
         };
         let Ok(mut log) = self.log.lock() else {
             return refusal;
         };
         match refusal {
-            Refusal::Throttled(_) => log.throttled += 1,
-            Refusal::Busy => log.busy += 1,
+            GuardRefusal::Throttled(_) => log.throttled += 1,
+            GuardRefusal::Busy => log.busy += 1,
         }
         if source.is_some() {
             log.latest = source;
@@ -522,7 +522,7 @@ mod tests {
         }
         assert!(matches!(
             guard.charge(source, "ff"),
-            Err(Refusal::Throttled(1))
+            Err(GuardRefusal::Throttled(1))
         ));
         let other = Some(IpAddr::from([192, 0, 2, 2]));
         for _ in 0..ID_ALLOWANCE {
@@ -579,7 +579,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the checks never queued");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(guard.verify(None, || true).await, Err(Refusal::Busy));
+        assert_eq!(guard.verify(None, || true).await, Err(GuardRefusal::Busy));
         for _ in 0..=QUEUE_PER_CORE {
             release.send(()).unwrap();
         }

@@ -18,6 +18,7 @@ mod audit;
 mod budget;
 pub mod history;
 pub mod liveness;
+pub(crate) mod local;
 mod migrations;
 mod planner;
 mod rules;
@@ -32,7 +33,6 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 
 use crate::rule::Rule;
 use crate::time::now_millis;
-use crate::watch;
 
 pub use audit::{AuditAction, AuditEntry};
 pub use budget::Budgets;
@@ -199,7 +199,7 @@ impl Store {
         Ok(Store {
             pool,
             backend,
-            key: watch::local_key(&url),
+            key: local::local_key(&url),
             url: url.into(),
             budgets,
             liveness: Arc::new(Liveness::new(version, Instant::now())),
@@ -327,7 +327,7 @@ impl Store {
         tx.commit().await?;
         self.liveness.committed(version);
         if self.backend == Backend::Sqlite {
-            watch::notify_local(&self.key, version);
+            local::notify_local(&self.key, version);
         }
         Ok(())
     }

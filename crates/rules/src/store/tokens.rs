@@ -8,8 +8,8 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::{AccessError, Role, Store, StoreError, User};
-use crate::auth;
 use crate::time::{format_millis, now_millis};
+use crate::token_hash;
 
 /// What `GET /v1/tokens` says of a token: everything but its secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ fn new_secret() -> Result<(String, String), StoreError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| StoreError::Hash(e.to_string()))?;
     let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let hash = auth::hash_secret(&secret).map_err(StoreError::Hash)?;
+    let hash = token_hash::hash_secret(&secret).map_err(StoreError::Hash)?;
     Ok((secret, hash))
 }
 
@@ -99,7 +99,7 @@ pub(super) async fn insert_token(
     .bind(expires_at)
     .execute(&mut **tx)
     .await?;
-    let token = format!("{}{id}_{secret}", auth::TOKEN_PREFIX);
+    let token = format!("{}{id}_{secret}", token_hash::TOKEN_PREFIX);
     let info = TokenInfo {
         id,
         user: user.clone(),
@@ -221,7 +221,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        let token = format!("{}{id}_{secret}", auth::TOKEN_PREFIX);
+        let token = format!("{}{id}_{secret}", token_hash::TOKEN_PREFIX);
         Ok((
             TokenInfo {
                 issued_at: now,
@@ -267,5 +267,62 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+/// A user is made with its first token, in one transaction.
+impl Store {
+    /// Creates a user with one token that never expires, and returns that token; it is stored
+    /// only as an argon2 hash.
+    pub async fn create_user(&self, name: &str, role: Role) -> Result<(User, String), StoreError> {
+        self.insert_user(name, role, None)
+            .await
+            .map(|(user, _, token)| (user, token))
+    }
+
+    /// Creates a user and its first token, which expires after `expires` when given; a name
+    /// that is taken is a conflict.
+    pub async fn create_user_with(
+        &self,
+        name: &str,
+        role: Role,
+        expires: Option<Duration>,
+    ) -> Result<(User, TokenInfo, String), AccessError> {
+        self.insert_user(name, role, expires)
+            .await
+            .map_err(|err| match err {
+                StoreError::Database(sqlx::Error::Database(db))
+                    if db.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+                {
+                    AccessError::Conflict(format!("a user named {name:?} exists already"))
+                }
+                other => AccessError::Store(other),
+            })
+    }
+
+    async fn insert_user(
+        &self,
+        name: &str,
+        role: Role,
+        expires: Option<Duration>,
+    ) -> Result<(User, TokenInfo, String), StoreError> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO users (id, name, role, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&id)
+            .bind(name)
+            .bind(role.name())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        let user = User {
+            id,
+            name: name.to_owned(),
+            role,
+        };
+        let (info, token) = insert_token(&mut tx, &user, expires, now).await?;
+        tx.commit().await?;
+        Ok((user, info, token))
     }
 }

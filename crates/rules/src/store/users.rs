@@ -1,13 +1,11 @@
 //! Users and their roles: who may read and who may write. Their tokens are in `tokens`.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::Row;
 
-use super::tokens::{TokenInfo, insert_token};
 use super::{AccessError, Store, StoreError};
 use crate::time::{format_millis, now_millis};
 
@@ -86,60 +84,6 @@ impl UserInfo {
 }
 
 impl Store {
-    /// Creates a user with one token that never expires, and returns that token; it is stored
-    /// only as an argon2 hash.
-    pub async fn create_user(&self, name: &str, role: Role) -> Result<(User, String), StoreError> {
-        self.insert_user(name, role, None)
-            .await
-            .map(|(user, _, token)| (user, token))
-    }
-
-    /// Creates a user and its first token, which expires after `expires` when given; a name
-    /// that is taken is a conflict.
-    pub async fn create_user_with(
-        &self,
-        name: &str,
-        role: Role,
-        expires: Option<Duration>,
-    ) -> Result<(User, TokenInfo, String), AccessError> {
-        self.insert_user(name, role, expires)
-            .await
-            .map_err(|err| match err {
-                StoreError::Database(sqlx::Error::Database(db))
-                    if db.kind() == sqlx::error::ErrorKind::UniqueViolation =>
-                {
-                    AccessError::Conflict(format!("a user named {name:?} exists already"))
-                }
-                other => AccessError::Store(other),
-            })
-    }
-
-    async fn insert_user(
-        &self,
-        name: &str,
-        role: Role,
-        expires: Option<Duration>,
-    ) -> Result<(User, TokenInfo, String), StoreError> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let now = now_millis();
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO users (id, name, role, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(&id)
-            .bind(name)
-            .bind(role.name())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        let user = User {
-            id,
-            name: name.to_owned(),
-            role,
-        };
-        let (info, token) = insert_token(&mut tx, &user, expires, now).await?;
-        tx.commit().await?;
-        Ok((user, info, token))
-    }
-
     /// Every user, by name.
     pub async fn list_users(&self) -> Result<Vec<UserInfo>, StoreError> {
         let rows = sqlx::query(

@@ -1,0 +1,213 @@
+use super::*;
+use spillway_core::config::load_str;
+
+const DROP: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n      - { name: local, match: { procedure: /a }, limit: 5/s, algorithm: token-bucket }\n";
+const ADAPTIVE: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n      - { name: shared, match: { procedure: /b }, limit: 50/s, algorithm: adaptive-token-bucket }\n";
+
+fn core(yaml: &str) -> HostCore {
+    let id = HostId {
+        host_id: "h1".into(),
+        region: "r1".into(),
+        zone: "z1".into(),
+    };
+    HostCore::new(id, &load_str(yaml, "test").unwrap(), 3)
+}
+
+fn at(ms: u64) -> HostTime {
+    HostTime {
+        clock: ms * 1_000_000,
+        unix_ns: ms * 1_000_000,
+    }
+}
+
+fn offered(n: u64) -> Snapshot {
+    Snapshot {
+        allowed: n,
+        ..Snapshot::default()
+    }
+}
+
+fn instruction(bucket: &str, ratio: f64, share: Option<f64>) -> v1::BucketInstruction {
+    v1::BucketInstruction {
+        service: "api".into(),
+        bucket: bucket.into(),
+        drop_ratio: Ratio::from_f64(ratio).raw(),
+        share: share.map(|s| Ratio::from_f64(s).raw()),
+        scope_offered_rps: 0.0,
+        scope_hosts: 1,
+        tier_drop_ratio: Vec::new(),
+    }
+}
+
+fn instructions(buckets: Vec<v1::BucketInstruction>) -> v1::Instructions {
+    v1::Instructions {
+        issued_at_ms: 8_010,
+        ttl_ms: 5_000,
+        interval_ms: 1_000,
+        sequence: 7,
+        buckets,
+        rules_version: 3,
+        rules: None,
+        provisional: false,
+        from_rates_now: false,
+    }
+}
+
+#[test]
+fn only_control_plane_buckets_are_tracked() {
+    let core = core(DROP);
+    assert_eq!(
+        core.buckets().collect::<Vec<_>>(),
+        [&BucketKey::new("api", "all")]
+    );
+}
+
+#[test]
+fn a_stream_opened_mid_interval_reports_at_the_boundary_with_its_tail() {
+    let mut core = core(DROP);
+    // Opened at 7.300 s with 40 requests counted before: those are not this interval's.
+    core.start(at(7_300), &[offered(40)]);
+    assert_eq!(
+        core.deadline(),
+        7_750,
+        "the tail of interval 7 starts first"
+    );
+    assert_eq!(core.on_deadline(at(7_750), &[offered(40 + 45)]), None);
+    assert_eq!(core.deadline(), 8_000);
+    let report = core
+        .on_deadline(at(8_000), &[offered(40 + 45 + 25)])
+        .expect("the report of interval 7");
+    assert_eq!(report.sequence, 7);
+    assert_eq!(report.rules_version, 3);
+    assert_eq!(report.host_id, "h1");
+    // 70 requests in 700 ms is 100 per interval; 25 in the 250 ms tail is 25 per quarter.
+    assert_eq!(report.buckets[0].offered, 100);
+    assert_eq!(report.buckets[0].offered_tail, Some(25));
+    assert_eq!(core.deadline(), 8_750);
+}
+
+#[test]
+fn a_drop_ratio_goes_to_the_limiter_with_its_ttl_and_unknown_buckets_are_skipped() {
+    let mut core = core(DROP);
+    let steps = core.on_instructions(
+        at(8_010),
+        instructions(vec![
+            instruction("all", 0.25, None),
+            instruction("gone", 0.5, None),
+        ]),
+    );
+    assert_eq!(
+        steps,
+        [
+            HostStep::DropRatio {
+                bucket: 0,
+                ratio: Ratio::from_f64(0.25),
+                tiers: uniform(Ratio::from_f64(0.25)),
+                ttl: Duration::from_secs(5),
+            },
+            // The guard has counted nothing yet: its ratio is the instruction's.
+            HostStep::Surge {
+                bucket: 0,
+                ratio: Ratio::from_f64(0.25),
+                tiers: uniform(Ratio::from_f64(0.25)),
+                until: at(8_110).clock,
+            }
+        ]
+    );
+    assert_eq!(core.last_instructions_ms(), 8_010);
+}
+
+#[test]
+fn an_instructions_tiers_reach_the_limiter_and_the_guard_keeps_them() {
+    let mut core = core(DROP);
+    let third = Ratio::from_f64(1.0 / 3.0);
+    let tiers = [0.0, 0.0, 0.0, 5.0 / 6.0].map(Ratio::from_f64);
+    let mut message = instruction("all", 1.0 / 3.0, None);
+    message.tier_drop_ratio = tiers.iter().map(|r| r.raw()).collect();
+    let steps = core.on_instructions(at(8_010), instructions(vec![message]));
+    assert!(
+        matches!(steps[0], HostStep::DropRatio { tiers: t, ratio, .. } if t == tiers && ratio == third),
+        "{steps:?}"
+    );
+    assert!(
+        matches!(steps[1], HostStep::Surge { tiers: t, .. } if t == tiers),
+        "{steps:?}"
+    );
+    // A message with tiers of another length drops the bucket's ratio from every tier.
+    let mut odd = instruction("all", 1.0 / 3.0, None);
+    odd.tier_drop_ratio = vec![0, 0];
+    let steps = core.on_instructions(at(8_020), instructions(vec![odd]));
+    assert!(
+        matches!(steps[0], HostStep::DropRatio { tiers: t, .. } if t == uniform(third)),
+        "{steps:?}"
+    );
+}
+
+#[test]
+fn instructions_with_new_rules_wait_until_the_rules_are_applied() {
+    let mut core = core(DROP);
+    let mut message = instructions(vec![instruction("shared", 0.0, Some(0.5))]);
+    let rules = crate::RulesSnapshot::parse(4, ADAPTIVE, "new")
+        .unwrap()
+        .message();
+    message.rules = Some(rules.clone());
+    let steps = core.on_instructions(at(8_010), message.clone());
+    assert_eq!(steps, [HostStep::Rules { version: 4, rules }]);
+    // Refused: the host keeps version 3, and `shared` is no bucket of its rules.
+    assert!(core.rules_refused(at(8_011)).is_empty());
+    assert_eq!(core.rules_version(), 3);
+    // Applied: the share reaches the bucket the new rules brought.
+    core.on_instructions(at(8_020), message);
+    let steps = core.rules_applied(at(8_021), 4, &load_str(ADAPTIVE, "new").unwrap());
+    assert_eq!(core.rules_version(), 4);
+    assert_eq!(
+        steps,
+        [HostStep::Share {
+            bucket: 1,
+            share: Ratio::from_f64(0.5)
+        }]
+    );
+    assert_eq!(core.bucket(1), &BucketKey::new("api", "shared"));
+}
+
+#[test]
+fn a_share_expires_with_its_ttl() {
+    let mut core = core(ADAPTIVE);
+    core.on_instructions(
+        at(8_000),
+        instructions(vec![instruction("shared", 0.0, Some(0.5))]),
+    );
+    assert!(core.expire_shares(at(12_999).clock).is_empty());
+    assert_eq!(
+        core.expire_shares(at(13_000).clock),
+        [HostStep::ShareExpired { bucket: 1 }]
+    );
+    assert!(core.expire_shares(at(20_000).clock).is_empty(), "once");
+}
+
+#[test]
+fn the_surge_guard_starts_counting_at_its_first_tick_and_can_be_turned_off() {
+    let mut core = core(DROP);
+    assert!(core.guard_tick(at(0).clock, &[offered(0)]).is_empty());
+    let steps = core.guard_tick(at(50).clock, &[offered(10)]);
+    assert!(
+        matches!(steps.as_slice(), [HostStep::Surge { bucket: 0, until, .. }] if *until == at(150).clock),
+        "{steps:?}"
+    );
+    let off = DROP.replace(
+        "version: 1\n",
+        "version: 1\ncontrol:\n  surge_guard: false\n",
+    );
+    core.set_rules(&load_str(&off, "off").unwrap());
+    assert!(core.guard_tick(at(100).clock, &[offered(20)]).is_empty());
+}
+
+#[test]
+fn a_bucket_recreated_with_counters_at_zero_counts_from_zero() {
+    let mut core = core(DROP);
+    core.start(at(7_000), &[offered(500)]);
+    core.on_deadline(at(7_750), &[offered(600)]);
+    // A reload recreated the bucket: its totals restarted below what was reported.
+    let report = core.on_deadline(at(8_000), &[offered(30)]).unwrap();
+    assert_eq!(report.buckets[0].offered, 130);
+}
