@@ -10,7 +10,7 @@ pub mod memory;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use spillway_link::{Stop, sleep_or_stop};
+pub use spillway_tls::stop::{Stop, sleep_or_stop, stopped};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -80,18 +80,6 @@ pub async fn accept_or_stop(
     listener: &TcpListener,
     stop: &mut Stop,
 ) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => return Some(accepted),
-                Err(err) => {
-                    tracing::warn!("accept failed: {err}");
-                    if sleep_or_stop(Duration::from_millis(50), stop).await {
-                        return None;
-                    }
-                }
-            },
-            _ = stop.changed() => return None,
-        }
-    }
+    let mut changed = std::pin::pin!(stop.changed());
+    spillway_tls::stop::accept_until(listener, &mut changed).await
 }
