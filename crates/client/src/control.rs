@@ -22,7 +22,7 @@ use spillway_core::clock::Nanos;
 use spillway_core::config::Config;
 use spillway_core::counters::Snapshot;
 use spillway_link::now_ms;
-use spillway_loop::{BucketKey, HostStep, LinkRules};
+use spillway_loop::{BucketKey, DecodeRules, HostStep, LinkRules};
 use spillway_proto::v1;
 use tokio::task::JoinHandle;
 

@@ -55,7 +55,7 @@ use spillway_core::counters::Snapshot;
 use spillway_core::decision::{BucketId as RulesBucket, Mode};
 use spillway_core::descriptor::{Answer, DescriptorMatcher, Entries};
 use spillway_core::limit::Limit;
-use spillway_loop::{BucketKey, HostCore, HostId, HostStep, HostTime, LinkRules};
+use spillway_loop::{BucketKey, DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules};
 use spillway_proto::v1;
 
 /// Bucket ids one stream may hold: an Envoy whose matcher makes one per user id would grow an
@@ -831,7 +831,7 @@ pub fn response(actions: Vec<BucketAction>) -> Option<RateLimitQuotaResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_loop::RulesSnapshot;
+    use spillway_loop::{RulesMessage, RulesSnapshot};
 
     const RULES: &str = "version: 1\ncontrol:\n  report_interval: 500ms\nservices:\n  edge:\n    buckets:\n      - name: checkout\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: checkout} ] } }\n        limit: 150/s\n      - name: search\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: search} ] } }\n        limit: 40/s\n        algorithm: fixed-window\n";
 

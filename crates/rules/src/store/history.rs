@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use spillway_loop::HistoryBatch;
+use spillway_core::history::HistoryBatch;
 use sqlx::Row;
 use tokio::sync::mpsc;
 
