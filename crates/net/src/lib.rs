@@ -1,10 +1,12 @@
 //! The server side that every long-running role shares (sidecar, aggregator, controller, rules
 //! service node): binding with a clear error, an accept loop and a shutdown that give way to the
-//! stop signal, and the admin listener ([`admin`]).
+//! stop signal, the admin listener ([`admin`]), and every gRPC listener's bounds and serving
+//! ([`grpc`]).
 // The one exception: `memory::return_free_memory` calls glibc's `malloc_trim`.
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod grpc;
 pub mod memory;
 
 use std::net::SocketAddr;

@@ -22,7 +22,7 @@ mod server;
 pub use decide::{BadRequest, MAX_DESCRIPTORS, MAX_ENTRIES, RlsOptions, decide, envoy_unit};
 pub use rlqs::{Rlqs, RlqsLimits};
 pub use server::{Rls, RlsServer, serve, serve_rlqs, serve_rlqs_with, serve_with};
-pub use spillway_control::listener::GrpcLimits;
+pub use spillway_net::grpc::GrpcLimits;
 
 /// Envoy's generated messages and services (`envoy-types`), for callers and tests that speak RLS.
 pub mod pb {

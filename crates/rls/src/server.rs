@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_client::Client;
-use spillway_control::listener::{CallKind, GrpcLimits, Listener, serve_grpc};
-use spillway_tls::server::{Acceptor, ClientAuth, OnReject, PeerInfo};
+use spillway_net::grpc::{CallKind, GrpcLimits, spawn_grpc};
+use spillway_tls::server::{OnReject, PeerInfo};
 use spillway_tls::{SanPolicy, TlsSource};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -191,7 +191,6 @@ fn run(
 ) -> RlsServer {
     let (stop, stopped) = oneshot::channel::<()>();
     let tls = tls.map(|source| {
-        let acceptor = Acceptor::new(source, ClientAuth::Required, &[b"h2"]);
         let on_reject: OnReject = Arc::new(move |rejected| {
             tracing::warn!(
                 peer = %rejected.remote,
@@ -199,17 +198,11 @@ fn run(
                 rejected.error
             );
         });
-        (acceptor, on_reject)
+        (source, on_reject)
     });
-    let spec = Listener {
-        name,
-        limits,
-        calls,
-        tls,
-    };
-    let task = tokio::spawn(serve_grpc(routes, listener, spec, async move {
+    let task = spawn_grpc(routes, listener, name, limits, calls, tls, async move {
         let _ = stopped.await;
-    }));
+    });
     RlsServer {
         stop,
         streams,
