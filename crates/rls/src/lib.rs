@@ -14,7 +14,10 @@
 
 #![forbid(unsafe_code)]
 
+mod assign;
+mod caps;
 mod decide;
+mod peer;
 pub mod quota;
 pub mod rlqs;
 mod server;

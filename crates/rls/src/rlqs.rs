@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::peer::refusal;
 use crate::quota::{Actions, BadUsage, Caps, Instance, response};
-use crate::server::refusal;
 
 /// Envoy's generated RLQS messages and service (`envoy-types`).
 pub mod pb {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use spillway_client::Client;
 use spillway_net::grpc::{CallKind, GrpcLimits, spawn_grpc};
-use spillway_tls::server::{OnReject, PeerInfo};
+use spillway_tls::server::OnReject;
 use spillway_tls::{SanPolicy, TlsSource};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use crate::decide::{BadRequest, RlsOptions, decide};
 use crate::pb;
+use crate::peer::refusal;
 use crate::rlqs::Rlqs;
 
 /// `RateLimitService` answered from `client`, the engine the process decides everything else
@@ -49,32 +50,6 @@ impl Rls {
     fn refusal<T>(&self, request: &Request<T>) -> Option<Status> {
         refusal(&self.allow, request, "RLS call")
     }
-}
-
-/// Why the peer of `request` may not call under `allow` (`--allow-client-san`), if it may not.
-/// `what` names the call in the debug line: Envoy calls once per request, so a warning per
-/// refusal would flood the log; Envoy counts the failed calls itself.
-pub(crate) fn refusal<T>(allow: &SanPolicy, request: &Request<T>, what: &str) -> Option<Status> {
-    if allow.is_empty() {
-        return None;
-    }
-    let Some(peer) = request.extensions().get::<PeerInfo>() else {
-        return Some(Status::permission_denied(
-            "this listener admits clients by certificate (--allow-client-san), and the connection has none",
-        ));
-    };
-    if peer.allowed_by(allow) {
-        return None;
-    }
-    let sans = if peer.uris.is_empty() {
-        "none".to_owned()
-    } else {
-        peer.uris.join(", ")
-    };
-    tracing::debug!(peer = %peer.name(), "{what} refused: no URI SAN matches --allow-client-san");
-    Some(Status::permission_denied(format!(
-        "the client certificate's URI SANs ({sans}) match no --allow-client-san pattern"
-    )))
 }
 
 impl From<BadRequest> for Status {

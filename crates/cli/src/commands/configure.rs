@@ -1,6 +1,7 @@
 //! `spillway configure plan`: limits proposed from traffic history, nothing changed.
 //! Wiring only: the sources, policies and reports are in `spillway-configure`.
 
+use crate::args::duration;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -126,10 +127,6 @@ pub enum PolicyArg {
     Historical,
     Forecast,
     Fixed,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
 pub fn configure(command: ConfigureCommand) -> ExitCode {
