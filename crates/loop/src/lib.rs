@@ -25,7 +25,7 @@ pub mod sums;
 pub mod tally;
 pub mod zone;
 
-pub use host::{HostCore, HostId, HostStep, HostTime};
+pub use host::{HostCore, HostId, HostStep, HostTime, SteeredLimiter, StepApplied};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use ledger::{HistoryBatch, HistoryRow, Ledger};
 pub use plausible::{Bounds, Clamp, ClampCounts, ClampReason, Factors};

@@ -44,6 +44,7 @@ use spillway_core::config::{self, Config, StateStore};
 use spillway_core::counters::Snapshot;
 use spillway_core::decision::{BucketId as RulesBucket, Mode};
 use spillway_core::descriptor::{Answer, DescriptorMatcher, Entries};
+use spillway_link::rules_handshake;
 use spillway_loop::{BucketKey, DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules};
 use spillway_proto::v1;
 
@@ -491,21 +492,25 @@ impl Instance {
                 HostStep::Rules { version, rules } => {
                     let more = match Self::config_of(&self.own, &rules) {
                         Ok(config) => {
-                            tracing::info!(version, "RLQS: rules from the control plane applied");
                             self.integrate(now.clock);
                             let old = self.keep();
-                            let more = self.core.rules_applied(now, version, &config);
+                            let more = rules_handshake(
+                                &mut self.core,
+                                now,
+                                version,
+                                Ok::<_, String>(&config),
+                                "RLQS: ",
+                            );
                             self.run(&config, &Self::redis_buckets(Some(&rules)), old);
                             more
                         }
-                        Err(err) => {
-                            tracing::error!(
-                                version,
-                                "RLQS: rules from the control plane refused, keeping version {}: {err}",
-                                self.core.rules_version()
-                            );
-                            self.core.rules_refused(now)
-                        }
+                        Err(err) => rules_handshake(
+                            &mut self.core,
+                            now,
+                            version,
+                            Err::<&Config, _>(err),
+                            "RLQS: ",
+                        ),
                     };
                     self.apply(now, more);
                 }
