@@ -226,11 +226,11 @@ pub struct UpArgs {
     #[arg(long, default_value = "1m", value_parser = parse_history_resolution)]
     pub history_resolution: std::time::Duration,
     /// How long that history is kept.
-    #[arg(long, default_value = "35d", value_parser = parse_duration)]
+    #[arg(long, default_value = "35d", value_parser = duration)]
     pub history_retention: std::time::Duration,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     pub drain_timeout: std::time::Duration,
 }
 
@@ -287,7 +287,7 @@ pub struct ProxyArgs {
     pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     pub drain_timeout: std::time::Duration,
     /// How long the upstream may keep a request it has received whole unanswered before the
     /// client gets a 504 (`500ms`, `60s`, `2m`; `off` waits as long as the client does).
@@ -295,12 +295,12 @@ pub struct ProxyArgs {
     pub upstream_timeout: Timeout,
     /// How long a new connection may take to send its first request's head, and any request's
     /// head may take once begun, before the connection is closed (`10s`, `30s`, `2m`).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     pub header_timeout: std::time::Duration,
     /// How long a kept-alive connection may stay idle after an answer before it is closed, and an
     /// HTTP/2 connection may have no open stream (`75s`, `5m`; raise it for gRPC channels that
     /// sit idle longer and should not reconnect). HTTP/2 connections have no header timeout.
-    #[arg(long, default_value = "75s", value_parser = parse_duration)]
+    #[arg(long, default_value = "75s", value_parser = duration)]
     pub idle_timeout: std::time::Duration,
     /// How long a request body may make no progress (no byte arriving) before the request is
     /// answered 408 and its upstream exchange abandoned (`30s`, `60s`; `off` waits as long as the
@@ -411,7 +411,7 @@ impl GrpcArgs {
 
 /// A duration above zero.
 fn parse_positive_duration(text: &str) -> Result<std::time::Duration, String> {
-    let duration = parse_duration(text)?;
+    let duration = duration(text)?;
     if duration.is_zero() {
         return Err(format!("{text}: give a duration above zero, like 5s"));
     }
@@ -427,14 +427,10 @@ pub enum ForwardedArg {
     Off,
 }
 
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|err| err.to_string())
-}
-
 /// A history resolution: a minute, or whole seconds that divide one, so every slot falls in one
 /// minute of the configurator's per-minute history.
 fn parse_history_resolution(text: &str) -> Result<std::time::Duration, String> {
-    let duration = parse_duration(text)?;
+    let duration = duration(text)?;
     let ms = duration.as_millis();
     if ms == 0 || ms % 1000 != 0 || 60_000 % ms != 0 {
         return Err(format!(
@@ -484,7 +480,7 @@ pub struct AggregatorArgs {
     pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     pub drain_timeout: std::time::Duration,
     /// Also serve Envoy's Rate Limit Quota Service (RLQS v3, `StreamRateLimitQuotas`) here:
     /// each Envoy instance becomes a client of this zone, its usage reports offered load and
@@ -537,7 +533,7 @@ pub struct ControllerArgs {
     #[arg(long, default_value = "1m", value_parser = parse_history_resolution)]
     pub history_resolution: std::time::Duration,
     /// How long that history is kept.
-    #[arg(long, default_value = "35d", value_parser = parse_duration)]
+    #[arg(long, default_value = "35d", value_parser = duration)]
     pub history_retention: std::time::Duration,
     /// Serve /healthz, /readyz, /metrics, /v1/* and the dashboard here.
     #[arg(long)]
@@ -552,7 +548,7 @@ pub struct ControllerArgs {
     pub grpc: GrpcArgs,
     /// On SIGTERM, how long requests and streams in flight get to finish before what is left is
     /// cut (`30s`, `2m`); keep it below Kubernetes' terminationGracePeriodSeconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     pub drain_timeout: std::time::Duration,
 }
 
@@ -661,8 +657,8 @@ pub enum RulesCommand {
     },
 }
 
-/// `30d`, `12h`, `15m`: the durations of the configuration file.
-fn duration(text: &str) -> Result<Duration, String> {
+/// `30d`, `12h`, `15m`: the durations of the configuration file, for every duration flag.
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 

@@ -15,14 +15,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use spillway_core::algo::{Limiter, Ratio};
+use spillway_core::algo::Limiter;
 use spillway_core::clock::Nanos;
 use spillway_core::config::Config;
 use spillway_core::counters::Snapshot;
 use spillway_link::now_ms;
-use spillway_loop::{BucketKey, HostStep, LinkRules};
+use spillway_loop::{BucketKey, DecodeRules, HostStep, LinkRules, SteeredLimiter, StepApplied};
 use spillway_proto::v1;
 use tokio::task::JoinHandle;
 
@@ -150,38 +151,23 @@ impl HostLimiters for Linked {
             tracing::debug!(service, bucket, "instruction for a bucket not in force");
             return;
         };
-        match (&found.state.limiters, step) {
-            (
-                Limiters::Shared(Limiter::DropRatio(_)),
-                HostStep::DropRatio {
-                    ratio, tiers, ttl, ..
-                },
-            ) => {
-                if let Err(err) = self
-                    .client
-                    .set_drop_ratio_tiers(service, bucket, *ratio, tiers, *ttl)
-                {
-                    tracing::debug!("{err}");
-                }
+        let limiter = match &found.state.limiters {
+            Limiters::Shared(Limiter::DropRatio(d)) => SteeredLimiter::DropRatio(d),
+            Limiters::Shared(Limiter::AdaptiveTokenBucket(a)) => SteeredLimiter::Adaptive(a),
+            _ => {
+                tracing::debug!(service, bucket, "instruction for a local bucket ignored");
+                return;
             }
-            (
-                Limiters::Shared(Limiter::DropRatio(d)),
-                HostStep::Surge {
-                    ratio,
-                    tiers,
-                    until,
-                    ..
-                },
-            ) => {
-                d.set_surge_tiers(*ratio, tiers, *until);
+        };
+        match step.apply_to(limiter, self.client.now()) {
+            StepApplied::Instruction { expires } => found
+                .state
+                .instruction_expires
+                .store(expires, Ordering::Relaxed),
+            StepApplied::Applied => {}
+            StepApplied::Ignored => {
+                tracing::debug!(service, bucket, "instruction for a local bucket ignored");
             }
-            (Limiters::Shared(Limiter::AdaptiveTokenBucket(a)), HostStep::Share { share, .. }) => {
-                a.set_share(self.client.now(), *share);
-            }
-            (Limiters::Shared(Limiter::AdaptiveTokenBucket(a)), HostStep::ShareExpired { .. }) => {
-                a.set_share(self.client.now(), Ratio::ONE);
-            }
-            _ => tracing::debug!(service, bucket, "instruction for a local bucket ignored"),
         }
     }
 

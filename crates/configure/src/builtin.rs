@@ -15,8 +15,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use spillway_rules::Store;
-use spillway_rules::store::history::HistoryTotals;
+use spillway_db::History;
+use spillway_db::history::HistoryTotals;
 
 use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Trial, Window};
 
@@ -26,7 +26,7 @@ type Listed = (String, String, Option<String>);
 /// The rules store's history; see the module's documentation.
 pub struct BuiltinSource {
     runtime: tokio::runtime::Runtime,
-    store: Store,
+    store: History,
     /// The URL without its credentials, for messages.
     shown: String,
     /// The series of the window read so far (a region for a bucket split by region), and that
@@ -53,7 +53,7 @@ impl BuiltinSource {
     /// Opens the rules store at `url` (`sqlite://PATH` or `postgres://...`).
     pub fn open(url: &str) -> Result<Self, SourceError> {
         let shown = without_credentials(url);
-        if spillway_rules::store::normalize(url).is_err() {
+        if spillway_db::normalize(url).is_err() {
             return Err(SourceError::Usage(format!(
                 "--source builtin:{shown}: write builtin:sqlite://PATH or \
                  builtin:postgres://USER@HOST/DB, the rules store the controllers write to"
@@ -63,14 +63,13 @@ impl BuiltinSource {
             .enable_all()
             .build()
             .map_err(|e| SourceError::Usage(format!("cannot start a runtime: {e}")))?;
-        let store =
-            runtime
-                .block_on(Store::connect(url))
-                .map_err(|e| SourceError::Unreachable {
-                    what: "the rules store",
-                    url: shown.clone(),
-                    detail: e.to_string(),
-                })?;
+        let store = runtime
+            .block_on(History::open(url))
+            .map_err(|e| SourceError::Unreachable {
+                what: "the rules store",
+                url: shown.clone(),
+                detail: e.to_string(),
+            })?;
         Ok(BuiltinSource {
             runtime,
             store,
@@ -81,7 +80,7 @@ impl BuiltinSource {
         })
     }
 
-    fn failed(&self, err: spillway_rules::StoreError) -> SourceError {
+    fn failed(&self, err: spillway_db::DbError) -> SourceError {
         SourceError::Unreachable {
             what: "the rules store",
             url: self.shown.clone(),

@@ -19,7 +19,8 @@ pub mod aggregator;
 pub mod controller;
 mod error;
 mod intervals;
-pub mod listener;
+/// The bounds and serving of every gRPC listener, kept by spillway-net.
+pub use spillway_net::grpc as listener;
 pub mod rules;
 mod serve;
 pub mod trust;

@@ -115,6 +115,7 @@ fn read(path: &Path, previous: u64) -> Result<(Option<SystemTime>, RulesSnapshot
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spillway_loop::RulesMessage;
 
     const ONE: &str =
         "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 10/s }\n";

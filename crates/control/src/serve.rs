@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use spillway_link::Stop;
-use spillway_tls::server::{Acceptor, ClientAuth};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
 
-use crate::listener::{CallKind, GrpcLimits, Listener, serve_grpc};
+use crate::listener::{CallKind, GrpcLimits, spawn_grpc};
 use crate::trust::Trust;
 
 /// Serves `routes` on `listener` within `limits` until `stop` fires; `name` names it in logs.
@@ -24,19 +23,18 @@ pub fn serve(
     mut stop: Stop,
     name: &'static str,
 ) -> JoinHandle<()> {
-    let tls = trust.tls().map(|source| {
-        (
-            Acceptor::new(source.clone(), ClientAuth::Required, &[b"h2"]),
-            trust.on_handshake_failure(),
-        )
-    });
-    let spec = Listener {
+    let tls = trust
+        .tls()
+        .map(|source| (source.clone(), trust.on_handshake_failure()));
+    spawn_grpc(
+        routes,
+        listener,
         name,
         limits,
-        calls: CallKind::Streaming,
+        CallKind::Streaming,
         tls,
-    };
-    tokio::spawn(serve_grpc(routes, listener, spec, async move {
-        let _ = stop.changed().await;
-    }))
+        async move {
+            let _ = stop.changed().await;
+        },
+    )
 }

@@ -4,8 +4,6 @@
 //! interval, the simulator calls the same code in simulated time. Loads are rates or counts over
 //! one interval, in the same unit as the limit.
 
-use crate::algo::Ratio;
-
 /// Why control parameters were refused.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum TuningError {
@@ -13,8 +11,6 @@ pub enum TuningError {
         "release factor {0} is outside (0, 1]; 0.3 releases about a third of the gap per interval"
     )]
     Release(f64),
-    #[error("K = {0} is below 1 or not finite; Google SRE recommends 2")]
-    ThrottleK(f64),
 }
 
 /// The drop ratio that brings `offered` down to `limit`: `max(0, 1 - limit / offered)`.
@@ -27,19 +23,6 @@ pub fn target_drop(limit: f64, offered: f64) -> f64 {
         return 0.0;
     }
     (1.0 - limit.max(0.0) / offered).clamp(0.0, 1.0)
-}
-
-/// Google SRE's client-side throttling probability, `max(0, (requests - K x accepts) /
-/// (requests + 1))` (Site Reliability Engineering, ch. 21).
-///
-/// `accepts` are the requests the protected service accepted. With K = 2 a client starts
-/// throttling only when it sends more than twice what is accepted: at 1.5x the limit it drops
-/// nothing, at 3x it drops 1/3. K = 1 throttles as soon as anything is refused.
-pub fn client_throttle(requests: f64, accepts: f64, k: f64) -> f64 {
-    if requests.is_nan() || accepts.is_nan() || requests <= 0.0 {
-        return 0.0;
-    }
-    ((requests - k * accepts.max(0.0)) / (requests + 1.0)).clamp(0.0, 1.0)
 }
 
 /// Smooths a drop ratio: a rise acts at once, a fall within overload is released gradually by an
@@ -144,50 +127,6 @@ impl Default for Smoother {
     }
 }
 
-/// What the controller knows about one bucket after one interval.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
-    /// Everything that arrived, dropped or not.
-    pub offered: f64,
-    /// What the protected service accepted (for a limit, at most the limit).
-    pub accepted: f64,
-    /// The bucket's limit over the same interval.
-    pub limit: f64,
-}
-
-/// How a controller turns samples into drop ratios.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Policy {
-    /// `max(0, 1 - limit / offered)`, smoothed (the default).
-    Proportional(Smoother),
-    /// Google SRE's client-side throttling with this K, unsmoothed.
-    ClientThrottle { k: f64 },
-}
-
-impl Policy {
-    /// The default proportional policy.
-    pub fn proportional() -> Self {
-        Policy::Proportional(Smoother::default())
-    }
-
-    /// The SRE policy with `k` (at least 1; 2 is the book's choice).
-    pub fn client_throttle(k: f64) -> Result<Self, TuningError> {
-        if !(k.is_finite() && k >= 1.0) {
-            return Err(TuningError::ThrottleK(k));
-        }
-        Ok(Policy::ClientThrottle { k })
-    }
-
-    /// The drop ratio to send for the next interval.
-    pub fn next(&mut self, sample: Sample) -> Ratio {
-        let ratio = match self {
-            Policy::Proportional(s) => s.update(target_drop(sample.limit, sample.offered)),
-            Policy::ClientThrottle { k } => client_throttle(sample.offered, sample.accepted, *k),
-        };
-        Ratio::from_f64(ratio)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,14 +209,6 @@ mod tests {
         // Box-Muller.
         let (u, v) = (rng.f64().max(1e-12), rng.f64());
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-
-    #[test]
-    fn client_throttle_matches_the_book() {
-        assert_eq!(client_throttle(150.0, 100.0, 2.0), 0.0);
-        assert!((client_throttle(300.0, 100.0, 2.0) - 100.0 / 301.0).abs() < 1e-12);
-        assert!((client_throttle(150.0, 100.0, 1.0) - 50.0 / 151.0).abs() < 1e-12);
-        assert!(Policy::client_throttle(0.5).is_err());
     }
 
     #[test]

@@ -142,8 +142,9 @@ struct Stripe {
     counts: [[AtomicU64; 3]; TIERS],
 }
 
-/// Gives each thread a stripe number once, round robin, so the first threads get distinct ones.
-fn thread_stripe() -> usize {
+/// Gives each thread a stripe number once, round robin, so the first threads get distinct ones:
+/// the stripe of a thread in every striped structure (these counters, a drop schedule).
+pub(crate) fn thread_stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static STRIPE: Cell<Option<usize>> = const { Cell::new(None) };

@@ -5,7 +5,7 @@ use spillway_core::criticality::Criticality;
 use std::time::Duration;
 
 use spillway_core::algo::{DropRatio, Ratio};
-use spillway_core::control::{Policy, Sample, target_drop};
+use spillway_core::control::{Smoother, target_drop};
 
 const DECISIONS: u64 = 1_000_000;
 
@@ -81,13 +81,11 @@ fn a_seeded_generator_gives_the_same_decisions_every_run() {
 }
 
 #[test]
-fn the_policy_sends_a_third_at_one_and_a_half_times_the_limit() {
-    let mut policy = Policy::proportional();
-    let ratio = policy.next(Sample {
-        offered: 1_500.0,
-        accepted: 1_000.0,
-        limit: 1_000.0,
-    });
+fn the_controller_sends_a_third_at_one_and_a_half_times_the_limit() {
+    // As the region's controller computes a bucket's ratio: the target, smoothed with the count
+    // it came from.
+    let mut smoother = Smoother::default();
+    let ratio = Ratio::from_f64(smoother.update_counted(target_drop(1_000.0, 1_500.0), 1_500.0));
     assert!(ratio.raw().abs_diff(Ratio::from_fraction(1, 3).raw()) <= 1);
 }
 

@@ -1,11 +1,13 @@
-//! The control loop over simulated intervals: a surge is cut in one loop, a calm releases
-//! gradually without undershooting, and a constant load does not make the ratio oscillate.
+//! The controller's drop ratio over simulated intervals, computed as the region's controller
+//! computes it (`target_drop`, then `Smoother::update_counted` with the count it came from): a
+//! surge is cut in one interval, a clear fall is released at once without undershooting, and a
+//! constant load does not make the ratio oscillate.
 
 use spillway_core::criticality::Criticality;
 use std::time::Duration;
 
 use spillway_core::algo::{DropRatio, Ratio};
-use spillway_core::control::{Policy, Sample, target_drop};
+use spillway_core::control::{Smoother, target_drop};
 
 const LIMIT: u64 = 10_000;
 const INTERVAL: u64 = 1_000_000_000;
@@ -15,7 +17,7 @@ const INTERVAL: u64 = 1_000_000_000;
 /// ratio that was in force and the requests admitted.
 fn run(offered: &[u64], seed: u64) -> Vec<(f64, u64)> {
     let limiter = DropRatio::new(Duration::from_secs(1));
-    let mut policy = Policy::proportional();
+    let mut smoother = Smoother::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut out = Vec::new();
     for (i, &load) in offered.iter().enumerate() {
@@ -29,11 +31,8 @@ fn run(offered: &[u64], seed: u64) -> Vec<(f64, u64)> {
             })
             .count() as u64;
         out.push((in_force, admitted));
-        let next = policy.next(Sample {
-            offered: load as f64,
-            accepted: admitted.min(LIMIT) as f64,
-            limit: LIMIT as f64,
-        });
+        let target = target_drop(LIMIT as f64, load as f64);
+        let next = Ratio::from_f64(smoother.update_counted(target, load as f64));
         limiter.set_for(next, now, Duration::from_secs(5));
     }
     out
@@ -93,31 +92,16 @@ fn a_noisy_constant_load_stays_within_the_band_of_its_targets() {
 }
 
 #[test]
-fn a_step_down_releases_monotonically_to_the_new_target() {
+fn a_clear_step_down_is_released_at_once_without_undershooting() {
     let mut offered = vec![30_000; 5];
     offered.extend([15_000; 30]);
     let trace = run(&offered, 5);
     let ratios: Vec<f64> = trace.iter().map(|&(r, _)| r).collect();
     assert!(close(ratios[4], 2.0 / 3.0));
-    // Interval 5 still has 2/3 in force; the next one releases part of the way, not all of it.
-    assert!(
-        ratios[6] > 0.5 && ratios[6] < 2.0 / 3.0,
-        "released to {}",
-        ratios[6]
-    );
-    // From then on the ratio falls and never goes below 1/3.
-    for pair in ratios[5..].windows(2) {
-        assert!(
-            pair[1] <= pair[0] + 1e-9,
-            "rose from {} to {}",
-            pair[0],
-            pair[1]
-        );
-        assert!(pair[1] >= 1.0 / 3.0 - 1e-9, "undershot to {}", pair[1]);
+    // Interval 5 still has 2/3 in force; the fall to 1/3 is far beyond the noise of 15,000
+    // requests, so the next interval has the new target in force, and keeps it.
+    assert!(close(ratios[5], 2.0 / 3.0), "{}", ratios[5]);
+    for &ratio in &ratios[6..] {
+        assert!(close(ratio, 1.0 / 3.0), "ratio {ratio}");
     }
-    let settled = ratios[5..]
-        .iter()
-        .position(|&r| close(r, 1.0 / 3.0))
-        .expect("converges");
-    assert!(settled <= 20, "took {settled} intervals");
 }

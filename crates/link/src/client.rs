@@ -309,22 +309,17 @@ impl Driver {
         for step in steps {
             match step {
                 HostStep::Rules { version, rules } => {
-                    let more = match self.host.apply_rules(version, &rules) {
-                        Ok(config) => {
-                            tracing::info!(version, "rules from the control plane applied");
-                            let more = state.core.rules_applied(now, version, &config);
-                            state.config = config;
-                            more
-                        }
-                        Err(err) => {
-                            tracing::error!(
-                                version,
-                                "rules from the control plane refused, keeping version {}: {err}",
-                                state.core.rules_version()
-                            );
-                            state.core.rules_refused(now)
-                        }
-                    };
+                    let applied = self.host.apply_rules(version, &rules);
+                    let more = rules_handshake(
+                        &mut state.core,
+                        now,
+                        version,
+                        applied.as_ref().map(|config| &**config),
+                        "",
+                    );
+                    if let Ok(config) = applied {
+                        state.config = config;
+                    }
                     self.apply(state, now, more);
                 }
                 HostStep::ShareExpired { bucket } => {
@@ -441,6 +436,33 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
                 .as_ref()
         {
             let _ = tx.try_send(report);
+        }
+    }
+}
+
+/// The end of a [`HostStep::Rules`]: `applied` is what running its rules gave (the
+/// configuration now in force, or why they were refused). Logs it (`who` starts the line, empty
+/// for a client's link), tells the core, and returns the steps that waited for the rules, to
+/// apply next. Every owner of a host core (a client's link, an RLQS host) ends the handshake here.
+pub fn rules_handshake<E: std::fmt::Display>(
+    core: &mut HostCore,
+    now: HostTime,
+    version: u64,
+    applied: Result<&Config, E>,
+    who: &str,
+) -> Vec<HostStep> {
+    match applied {
+        Ok(config) => {
+            tracing::info!(version, "{who}rules from the control plane applied");
+            core.rules_applied(now, version, config)
+        }
+        Err(err) => {
+            tracing::error!(
+                version,
+                "{who}rules from the control plane refused, keeping version {}: {err}",
+                core.rules_version()
+            );
+            core.rules_refused(now)
         }
     }
 }

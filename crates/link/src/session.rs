@@ -6,31 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+pub use spillway_tls::stop::{Stop, sleep_or_stop, stopped};
 use spillway_tls::{Connector, Expect, TlsSource};
 use std::sync::Arc;
-use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
-
-/// A stop signal: `true` once the component is shutting down.
-pub type Stop = watch::Receiver<bool>;
-
-/// Whether `stop` has fired (or its sender is gone, which means the same).
-pub fn stopped(stop: &Stop) -> bool {
-    *stop.borrow() || stop.has_changed().is_err()
-}
-
-/// Sleeps for `delay` unless `stop` fires first; true if it did.
-pub async fn sleep_or_stop(delay: Duration, stop: &mut Stop) -> bool {
-    if stopped(stop) {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => false,
-        _ = stop.changed() => true,
-    }
-}
 
 /// How long a connection attempt may take before it counts as a failure.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -211,6 +192,7 @@ pub async fn reconnect<S, F>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::watch;
 
     #[test]
     fn an_address_without_a_scheme_says_how_to_write_it() {

@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use spillway_core::algo::{Kind, Ratio, Share, TierRatios, uniform};
+use spillway_core::algo::{
+    AdaptiveTokenBucket, DropRatio, Kind, Ratio, Share, TierRatios, uniform,
+};
 use spillway_core::clock::{Nanos, nanos};
 use spillway_core::config::{Config, StateStore};
 use spillway_core::counters::Snapshot;
@@ -83,6 +85,67 @@ pub enum HostStep {
     /// [`HostCore::rules_refused`], which apply the rest of the instruction set that carried
     /// them.
     Rules { version: u64, rules: v1::Rules },
+}
+
+/// A bucket's limiter as a [`HostStep`] reaches it: the two algorithms the control plane steers.
+#[derive(Debug, Clone, Copy)]
+pub enum SteeredLimiter<'a> {
+    DropRatio(&'a DropRatio),
+    Adaptive(&'a AdaptiveTokenBucket),
+}
+
+/// What [`HostStep::apply_to`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepApplied {
+    /// A drop-ratio instruction is in force until `expires` on the limiters' clock.
+    Instruction { expires: Nanos },
+    /// A surge ratio or an adaptive share is in force.
+    Applied,
+    /// The step is not for this kind of limiter (a bucket that counts locally now), or carries
+    /// rules: nothing changed.
+    Ignored,
+}
+
+impl HostStep {
+    /// Applies this step to its bucket's `limiter` at `now` on the limiters' clock: a drop ratio
+    /// (by tier) until its ttl, a surge ratio until its end, an adaptive share, or the whole
+    /// limit again once the share expired. The one place a step reaches a limiter: the client's
+    /// link and the simulator both call it.
+    pub fn apply_to(&self, limiter: SteeredLimiter<'_>, now: Nanos) -> StepApplied {
+        match (limiter, self) {
+            (
+                SteeredLimiter::DropRatio(d),
+                HostStep::DropRatio {
+                    ratio, tiers, ttl, ..
+                },
+            ) => {
+                let expires = now.saturating_add(nanos(*ttl));
+                d.set_tiers(*ratio, tiers, expires);
+                StepApplied::Instruction { expires }
+            }
+            (
+                SteeredLimiter::DropRatio(d),
+                HostStep::Surge {
+                    ratio,
+                    tiers,
+                    until,
+                    ..
+                },
+            ) => {
+                d.set_surge_tiers(*ratio, tiers, *until);
+                StepApplied::Applied
+            }
+            (SteeredLimiter::Adaptive(a), HostStep::Share { share, .. }) => {
+                a.set_share(now, *share);
+                StepApplied::Applied
+            }
+            (SteeredLimiter::Adaptive(a), HostStep::ShareExpired { .. }) => {
+                a.set_share(now, Ratio::ONE);
+                StepApplied::Applied
+            }
+            _ => StepApplied::Ignored,
+        }
+    }
 }
 
 /// One control-plane bucket as the host core tracks it.

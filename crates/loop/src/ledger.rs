@@ -21,6 +21,8 @@ use spillway_proto::v1;
 
 use crate::sums::BucketKey;
 
+pub use spillway_core::history::{HistoryBatch, HistoryRow};
+
 /// Slots waiting for their reports; with reports about one interval late, two or three are open.
 pub const MAX_OPEN_SLOTS: usize = 16;
 /// Buckets counted in one slot; the rules hold far fewer control-plane buckets.
@@ -30,27 +32,6 @@ pub const MAX_BUCKETS: usize = 100_000;
 pub const LATE_MS: u64 = 2_000;
 /// Reports about intervals this far before the clock are not history any more.
 const TOO_OLD_MS: u64 = 10 * 60_000;
-
-/// One bucket's counts over one slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HistoryRow {
-    pub service: String,
-    pub bucket: String,
-    pub offered: u64,
-    pub admitted: u64,
-    pub shadow_dropped: u64,
-    /// What the bucket's candidate limit would have dropped.
-    pub candidate_dropped: u64,
-}
-
-/// One closed slot of a region: when it starts (Unix ms), how many seconds of it the region was
-/// heard from, and each bucket's counts.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistoryBatch {
-    pub start_ms: u64,
-    pub seconds: f64,
-    pub rows: Vec<HistoryRow>,
-}
 
 #[derive(Debug, Default)]
 struct Slot {

@@ -43,7 +43,7 @@ use spillway_core::config::{Config, Control, Services};
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use crate::rules::LinkRules;
+use crate::rules::{DecodeRules, LinkRules};
 use crate::sums::{BucketKey, Counts, Sums, TAIL_PARTS};
 
 /// Why a host's count was lowered.

@@ -27,7 +27,7 @@ use spillway_core::criticality::shed_lowest_first;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use crate::rules::RulesSnapshot;
+use crate::rules::{RulesMessage, RulesSnapshot};
 use crate::sums::{BucketKey, Counts, Intervals, Sums};
 
 mod compute;

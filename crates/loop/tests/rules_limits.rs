@@ -3,7 +3,7 @@
 //! its rules.
 
 use spillway_core::config::{self, MAX_BUCKETS};
-use spillway_loop::{LinkRules, RulesSnapshot};
+use spillway_loop::{DecodeRules, LinkRules, RulesSnapshot};
 use spillway_proto::v1;
 
 fn buckets(count: usize) -> String {

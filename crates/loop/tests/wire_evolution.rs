@@ -9,7 +9,10 @@
 use prost::Message;
 use spillway_core::algo::Ratio;
 use spillway_core::config::{self, Config};
-use spillway_loop::{HostCore, HostId, HostStep, HostTime, LinkRules, RulesSnapshot, ZoneCore};
+use spillway_loop::{
+    DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules, RulesMessage, RulesSnapshot,
+    ZoneCore,
+};
 use spillway_proto::v1;
 
 /// The messages before rules travelled as data.

@@ -11,8 +11,8 @@ use spillway_core::config::load_str;
 use spillway_core::counters::Snapshot;
 use spillway_loop::sums::{Intervals, MAX_AHEAD};
 use spillway_loop::{
-    BucketKey, HostCore, HostId, HostStep, HostTime, Interval, LinkRules, RegionCore, RegionStep,
-    RulesSnapshot, Sums, ZoneCore, ZoneStep,
+    BucketKey, DecodeRules, HostCore, HostId, HostStep, HostTime, Interval, LinkRules, RegionCore,
+    RegionStep, RulesSnapshot, Sums, ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 

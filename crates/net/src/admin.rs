@@ -31,7 +31,7 @@ use spillway_tls::server::{Acceptor, ClientAuth};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use spillway_link::Stop;
+use crate::Stop;
 
 use crate::{BindError, accept_or_stop};
 

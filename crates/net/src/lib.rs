@@ -1,16 +1,18 @@
 //! The server side that every long-running role shares (sidecar, aggregator, controller, rules
 //! service node): binding with a clear error, an accept loop and a shutdown that give way to the
-//! stop signal, and the admin listener ([`admin`]).
+//! stop signal, the admin listener ([`admin`]), and every gRPC listener's bounds and serving
+//! ([`grpc`]).
 // The one exception: `memory::return_free_memory` calls glibc's `malloc_trim`.
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod grpc;
 pub mod memory;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use spillway_link::{Stop, sleep_or_stop};
+pub use spillway_tls::stop::{Stop, sleep_or_stop, stopped};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -80,18 +82,6 @@ pub async fn accept_or_stop(
     listener: &TcpListener,
     stop: &mut Stop,
 ) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => return Some(accepted),
-                Err(err) => {
-                    tracing::warn!("accept failed: {err}");
-                    if sleep_or_stop(Duration::from_millis(50), stop).await {
-                        return None;
-                    }
-                }
-            },
-            _ = stop.changed() => return None,
-        }
-    }
+    let mut changed = std::pin::pin!(stop.changed());
+    spillway_tls::stop::accept_until(listener, &mut changed).await
 }

@@ -14,7 +14,10 @@
 
 #![forbid(unsafe_code)]
 
+mod assign;
+mod caps;
 mod decide;
+mod peer;
 pub mod quota;
 pub mod rlqs;
 mod server;
@@ -22,7 +25,7 @@ mod server;
 pub use decide::{BadRequest, MAX_DESCRIPTORS, MAX_ENTRIES, RlsOptions, decide, envoy_unit};
 pub use rlqs::{Rlqs, RlqsLimits};
 pub use server::{Rls, RlsServer, serve, serve_rlqs, serve_rlqs_with, serve_with};
-pub use spillway_control::listener::GrpcLimits;
+pub use spillway_net::grpc::GrpcLimits;
 
 /// Envoy's generated messages and services (`envoy-types`), for callers and tests that speak RLS.
 pub mod pb {

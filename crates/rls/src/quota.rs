@@ -7,6 +7,8 @@
 //! interval sums them, so opening more streams never makes a client more hosts of its zone.
 //! Each stream keeps its own domain and bucket ids, and is told about its own.
 //!
+//! What Envoy is told is [`crate::assign`]'s; the caps on bucket ids are [`crate::caps`]'s.
+//!
 //! Envoy enforces a `token_bucket` or a `blanket_rule` per bucket id; it cannot drop a fraction
 //! of requests. So a drop-ratio bucket's ratio `r` becomes a token bucket at the rate the host
 //! would admit, `(1 - r) x` the instance's offered rate: three instances offering 100/s against
@@ -32,167 +34,23 @@
 //! expire; Envoy then applies its `expired_assignment_behavior`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-    rate_limit_quota_response::{
-        BucketAction,
-        bucket_action::{self, AbandonAction, QuotaAssignmentAction},
-    },
-};
-use envoy_types::pb::envoy::r#type::v3::{
-    RateLimitStrategy, TokenBucket,
-    rate_limit_strategy::{BlanketRule, Strategy},
-};
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use spillway_core::algo::{Kind, Ratio};
 use spillway_core::clock::{Nanos, nanos};
 use spillway_core::config::{self, Config, StateStore};
 use spillway_core::counters::Snapshot;
 use spillway_core::decision::{BucketId as RulesBucket, Mode};
 use spillway_core::descriptor::{Answer, DescriptorMatcher, Entries};
-use spillway_core::limit::Limit;
-use spillway_loop::{BucketKey, HostCore, HostId, HostStep, HostTime, LinkRules};
+use spillway_link::rules_handshake;
+use spillway_loop::{BucketKey, DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules};
 use spillway_proto::v1;
 
-/// Bucket ids one stream may hold: an Envoy whose matcher makes one per user id would grow an
-/// aggregator's memory without bound. A host and the whole aggregator have their own caps
-/// ([`Caps`]).
-pub const MAX_BUCKETS: usize = 10_000;
-
-/// The longest bucket id, its keys and values together: 1 KiB (a user id, a path and a method
-/// fit many times over), so that the caps on bucket ids bound memory too.
-pub const MAX_BUCKET_ID_BYTES: usize = 1024;
-
-/// The caps on bucket ids: per stream ([`MAX_BUCKETS`] at most), per host, and for every host of
-/// the aggregator together (`held`, shared by all of them).
-#[derive(Debug, Clone)]
-pub struct Caps {
-    pub per_stream: usize,
-    pub per_host: usize,
-    pub total: usize,
-    /// Bucket ids held now by every host of the aggregator.
-    pub held: Arc<AtomicUsize>,
-}
-
-impl Caps {
-    /// `per_host` and `total` bucket ids; a stream holds at most [`MAX_BUCKETS`] of them.
-    pub fn new(per_host: usize, total: usize) -> Self {
-        Self {
-            per_stream: MAX_BUCKETS.min(per_host),
-            per_host,
-            total,
-            held: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    /// Takes one bucket id from the aggregator's total, if one is left.
-    fn take(&self) -> bool {
-        self.held
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                (held < self.total).then_some(held + 1)
-            })
-            .is_ok()
-    }
-
-    fn give(&self, n: usize) {
-        self.held.fetch_sub(n, Ordering::Relaxed);
-    }
-}
-
-impl Default for Caps {
-    /// 10,000 bucket ids per host, 50,000 per aggregator.
-    fn default() -> Self {
-        Self::new(MAX_BUCKETS, 50_000)
-    }
-}
-
-/// Which cap a new bucket id met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Stream,
-    Host,
-    Aggregator,
-}
-
-impl std::fmt::Display for Scope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Scope::Stream => "the stream",
-            Scope::Host => "the stream's host (its connection, or its identity with TLS)",
-            Scope::Aggregator => "the aggregator (every host together)",
-        })
-    }
-}
-
-/// The longest fill interval of a token bucket for a rate under one a second.
-const MAX_FILL_SECS: u32 = 60;
-
-/// What Envoy is told for one bucket id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// `blanket_rule: ALLOW_ALL`.
-    Allow,
-    /// `blanket_rule: DENY_ALL`.
-    Deny,
-    /// `token_bucket`: `per_fill` tokens every `fill_secs` seconds, holding at most `per_fill`.
-    Tokens { per_fill: u32, fill_secs: u32 },
-    /// `abandon_action`: the bucket is gone from the rules.
-    Abandon,
-}
-
-impl Action {
-    /// The token bucket that admits `rps` requests a second, in whole seconds.
-    pub fn tokens(rps: f64) -> Action {
-        if rps.is_nan() || rps <= 0.0 {
-            return Action::Deny;
-        }
-        if rps >= 1.0 {
-            let per_fill = rps.round().min(f64::from(u32::MAX)) as u32;
-            return Action::Tokens {
-                per_fill,
-                fill_secs: 1,
-            };
-        }
-        let fill_secs = (1.0 / rps).ceil().min(f64::from(MAX_FILL_SECS)) as u32;
-        Action::Tokens {
-            per_fill: 1,
-            fill_secs,
-        }
-    }
-
-    /// The token bucket of a limit: `count` tokens per `period` when the period is whole
-    /// seconds (`1000/h` is 1000 tokens every 3600 s), else the limit's rate per second.
-    fn of_limit(limit: Limit) -> Action {
-        let period = limit.period;
-        if period.subsec_nanos() == 0
-            && let Ok(fill_secs) = u32::try_from(period.as_secs())
-            && fill_secs > 0
-            && let Ok(per_fill) = u32::try_from(limit.count.get())
-        {
-            return Action::Tokens {
-                per_fill,
-                fill_secs,
-            };
-        }
-        Action::tokens(limit.per_second())
-    }
-
-    /// The tokens a second this action admits (`None`: everything).
-    pub fn rate(self) -> Option<f64> {
-        match self {
-            Action::Allow | Action::Abandon => None,
-            Action::Deny => Some(0.0),
-            Action::Tokens {
-                per_fill,
-                fill_secs,
-            } => Some(f64::from(per_fill) / f64::from(fill_secs)),
-        }
-    }
-}
+use crate::assign::bucket_id;
+pub use crate::assign::{Actions, QuotaAction, bucket_action, response};
+pub use crate::caps::{Caps, MAX_BUCKET_ID_BYTES, MAX_BUCKETS, QuotaScope};
 
 /// A usage report Spillway cannot count: the client's fault, answered `INVALID_ARGUMENT`
 /// (`RESOURCE_EXHAUSTED` for [`BadUsage::TooManyBuckets`]).
@@ -215,7 +73,7 @@ pub enum BadUsage {
     )]
     BucketIdTooLong { index: usize, bytes: usize },
     #[error("{scope} holds {max} bucket ids already, the most it may; a new one was refused")]
-    TooManyBuckets { scope: Scope, max: usize },
+    TooManyBuckets { scope: QuotaScope, max: usize },
 }
 
 /// How a rules bucket is decided over RLQS.
@@ -224,7 +82,7 @@ enum Plan {
     /// By the control plane: the host core's bucket at this position.
     Control(usize),
     /// The same assignment whatever the load.
-    Fixed(Action),
+    Fixed(QuotaAction),
 }
 
 /// What the last instruction said of a control-plane bucket.
@@ -247,8 +105,8 @@ struct Subscribed {
     denied_rps: f64,
     /// When it was last reported, and after when its rates no longer count.
     stale_at: Nanos,
-    sent: Option<Action>,
-    /// Its bucket left the rules: it is told [`Action::Abandon`] once, then forgotten.
+    sent: Option<QuotaAction>,
+    /// Its bucket left the rules: it is told [`QuotaAction::Abandon`] once, then forgotten.
     abandoned: bool,
 }
 
@@ -394,11 +252,11 @@ impl Instance {
                 .iter()
                 .position(|k| k.service == service.name && k.bucket == bucket.name);
             let plan = match (answer, position) {
-                (Answer::Unlimited | Answer::Allow, _) => Plan::Fixed(Action::Allow),
-                (Answer::OverLimit, _) => Plan::Fixed(Action::Deny),
-                _ if bucket.mode == Mode::Shadow || was_redis => Plan::Fixed(Action::Allow),
+                (Answer::Unlimited | Answer::Allow, _) => Plan::Fixed(QuotaAction::Allow),
+                (Answer::OverLimit, _) => Plan::Fixed(QuotaAction::Deny),
+                _ if bucket.mode == Mode::Shadow || was_redis => Plan::Fixed(QuotaAction::Allow),
                 (Answer::Limit, Some(p)) => Plan::Control(p),
-                (Answer::Limit, None) => Plan::Fixed(Action::of_limit(bucket.limit)),
+                (Answer::Limit, None) => Plan::Fixed(QuotaAction::of_limit(bucket.limit)),
             };
             plans.push(plan);
         }
@@ -579,11 +437,11 @@ impl Instance {
         for (entries, elapsed, usage) in parsed {
             if !ids.contains_key(&entries) {
                 let full = if ids.len() >= self.caps.per_stream {
-                    Some((Scope::Stream, self.caps.per_stream))
+                    Some((QuotaScope::Stream, self.caps.per_stream))
                 } else if self.held >= self.caps.per_host {
-                    Some((Scope::Host, self.caps.per_host))
+                    Some((QuotaScope::Host, self.caps.per_host))
                 } else if !self.caps.take() {
-                    Some((Scope::Aggregator, self.caps.total))
+                    Some((QuotaScope::Aggregator, self.caps.total))
                 } else {
                     None
                 };
@@ -634,21 +492,25 @@ impl Instance {
                 HostStep::Rules { version, rules } => {
                     let more = match Self::config_of(&self.own, &rules) {
                         Ok(config) => {
-                            tracing::info!(version, "RLQS: rules from the control plane applied");
                             self.integrate(now.clock);
                             let old = self.keep();
-                            let more = self.core.rules_applied(now, version, &config);
+                            let more = rules_handshake(
+                                &mut self.core,
+                                now,
+                                version,
+                                Ok::<_, String>(&config),
+                                "RLQS: ",
+                            );
                             self.run(&config, &Self::redis_buckets(Some(&rules)), old);
                             more
                         }
-                        Err(err) => {
-                            tracing::error!(
-                                version,
-                                "RLQS: rules from the control plane refused, keeping version {}: {err}",
-                                self.core.rules_version()
-                            );
-                            self.core.rules_refused(now)
-                        }
+                        Err(err) => rules_handshake(
+                            &mut self.core,
+                            now,
+                            version,
+                            Err::<&Config, _>(err),
+                            "RLQS: ",
+                        ),
                     };
                     self.apply(now, more);
                 }
@@ -679,16 +541,16 @@ impl Instance {
     }
 
     /// What bucket id `s` is told at `now`.
-    fn action(&self, s: &Subscribed, now: Nanos) -> Action {
+    fn action(&self, s: &Subscribed, now: Nanos) -> QuotaAction {
         if s.abandoned {
-            return Action::Abandon;
+            return QuotaAction::Abandon;
         }
         let Some(bucket) = s.bucket else {
             // Unmatched: OK, as an RLS descriptor that matches no bucket.
-            return Action::Allow;
+            return QuotaAction::Allow;
         };
         match self.plans.get(bucket) {
-            None => Action::Allow,
+            None => QuotaAction::Allow,
             Some(Plan::Fixed(action)) => *action,
             Some(Plan::Control(p)) => {
                 let steer = self.steer[*p];
@@ -696,7 +558,7 @@ impl Instance {
                 match steer.kind {
                     Kind::AdaptiveTokenBucket => {
                         let share = live(steer.share).map_or(1.0, |(s, _)| s.as_f64());
-                        Action::tokens(steer.limit_rps * share)
+                        QuotaAction::tokens(steer.limit_rps * share)
                     }
                     _ => {
                         let ratio = live(steer.ratio).map_or(0.0, |(r, _)| r.as_f64());
@@ -706,11 +568,11 @@ impl Instance {
                             0.0
                         };
                         if ratio <= 0.0 || offered <= 0.0 {
-                            Action::Allow
+                            QuotaAction::Allow
                         } else if ratio >= 1.0 {
-                            Action::Deny
+                            QuotaAction::Deny
                         } else {
-                            Action::tokens((1.0 - ratio) * offered)
+                            QuotaAction::tokens((1.0 - ratio) * offered)
                         }
                     }
                 }
@@ -771,67 +633,15 @@ impl Drop for Instance {
     }
 }
 
-/// Assignments to send, by stream.
-pub type Actions = BTreeMap<u64, Vec<BucketAction>>;
-
-/// The `BucketId` of `entries`, as Envoy sent it (a map; kept as sorted entries here).
-fn bucket_id(entries: &[(String, String)]) -> BucketId {
-    BucketId {
-        bucket: entries.iter().cloned().collect(),
-    }
-}
-
-/// `action` for bucket id `id`, in Envoy's message.
-pub fn bucket_action(id: BucketId, action: Action, ttl: Duration) -> BucketAction {
-    let strategy = |strategy| QuotaAssignmentAction {
-        assignment_time_to_live: Some(PbDuration {
-            seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
-            nanos: 0,
-        }),
-        rate_limit_strategy: Some(RateLimitStrategy {
-            strategy: Some(strategy),
-        }),
-    };
-    let action = match action {
-        Action::Allow => bucket_action::BucketAction::QuotaAssignmentAction(strategy(
-            Strategy::BlanketRule(BlanketRule::AllowAll as i32),
-        )),
-        Action::Deny => bucket_action::BucketAction::QuotaAssignmentAction(strategy(
-            Strategy::BlanketRule(BlanketRule::DenyAll as i32),
-        )),
-        Action::Tokens {
-            per_fill,
-            fill_secs,
-        } => bucket_action::BucketAction::QuotaAssignmentAction(strategy(Strategy::TokenBucket(
-            TokenBucket {
-                max_tokens: per_fill,
-                tokens_per_fill: Some(UInt32Value { value: per_fill }),
-                fill_interval: Some(PbDuration {
-                    seconds: i64::from(fill_secs),
-                    nanos: 0,
-                }),
-            },
-        ))),
-        Action::Abandon => bucket_action::BucketAction::AbandonAction(AbandonAction {}),
-    };
-    BucketAction {
-        bucket_id: Some(id),
-        bucket_action: Some(action),
-    }
-}
-
-/// A response of `actions`, or `None` when there is nothing to say (Envoy requires at least one
-/// action per response).
-pub fn response(actions: Vec<BucketAction>) -> Option<RateLimitQuotaResponse> {
-    (!actions.is_empty()).then_some(RateLimitQuotaResponse {
-        bucket_action: actions,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_loop::RulesSnapshot;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action;
+    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
+    use spillway_loop::{RulesMessage, RulesSnapshot};
+    use std::sync::atomic::Ordering;
 
     const RULES: &str = "version: 1\ncontrol:\n  report_interval: 500ms\nservices:\n  edge:\n    buckets:\n      - name: checkout\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: checkout} ] } }\n        limit: 150/s\n      - name: search\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: search} ] } }\n        limit: 40/s\n        algorithm: fixed-window\n";
 
@@ -1041,7 +851,7 @@ mod tests {
         assert_eq!(
             one_more,
             Err(BadUsage::TooManyBuckets {
-                scope: Scope::Stream,
+                scope: QuotaScope::Stream,
                 max: MAX_BUCKETS
             })
         );
@@ -1108,7 +918,7 @@ mod tests {
         assert_eq!(
             host,
             Err(BadUsage::TooManyBuckets {
-                scope: Scope::Host,
+                scope: QuotaScope::Host,
                 max: 3
             })
         );
@@ -1118,7 +928,7 @@ mod tests {
         assert_eq!(
             total,
             Err(BadUsage::TooManyBuckets {
-                scope: Scope::Aggregator,
+                scope: QuotaScope::Aggregator,
                 max: 5
             })
         );
@@ -1136,49 +946,6 @@ mod tests {
                 index: 0,
                 bytes: MAX_BUCKET_ID_BYTES + 5
             })
-        );
-    }
-
-    #[test]
-    fn token_buckets_are_in_whole_seconds() {
-        assert_eq!(
-            Action::tokens(50.4),
-            Action::Tokens {
-                per_fill: 50,
-                fill_secs: 1
-            }
-        );
-        assert_eq!(
-            Action::tokens(0.25),
-            Action::Tokens {
-                per_fill: 1,
-                fill_secs: 4
-            }
-        );
-        assert_eq!(
-            Action::tokens(0.001),
-            Action::Tokens {
-                per_fill: 1,
-                fill_secs: 60
-            }
-        );
-        assert_eq!(Action::tokens(0.0), Action::Deny);
-        assert_eq!(Action::tokens(f64::NAN), Action::Deny);
-        let per_hour = Limit::parse("1000/h").unwrap();
-        assert_eq!(
-            Action::of_limit(per_hour),
-            Action::Tokens {
-                per_fill: 1000,
-                fill_secs: 3600
-            }
-        );
-        let per_100ms = Limit::parse("5 per 100ms").unwrap();
-        assert_eq!(
-            Action::of_limit(per_100ms),
-            Action::Tokens {
-                per_fill: 50,
-                fill_secs: 1
-            }
         );
     }
 }

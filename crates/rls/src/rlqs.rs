@@ -1,5 +1,5 @@
 //! Envoy's Rate Limit Quota Service v3 (`StreamRateLimitQuotas`) on the aggregator: each RLQS
-//! host is a host of the aggregator's zone ([`spillway_control::LocalClients`]), whose usage
+//! host is a host of the aggregator's zone ([`ZoneClients`]), whose usage
 //! reports are offered load and whose assignments follow the bucket's drop ratio
 //! ([`crate::quota`]).
 //!
@@ -21,10 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use spillway_control::LocalClients;
-use spillway_control::trust::Reason;
 use spillway_core::clock::{Clock, SystemClock};
-use spillway_link::now_unix_ns;
+use spillway_link::{InstructionsRx, LocalRefusal, ZoneClient, ZoneClients, now_unix_ns};
 use spillway_loop::{HostId, HostTime};
 use spillway_tls::SanPolicy;
 use spillway_tls::server::PeerInfo;
@@ -32,8 +30,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::peer::refusal;
 use crate::quota::{Actions, BadUsage, Caps, Instance, response};
-use crate::server::refusal;
 
 /// Envoy's generated RLQS messages and service (`envoy-types`).
 pub mod pb {
@@ -79,7 +77,7 @@ impl Default for RlqsLimits {
 /// `RateLimitQuotaService` on a running aggregator's zone.
 #[derive(Clone)]
 pub struct Rlqs {
-    clients: LocalClients,
+    clients: Arc<dyn ZoneClients>,
     allow: SanPolicy,
     clock: SystemClock,
     limits: RlqsLimits,
@@ -100,7 +98,8 @@ const RELEASE_AFTER: Duration = Duration::from_secs(1);
 
 impl Rlqs {
     /// Hosts become hosts of the zone `clients` attach to.
-    pub fn new(clients: LocalClients) -> Self {
+    pub fn new(clients: impl ZoneClients) -> Self {
+        let clients: Arc<dyn ZoneClients> = Arc::new(clients);
         let (stopper, stop) = watch::channel(false);
         let limits = RlqsLimits::default();
         Self {
@@ -344,8 +343,8 @@ fn deliver(out: Vec<(Tx, pb::RateLimitQuotaResponse)>) {
 async fn drive(
     rlqs: Rlqs,
     host: Arc<Host>,
-    client: spillway_control::LocalClient,
-    mut instructions: spillway_control::InstructionsRx,
+    client: Box<dyn ZoneClient>,
+    mut instructions: InstructionsRx,
 ) {
     let mut ended = host.ended.subscribe();
     let mut stop = rlqs.stop.clone();
@@ -409,7 +408,7 @@ impl pb::RateLimitQuotaService for Rlqs {
         // of 200 bytes are 4 MB), and every interval sends them all again.
         let (tx, rx) = mpsc::channel(2);
         let Some(host) = self.join(&name, n, tx.clone()) else {
-            self.clients.refused(Reason::RlqsStreams);
+            self.clients.refused(LocalRefusal::RlqsStreams);
             let max = self.limits.streams_per_host;
             if let Some(host) = self.hosts().get(&name).cloned() {
                 host.refused(&format!(
@@ -452,7 +451,7 @@ async fn stream(
                         Err(bad) => {
                             let status = match bad {
                                 BadUsage::TooManyBuckets { .. } => {
-                                    rlqs.clients.refused(Reason::RlqsBuckets);
+                                    rlqs.clients.refused(LocalRefusal::RlqsBuckets);
                                     host.refused(&bad.to_string());
                                     Status::resource_exhausted(bad.to_string())
                                 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_client::Client;
-use spillway_control::listener::{CallKind, GrpcLimits, Listener, serve_grpc};
-use spillway_tls::server::{Acceptor, ClientAuth, OnReject, PeerInfo};
+use spillway_net::grpc::{CallKind, GrpcLimits, spawn_grpc};
+use spillway_tls::server::OnReject;
 use spillway_tls::{SanPolicy, TlsSource};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use crate::decide::{BadRequest, RlsOptions, decide};
 use crate::pb;
+use crate::peer::refusal;
 use crate::rlqs::Rlqs;
 
 /// `RateLimitService` answered from `client`, the engine the process decides everything else
@@ -49,32 +50,6 @@ impl Rls {
     fn refusal<T>(&self, request: &Request<T>) -> Option<Status> {
         refusal(&self.allow, request, "RLS call")
     }
-}
-
-/// Why the peer of `request` may not call under `allow` (`--allow-client-san`), if it may not.
-/// `what` names the call in the debug line: Envoy calls once per request, so a warning per
-/// refusal would flood the log; Envoy counts the failed calls itself.
-pub(crate) fn refusal<T>(allow: &SanPolicy, request: &Request<T>, what: &str) -> Option<Status> {
-    if allow.is_empty() {
-        return None;
-    }
-    let Some(peer) = request.extensions().get::<PeerInfo>() else {
-        return Some(Status::permission_denied(
-            "this listener admits clients by certificate (--allow-client-san), and the connection has none",
-        ));
-    };
-    if peer.allowed_by(allow) {
-        return None;
-    }
-    let sans = if peer.uris.is_empty() {
-        "none".to_owned()
-    } else {
-        peer.uris.join(", ")
-    };
-    tracing::debug!(peer = %peer.name(), "{what} refused: no URI SAN matches --allow-client-san");
-    Some(Status::permission_denied(format!(
-        "the client certificate's URI SANs ({sans}) match no --allow-client-san pattern"
-    )))
 }
 
 impl From<BadRequest> for Status {
@@ -191,7 +166,6 @@ fn run(
 ) -> RlsServer {
     let (stop, stopped) = oneshot::channel::<()>();
     let tls = tls.map(|source| {
-        let acceptor = Acceptor::new(source, ClientAuth::Required, &[b"h2"]);
         let on_reject: OnReject = Arc::new(move |rejected| {
             tracing::warn!(
                 peer = %rejected.remote,
@@ -199,17 +173,11 @@ fn run(
                 rejected.error
             );
         });
-        (acceptor, on_reject)
+        (source, on_reject)
     });
-    let spec = Listener {
-        name,
-        limits,
-        calls,
-        tls,
-    };
-    let task = tokio::spawn(serve_grpc(routes, listener, spec, async move {
+    let task = spawn_grpc(routes, listener, name, limits, calls, tls, async move {
         let _ = stopped.await;
-    }));
+    });
     RlsServer {
         stop,
         streams,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use spillway_core::config::ConfigFile;
-use spillway_loop::{RulesError, RulesSnapshot};
+use spillway_core::rules::{RulesError, RulesSnapshot};
 use tokio::sync::watch;
 
 use crate::watch::{RuleSet, RulesWatcher};

@@ -23,6 +23,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use spillway_tls::server::{Acceptor, ClientAuth};
+use spillway_tls::stop::accept_until;
 use spillway_tls::{DEFAULT_TRUST_DOMAIN, TlsError, TlsFiles, TlsSource};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -208,19 +209,7 @@ async fn accept_tls(
     // Dropped when the service stops, which wakes the handshakes still in progress to give up.
     let (stopping, stopped) = watch::channel(());
     let mut shutdown = pin!(shutdown);
-    loop {
-        let (tcp, remote) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    // Out of descriptors, say: wait a moment rather than spin.
-                    tracing::warn!("accept failed: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    while let Some((tcp, remote)) = accept_until(&listener, &mut shutdown).await {
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let http = http.clone();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Db, Service, eventually, rule, start};
 use serde_json::json;
 use spillway_core::config::ConfigFile;
-use spillway_loop::RulesSnapshot;
+use spillway_core::rules::RulesSnapshot;
 use spillway_rules::RulesWatcher;
 use tokio::sync::watch;
 

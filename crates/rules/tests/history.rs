@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::Db;
-use spillway_loop::{HistoryBatch, HistoryRow};
+use spillway_core::history::{HistoryBatch, HistoryRow};
 use spillway_rules::Store;
 use spillway_rules::store::history::{HistoryTotals, write_history_from};
 

@@ -580,7 +580,7 @@ fn tokens_made_before_the_upgrade_still_work(db: Db) {
             1,
             "rules".into(),
             MigrationType::Simple,
-            include_str!("../migrations/0001_rules.sql").into_sql_str(),
+            include_str!("../../db/migrations/0001_rules.sql").into_sql_str(),
             false,
         );
         Migrator::with_migrations(vec![first]).run(&pool).await.unwrap();

@@ -32,12 +32,13 @@ use rand_distr::{Binomial, Distribution, Exp, Poisson, StandardNormal};
 use spillway_core::algo::{
     AdaptiveTokenBucket, DEFAULT_HISTORY_SECS, DropRatio, Rate, Ratio, TokenBucket,
 };
-use spillway_core::clock::{NANOS_PER_SEC, Nanos, nanos};
+use spillway_core::clock::{NANOS_PER_SEC, Nanos};
 use spillway_core::counters::Snapshot;
 use spillway_core::criticality::{Criticality, TIERS};
 use spillway_core::surge;
 use spillway_loop::{
-    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot, ZoneCore, ZoneStep,
+    HostCore, HostId, HostStep, HostTime, RegionCore, RegionStep, RulesSnapshot, SteeredLimiter,
+    ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 
@@ -848,33 +849,15 @@ fn host_name(i: usize) -> String {
     format!("host-{i:05}")
 }
 
-/// Applies a host core's steps to the host's limiter at `now`.
+/// Applies a host core's steps to the host's limiter at `now`, as a client's link does.
 fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
+    let limiter = match &host.limiter {
+        Limiter::Drop(d) => SteeredLimiter::DropRatio(d),
+        Limiter::Adaptive(bucket) => SteeredLimiter::Adaptive(bucket),
+        Limiter::Central => return,
+    };
     for step in steps {
-        match (&mut host.limiter, step) {
-            (
-                Limiter::Drop(d),
-                HostStep::DropRatio {
-                    ratio, tiers, ttl, ..
-                },
-            ) => d.set_tiers(ratio, &tiers, now.saturating_add(nanos(ttl))),
-            (
-                Limiter::Drop(d),
-                HostStep::Surge {
-                    ratio,
-                    tiers,
-                    until,
-                    ..
-                },
-            ) => d.set_surge_tiers(ratio, &tiers, until),
-            (Limiter::Adaptive(bucket), HostStep::Share { share, .. }) => {
-                bucket.set_share(now, share)
-            }
-            (Limiter::Adaptive(bucket), HostStep::ShareExpired { .. }) => {
-                bucket.set_share(now, Ratio::ONE)
-            }
-            _ => {}
-        }
+        step.apply_to(limiter, now);
     }
 }
 

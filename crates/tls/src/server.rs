@@ -220,19 +220,8 @@ pub fn incoming(
 ) -> ReceiverStream<io::Result<TlsConn>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        loop {
-            let (tcp, remote) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(pair) => pair,
-                    Err(err) => {
-                        // Out of descriptors, say: wait a moment rather than spin.
-                        tracing::warn!("accept failed: {err}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                _ = tx.closed() => return,
-            };
+        let mut closed = std::pin::pin!(tx.closed());
+        while let Some((tcp, remote)) = crate::stop::accept_until(&listener, &mut closed).await {
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let tx = tx.clone();

@@ -16,6 +16,8 @@ use spillway_configure::{
 };
 use spillway_rules::client::{RulesClient, RulesResponse};
 
+use crate::args::duration;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
@@ -114,10 +116,6 @@ pub enum PolicyArg {
     Historical,
     Forecast,
     Fixed,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// Names the subcommand that runs, for messages (`plan` when none is named).

@@ -1,6 +1,7 @@
 //! `spillway configure apply`: a plan rolled out shadow-first through the rules API as a `service`
 //! user. Wiring only: what to do is `spillway_configure::rollout`'s decision.
 
+use crate::args::duration;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -37,10 +38,6 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// The rules of `GET /v1/rules`, and of them the limits on trial: the shadow buckets this user

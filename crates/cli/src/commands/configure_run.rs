@@ -1,6 +1,7 @@
 //! `spillway configure run --every D`: `apply --promote` on a schedule, and at once when the rules
 //! change (the store's LISTEN/NOTIFY, through the rules watcher), with its counts on `--admin`.
 
+use crate::args::duration;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -44,10 +45,6 @@ pub struct RunArgs {
     /// Serve /healthz, /readyz and /metrics (spillway_configurator_*) here (loopback).
     #[arg(long)]
     pub admin: Option<SocketAddr>,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// What the admin port shows.

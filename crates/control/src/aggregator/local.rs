@@ -1,21 +1,19 @@
 //! Clients of the zone in the aggregator's own process: an Envoy instance on the RLQS listener
 //! is a host of the zone like a sidecar, but it speaks Envoy's protocol, so whoever
 //! serves that protocol reports for it here and takes its instructions from here, with no
-//! control-plane stream between them. The zone's core cannot tell the two kinds of host apart.
+//! control-plane stream between them ([`spillway_link::ZoneClients`], which is all the RLQS
+//! service sees of the aggregator). The zone's core cannot tell the two kinds of host apart.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use spillway_link::now_ms;
+pub use spillway_link::InstructionsRx;
+use spillway_link::{LocalRefusal, ZoneClient, ZoneClients, now_ms};
 use spillway_proto::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::Zone;
-
-/// Instructions for one client, as the zone sends them to a stream: a client too slow to take
-/// one set per interval misses that set.
-pub type InstructionsRx = mpsc::Receiver<Result<v1::Instructions, Status>>;
 
 /// Attaches in-process clients to a running aggregator ([`super::Aggregator::local_clients`]).
 #[derive(Clone)]
@@ -74,6 +72,35 @@ impl LocalClients {
     }
 }
 
+impl ZoneClients for LocalClients {
+    fn region(&self) -> &str {
+        LocalClients::region(self)
+    }
+
+    fn zone(&self) -> &str {
+        LocalClients::zone(self)
+    }
+
+    fn rules(&self) -> Option<v1::Rules> {
+        LocalClients::rules(self)
+    }
+
+    fn refused(&self, why: LocalRefusal) {
+        LocalClients::refused(
+            self,
+            match why {
+                LocalRefusal::RlqsStreams => crate::trust::Reason::RlqsStreams,
+                LocalRefusal::RlqsBuckets => crate::trust::Reason::RlqsBuckets,
+            },
+        );
+    }
+
+    fn attach(&self, host: String) -> (Box<dyn ZoneClient>, InstructionsRx) {
+        let (client, instructions) = LocalClients::attach(self, host);
+        (Box::new(client), instructions)
+    }
+}
+
 /// One in-process client of the zone (see [`LocalClients::attach`]).
 pub struct LocalClient {
     zone: Arc<Zone>,
@@ -107,6 +134,16 @@ impl LocalClient {
         state.clients.insert(self.host.clone(), self.tx.clone());
         let steps = state.core.on_report(now_ms(), self.conn, report);
         state.send(steps);
+    }
+}
+
+impl ZoneClient for LocalClient {
+    fn host(&self) -> &str {
+        LocalClient::host(self)
+    }
+
+    fn report(&self, report: v1::Report) {
+        LocalClient::report(self, report);
     }
 }
 

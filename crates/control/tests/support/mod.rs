@@ -18,7 +18,7 @@ use spillway_core::clock::{Clock, Nanos, SystemClock};
 use spillway_core::config::{self, Config};
 use spillway_core::counters::Snapshot;
 use spillway_link::{Backoff, ClientLink, HostLimiters, LinkOptions};
-use spillway_loop::{BucketKey, HostStep, LinkRules};
+use spillway_loop::{BucketKey, DecodeRules, HostStep, LinkRules};
 use spillway_proto::v1;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

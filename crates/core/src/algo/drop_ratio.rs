@@ -27,12 +27,12 @@
 //! schedule, one compare-and-swap on the thread's own stripe of the schedule: no lock, no
 //! allocation, no syscall.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::deny_after;
 use crate::clock::{Nanos, nanos};
+use crate::counters::thread_stripe;
 use crate::criticality::{Criticality, TIERS};
 use crate::decision::Verdict;
 
@@ -122,22 +122,6 @@ const OWED_SHIFT: u32 = 2;
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe(AtomicU64);
-
-/// Gives each thread a stripe number once, round robin.
-fn thread_stripe() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static STRIPE: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-    STRIPE.with(|s| match s.get() {
-        Some(i) => i,
-        None => {
-            let i = NEXT.fetch_add(1, Ordering::Relaxed);
-            s.set(Some(i));
-            i
-        }
-    })
-}
 
 /// The drop-ratio limiter of one bucket on one client: the current instruction (a [`Ratio`] and
 /// the instant it expires), the client's own ratio between instructions, and the drop schedule.

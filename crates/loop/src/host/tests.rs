@@ -1,4 +1,5 @@
 use super::*;
+use crate::RulesMessage;
 use spillway_core::config::load_str;
 
 const DROP: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 100/s }\n      - { name: local, match: { procedure: /a }, limit: 5/s, algorithm: token-bucket }\n";

@@ -21,8 +21,8 @@ use spillway_core::config;
 use spillway_core::counters::Snapshot;
 use spillway_core::surge;
 use spillway_loop::{
-    HostCore, HostId, HostStep, HostTime, LinkRules, RegionCore, RegionStep, RulesSnapshot,
-    ZoneCore, ZoneStep,
+    DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules, RegionCore, RegionStep,
+    RulesSnapshot, ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 

@@ -1,17 +1,16 @@
-//! The rules store on PostgreSQL or SQLite through `sqlx::Any`: opening it, the one global rules
-//! version, and the transaction every modification runs in.
+//! The rules store on PostgreSQL or SQLite through `sqlx::Any` (opened, with its schema, by
+//! spillway-db): the one global rules version, and the transaction every modification runs in.
 //!
 //! A modification starts by bumping the single `rules_version` row. That row lock (PostgreSQL)
 //! or the write lock of `BEGIN IMMEDIATE` (SQLite) serializes every writer, so the daily budget
 //! counted next sees every modification committed before it: fifty concurrent writers cannot
 //! slip past it, and a refused one rolls back its bump and stores nothing.
 //!
-//! By concern: `migrations` (the schema), `users` (users and roles), `tokens` (their bearer
-//! tokens), `budget` (the daily
+//! By concern: `users` (users and roles), `tokens` (their bearer tokens), `budget` (the daily
 //! modification budget), `rules` (reading and changing one rule), `planner` (the pure diff of
 //! an apply) and `apply` (carrying it out), `audit` (the audit log); `liveness` (whether the
 //! database answers, as a probe in the background last found); `history` (the controllers'
-//! traffic history for the configurator).
+//! traffic history for the configurator, kept by spillway-db).
 
 mod apply;
 mod audit;
@@ -19,7 +18,6 @@ mod budget;
 pub mod history;
 pub mod liveness;
 pub(crate) mod local;
-mod migrations;
 mod planner;
 mod rules;
 mod tokens;
@@ -28,8 +26,9 @@ mod users;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::any::AnyPoolOptions;
-use sqlx::{Any, AnyPool, Executor, Transaction};
+use spillway_db::DbError;
+
+use sqlx::{Any, AnyPool, Transaction};
 
 use crate::rule::Rule;
 use crate::time::now_millis;
@@ -47,16 +46,7 @@ use audit::Audit;
 /// The PostgreSQL channel every commit is announced on, with the new version as payload.
 pub const CHANNEL: &str = "spillway_rules";
 
-/// How long a PostgreSQL call waits for a pooled connection before it fails. Writers hold their
-/// connection while they queue on the writers' lock, so a burst of them (fifty at once, each
-/// checking its token first) keeps the rest waiting for several seconds on a busy machine; with
-/// one second, some of that burst got 503 for a database that was up. A database that is down
-/// does not make anyone wait this long: the liveness probe finds it within
-/// `PROBE_EVERY + PROBE_TIMEOUT` and every waiting request is answered 503 then.
-pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The same for SQLite, where a wait is for the file's write lock, which writers queue on (as
-/// its busy timeout makes them), never for a server that is gone.
-const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+pub use spillway_db::{Backend, POSTGRES_ACQUIRE_TIMEOUT, normalize};
 
 /// Why the store failed, as opposed to refusing a change.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +112,17 @@ pub enum AccessError {
     Conflict(String),
 }
 
+impl From<DbError> for StoreError {
+    fn from(err: DbError) -> Self {
+        match err {
+            DbError::Url(url) => StoreError::Url(url),
+            DbError::NoPostgres(url) => StoreError::NoPostgres(url),
+            DbError::Database(err) => StoreError::Database(err),
+            DbError::Migrate(err) => StoreError::Migrate(err),
+        }
+    }
+}
+
 impl From<sqlx::Error> for AccessError {
     fn from(err: sqlx::Error) -> Self {
         AccessError::Store(StoreError::Database(err))
@@ -132,12 +133,6 @@ impl From<sqlx::Error> for ChangeError {
     fn from(err: sqlx::Error) -> Self {
         ChangeError::Store(StoreError::Database(err))
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Postgres,
-    Sqlite,
 }
 
 /// The rules store.
@@ -160,39 +155,7 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, budgets: Budgets) -> Result<Store, StoreError> {
-        sqlx::any::install_default_drivers();
-        let (backend, url) = normalize(url)?;
-        let options = AnyPoolOptions::new();
-        let pool = match backend {
-            Backend::Postgres => {
-                options
-                    .max_connections(8)
-                    .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
-                    .connect(&url)
-                    .await?
-            }
-            // Writers queue on SQLite's write lock; a long busy timeout makes them wait for it
-            // instead of failing, as PostgreSQL's row lock does.
-            Backend::Sqlite => {
-                options
-                    .max_connections(4)
-                    .acquire_timeout(SQLITE_ACQUIRE_TIMEOUT)
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            conn.execute("PRAGMA busy_timeout = 30000").await?;
-                            Ok(())
-                        })
-                    })
-                    .connect(&url)
-                    .await?
-            }
-        };
-        if backend == Backend::Sqlite {
-            sqlx::query("PRAGMA journal_mode = WAL")
-                .execute(&pool)
-                .await?;
-        }
-        migrations::run(&pool).await?;
+        let (pool, backend, url) = spillway_db::open(url).await?;
         let version = sqlx::query_scalar("SELECT version FROM rules_version WHERE id = 1")
             .fetch_one(&pool)
             .await?;
@@ -330,28 +293,5 @@ impl Store {
             local::notify_local(&self.key, version);
         }
         Ok(())
-    }
-}
-
-/// Which engine a URL names, and the URL to open: SQLite files are created when missing.
-pub fn normalize(url: &str) -> Result<(Backend, String), StoreError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        if !cfg!(feature = "postgres") {
-            return Err(StoreError::NoPostgres(url.to_owned()));
-        }
-        Ok((Backend::Postgres, url.to_owned()))
-    } else if let Some(path) = url.strip_prefix("sqlite:") {
-        if path.is_empty() || path.contains(":memory:") || path.contains("mode=memory") {
-            // Every pooled connection would see a database of its own.
-            return Err(StoreError::Url(url.to_owned()));
-        }
-        let url = if url.contains('?') {
-            url.to_owned()
-        } else {
-            format!("{url}?mode=rwc")
-        };
-        Ok((Backend::Sqlite, url))
-    } else {
-        Err(StoreError::Url(url.to_owned()))
     }
 }

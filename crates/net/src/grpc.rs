@@ -9,7 +9,8 @@
 //! answered, and a silent connection is closed.
 //!
 //! [`serve_grpc`] accepts, counts and (with TLS) handshakes each connection and serves tonic's
-//! [`Routes`] on it with hyper's HTTP/2 server; [`calls`] wraps each call.
+//! [`Routes`] on it with hyper's HTTP/2 server; [`calls`] wraps each call. [`spawn_grpc`] is how
+//! every role starts one, in plaintext or over mutual TLS.
 
 mod calls;
 
@@ -22,10 +23,13 @@ use std::time::Duration;
 
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use spillway_tls::server::{Acceptor, HandshakeRejected, OnReject};
+use spillway_tls::TlsSource;
+use spillway_tls::server::{Acceptor, ClientAuth, HandshakeRejected, OnReject};
+use spillway_tls::stop::accept_until;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::service::Routes;
 use tonic::transport::server::TcpConnectInfo;
@@ -121,19 +125,7 @@ pub async fn serve_grpc(
     let mut shutdown = pin!(shutdown);
     let mut last_log: Option<Instant> = None;
     let mut unlogged = 0u64;
-    loop {
-        let (tcp, remote) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    // Out of descriptors, say: wait a moment rather than spin.
-                    tracing::warn!("{} accept failed: {err}", shared.spec.name);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((tcp, remote)) = accept_until(&listener, &mut shutdown).await {
         // Only this loop counts connections in, so the check and the count cannot race.
         if shared.open.load(Ordering::Acquire) >= shared.spec.limits.max_connections.max(1) {
             drop(tcp);
@@ -161,6 +153,34 @@ pub async fn serve_grpc(
     drop(stopped);
     // Every connection's task holds a receiver: they are all gone when it is closed.
     stop.closed().await;
+}
+
+/// Starts serving `routes` on `listener` as `name` (in logs) within `limits` until `shutdown`
+/// completes: in plaintext, or, given certificate files, with every connection first completing a
+/// mutual-TLS handshake (a failed one handed to its `OnReject`), the services finding the peer's
+/// identity in each request's extensions.
+pub fn spawn_grpc(
+    routes: Routes,
+    listener: TcpListener,
+    name: &'static str,
+    limits: GrpcLimits,
+    calls: CallKind,
+    tls: Option<(Arc<TlsSource>, OnReject)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let tls = tls.map(|(source, on_reject)| {
+        (
+            Acceptor::new(source, ClientAuth::Required, &[b"h2"]),
+            on_reject,
+        )
+    });
+    let spec = Listener {
+        name,
+        limits,
+        calls,
+        tls,
+    };
+    tokio::spawn(serve_grpc(routes, listener, spec, shutdown))
 }
 
 /// What every connection of a listener shares.

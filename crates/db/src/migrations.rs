@@ -1,4 +1,4 @@
-//! The schema: the landed migrations of `crates/rules/migrations`, run on every connect.
+//! The schema: the landed migrations of `crates/db/migrations`, run on every connect.
 //!
 //! They are compiled in rather than read at run time, so a binary migrates its store wherever it
 //! runs. A landed migration is never edited: sqlx refuses a database whose applied migrations'
@@ -11,21 +11,13 @@ use sqlx::SqlSafeStr;
 use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
 
 const MIGRATIONS: [(i64, &str, &str); 3] = [
-    (1, "rules", include_str!("../../migrations/0001_rules.sql")),
-    (
-        2,
-        "tokens",
-        include_str!("../../migrations/0002_tokens.sql"),
-    ),
-    (
-        3,
-        "history",
-        include_str!("../../migrations/0003_history.sql"),
-    ),
+    (1, "rules", include_str!("../migrations/0001_rules.sql")),
+    (2, "tokens", include_str!("../migrations/0002_tokens.sql")),
+    (3, "history", include_str!("../migrations/0003_history.sql")),
 ];
 
 /// Brings the schema of the store behind `pool` up to this build's.
-pub(super) async fn run(pool: &AnyPool) -> Result<(), MigrateError> {
+pub(crate) async fn run(pool: &AnyPool) -> Result<(), MigrateError> {
     let migrations = MIGRATIONS
         .iter()
         .map(|(version, name, sql)| {
