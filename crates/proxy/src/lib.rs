@@ -16,17 +16,16 @@
 
 mod admin;
 pub mod answer;
-/// For benchmarks only (`benches/upstream_client.rs`): not an API, and not kept stable.
-#[doc(hidden)]
-pub mod bench_support;
+mod body;
 mod control;
 mod error;
 mod forward;
-mod h1;
+mod hop;
 mod limits;
 mod pause;
 pub mod request_id;
 mod server;
+mod upgrade;
 
 pub use admin::EngineView;
 pub use control::start_engine;

@@ -29,11 +29,11 @@ use tracing::Instrument;
 
 use crate::answer::{self, Refusal, Refusals};
 use crate::error::ProxyError;
-use crate::forward::{self, Ask, ForwardError, Forwarded, Relay, Upstream};
-use crate::h1::UpstreamSlot;
+use crate::forward::{ForwardError, Forwarded, Relay, Upstream, UpstreamLink};
 use crate::limits::{Connections, Open, RefusalLog};
 use crate::pause::{Answering, Answers, Pause};
 use crate::request_id::{self, REQUEST_ID, RequestIds};
+use crate::upgrade::{Ask, upgrade_asked};
 
 /// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
 /// boxed body, so forwarding allocates no box per response), with its request counted as being
@@ -407,7 +407,7 @@ struct Accepted {
 
 /// What one worker's connections share: the engine and counters of the whole proxy, and the
 /// worker's own HTTP/2 upstream pool, so its requests never wait on another thread's (HTTP/1.1
-/// requests go over their downstream connection's own upstream connection, [`UpstreamSlot`]).
+/// requests go over their downstream connection's own upstream connection, [`UpstreamLink`]).
 struct Worker {
     shared: Arc<Shared>,
     upstream: Upstream,
@@ -475,11 +475,10 @@ impl Worker {
             // request that came with none cost nothing per request.
             let peer = Arc::new(Peer::new(peer.ip()));
             let worker = self.clone();
-            let link = Arc::new(UpstreamSlot::default());
+            let link = Arc::new(UpstreamLink::default());
             let answers = Arc::new(Answers::default());
             let downstream = Downstream {
                 io: TokioIo::new(stream),
-                link: link.clone(),
                 answers: answers.clone(),
                 pause: Pause::new(self.header_timeout, self.idle_timeout),
                 too_large: self.too_large.clone(),
@@ -534,14 +533,11 @@ impl Worker {
     }
 }
 
-/// A downstream connection's socket, which also tends the connection's idle upstream connection
-/// ([`UpstreamSlot::tend`]) whenever the server has to wait to read from it: between requests the server
-/// waits on this read, and the upstream connection's close wakes the same task. It keeps the
-/// connection's header and idle timeouts the same way ([`Pause`]), and writes the proxy's `431`
+/// A downstream connection's socket, which keeps the connection's header and idle timeouts
+/// whenever the server has to wait to read from it ([`Pause`]), and writes the proxy's `431`
 /// problem document in place of hyper's own bodiless one.
 struct Downstream {
     io: TokioIo<TcpStream>,
-    link: Arc<UpstreamSlot>,
     answers: Arc<Answers>,
     pause: Pause,
     /// The answer to a head over the cap ([`answer::head_too_large`]).
@@ -592,9 +588,8 @@ impl hyper::rt::Read for Downstream {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Pending => {
-                // Waiting for the next request (or the rest of this one): the upstream
-                // connection may have been closed meanwhile, and the wait may have run too long.
-                this.link.tend(cx);
+                // Waiting for the next request (or the rest of this one): the wait may have run
+                // too long.
                 match this.pause.waiting(&this.answers, cx) {
                     Some(timed_out) => Poll::Ready(Err(timed_out)),
                     None => Poll::Pending,
@@ -646,9 +641,7 @@ impl hyper::rt::Write for Downstream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let flushed = Pin::new(&mut this.io).poll_flush(cx);
-        if this.pause.flushed(&this.answers, cx) {
-            this.link.tend(cx);
-        }
+        this.pause.flushed(&this.answers, cx);
         flushed
     }
 
@@ -837,7 +830,7 @@ fn append(headers: &mut http::HeaderMap, name: http::HeaderName, element: &http:
 async fn handle(
     worker: Arc<Worker>,
     peer: Arc<Peer>,
-    link: Arc<UpstreamSlot>,
+    link: Arc<UpstreamLink>,
     answering: Answering,
     mut request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
@@ -872,7 +865,7 @@ async fn handle(
     }
     let rules = shared.client.rules();
     // One lookup for a request without an `upgrade` field.
-    let upgrade = match forward::upgrade_asked(&request, &rules.config().proxy) {
+    let upgrade = match upgrade_asked(&request, &rules.config().proxy) {
         Ask::None => None,
         Ask::Removed => {
             shared.upgrades_removed.fetch_add(1, Ordering::Relaxed);
@@ -941,7 +934,7 @@ async fn handle(
         // A span only when debug lines are on: the forwarding's own lines then name the request.
         forwarded = worker
             .upstream
-            .forward(request, link, grpc, upgrade)
+            .forward(request, &link, grpc, upgrade)
             .instrument(tracing::debug_span!("request", request_id = request_id::text(&id))) => forwarded,
         _ = cut.wait_for(|cut| *cut) => {
             shared.drain_cut.fetch_add(1, Ordering::Relaxed);
