@@ -440,6 +440,11 @@ impl Upstream {
             return Ok(response.map(|_| Relay::Empty));
         }
         link.keep(sender);
+        // A `content-length` beside a `transfer-encoding` says nothing (the coding frames the
+        // body), and would frame the relayed body wrongly once the coding is gone.
+        if response.headers().contains_key(header::TRANSFER_ENCODING) {
+            response.headers_mut().remove(header::CONTENT_LENGTH);
+        }
         // An HTTP/1.0 upstream's answer is relayed as this hop's own HTTP/1.1 answer: how the
         // upstream connection ends says nothing of how the client's does.
         *response.version_mut() = Version::HTTP_11;
