@@ -17,7 +17,7 @@ pub(crate) struct Downstream {
     pub(crate) io: TokioIo<TcpStream>,
     pub(crate) answers: Arc<Answers>,
     pub(crate) pause: Pause,
-    /// The answer to a head over the cap ([`answer::head_too_large`]).
+    /// The answer to a head over the cap ([`crate::answer::head_too_large`]).
     pub(crate) too_large: Arc<[u8]>,
     /// How much of `too_large` has been written, once hyper began its own 431.
     pub(crate) refusing: Option<usize>,

@@ -37,7 +37,7 @@ pub(crate) struct Requests {
 
 /// The body of every response: the upstream's, streamed, or one of ours (`Either` rather than a
 /// boxed body, so forwarding allocates no box per response), with its request counted as being
-/// answered until it has been sent whole ([`Answers`]).
+/// answered until it has been sent whole ([`crate::pause::Answers`]).
 pub(crate) struct Body {
     inner: Either<Relay, Full<Bytes>>,
     _answering: Answering,

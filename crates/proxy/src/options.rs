@@ -31,15 +31,16 @@ pub struct ProxyOptions {
     /// only the rules to start with when the state directory has none.
     pub control: Option<ControlOptions>,
     /// Whether a standalone proxy re-reads its file when it changes. Off when something else
-    /// feeds [`Proxy::client`] its rules (the rules service's store, for `--database`), so the
-    /// file cannot overwrite them.
+    /// feeds [`crate::Proxy::client`] its rules (the rules service's store, for `--database`),
+    /// so the file cannot overwrite them.
     pub watch_file: bool,
     /// How many threads serve the connections, each running a single-threaded runtime of its own
     /// with its own upstream connections, as nginx runs one worker process per core: a
     /// connection, its requests and their upstream exchanges stay on one thread, with no work
     /// stealing, no cross-thread wakeup and no shared pool between them. Accepted connections
-    /// are dealt to the threads in turn. 0 (the default) serves on the runtime [`Proxy::start`]
-    /// is called on, which suits a proxy embedded in a larger program (tests, the demo).
+    /// are dealt to the threads in turn. 0 (the default) serves on the runtime
+    /// [`crate::Proxy::start`] is called on, which suits a proxy embedded in a larger program
+    /// (tests, the demo).
     pub workers: usize,
     /// How long the upstream may hold a request it has received whole (its body sent) before
     /// the proxy gives up on it and answers 504 (gRPC: `UNAVAILABLE`). `None` waits as long as
