@@ -19,7 +19,7 @@ use spillway_client::control::{LinkStatus, control_plane_live};
 use spillway_core::concurrency::Gate;
 use spillway_core::criticality::Criticality;
 
-use crate::server::Shared;
+use crate::shared::Shared;
 
 type Labels = Vec<(&'static str, String)>;
 

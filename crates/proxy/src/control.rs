@@ -14,7 +14,7 @@ use spillway_client::{Client, ClientError};
 use spillway_core::config;
 
 use crate::error::ProxyError;
-use crate::server::ProxyOptions;
+use crate::options::ProxyOptions;
 
 /// The client the proxy decides with, and its control-plane link when it has an aggregator.
 pub(crate) fn start(

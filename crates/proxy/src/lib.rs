@@ -16,20 +16,26 @@
 
 mod admin;
 pub mod answer;
-/// For benchmarks only (`benches/upstream_client.rs`): not an API, and not kept stable.
-#[doc(hidden)]
-pub mod bench_support;
+mod body;
 mod control;
+mod downstream;
 mod error;
 mod forward;
-mod h1;
+mod forwarded;
+mod handle;
+mod hop;
 mod limits;
+mod options;
 mod pause;
 pub mod request_id;
 mod server;
+mod shared;
+mod upgrade;
+mod worker;
 
 pub use admin::EngineView;
 pub use control::start_engine;
 pub use error::ProxyError;
 pub use limits::{FD_RESERVE, FdLimit, default_max_connections, fd_soft_limit, raise_fd_limit};
-pub use server::{DEFAULT_MAX_HEAD, DRAIN_GRACE, ForwardedFields, Proxy, ProxyOptions};
+pub use options::{DEFAULT_MAX_HEAD, DRAIN_GRACE, ForwardedFields, ProxyOptions};
+pub use server::Proxy;

@@ -166,15 +166,12 @@ impl Pause {
 
     /// The server flushed what it wrote. When that was the end of an answer, the connection
     /// waits for its next request from now on, yet hyper's server reads from it again only when
-    /// bytes arrive: so the clock is watched from here, and `true` tells the socket to watch its
-    /// idle upstream connection too.
-    pub(crate) fn flushed(&mut self, answers: &Answers, cx: &mut Context<'_>) -> bool {
-        if self.look(answers) != Some(true) {
-            return false;
+    /// bytes arrive: so the clock is watched from here.
+    pub(crate) fn flushed(&mut self, answers: &Answers, cx: &mut Context<'_>) {
+        if self.look(answers) == Some(true) {
+            // The idle deadline was set just now, so it has not passed.
+            let _ = self.watch(cx);
         }
-        // The idle deadline was set just now, so it has not passed.
-        let _ = self.watch(cx);
-        true
     }
 
     /// Brings the deadline up to date: `None` while a request is being answered (a stream is
