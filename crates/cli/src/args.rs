@@ -8,6 +8,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use spillway_rules::Role;
 
+use crate::duration::duration;
+
 /// Spillway: global rate limiting for fleets of microservices.
 #[derive(Debug, Parser)]
 #[command(name = "spillway", version, about, propagate_version = true)]
@@ -655,11 +657,6 @@ pub enum RulesCommand {
         #[command(subcommand)]
         command: TokenCommand,
     },
-}
-
-/// `30d`, `12h`, `15m`: the durations of the configuration file, for every duration flag.
-pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    spillway_core::limit::parse_duration(text).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]

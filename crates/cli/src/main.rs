@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+mod duration;
 
 use std::process::ExitCode;
 

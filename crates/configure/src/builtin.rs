@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use spillway_db::History;
+use spillway_db::HistoryTables;
 use spillway_db::history::HistoryTotals;
 
 use crate::series::{HistorySource, MINUTE, Point, SeriesKey, SourceError, Trial, Window};
@@ -26,7 +26,7 @@ type Listed = (String, String, Option<String>);
 /// The rules store's history; see the module's documentation.
 pub struct BuiltinSource {
     runtime: tokio::runtime::Runtime,
-    store: History,
+    store: HistoryTables,
     /// The URL without its credentials, for messages.
     shown: String,
     /// The series of the window read so far (a region for a bucket split by region), and that
@@ -63,13 +63,14 @@ impl BuiltinSource {
             .enable_all()
             .build()
             .map_err(|e| SourceError::Usage(format!("cannot start a runtime: {e}")))?;
-        let store = runtime
-            .block_on(History::open(url))
-            .map_err(|e| SourceError::Unreachable {
-                what: "the rules store",
-                url: shown.clone(),
-                detail: e.to_string(),
-            })?;
+        let store =
+            runtime
+                .block_on(HistoryTables::open(url))
+                .map_err(|e| SourceError::Unreachable {
+                    what: "the rules store",
+                    url: shown.clone(),
+                    detail: e.to_string(),
+                })?;
         Ok(BuiltinSource {
             runtime,
             store,

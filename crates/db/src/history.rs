@@ -61,11 +61,11 @@ fn counted(value: i64) -> u64 {
 
 /// The history tables of one database (a clone shares its pool).
 #[derive(Clone)]
-pub struct History {
+pub struct HistoryTables {
     pool: AnyPool,
 }
 
-impl History {
+impl HistoryTables {
     /// The history of the database behind `pool` (opened with [`crate::open`]).
     pub fn new(pool: AnyPool) -> Self {
         Self { pool }
@@ -288,7 +288,7 @@ impl History {
 /// logged and its slot lost: the store costs history, never control, since the controller only
 /// ever `try_send`s into the channel.
 pub async fn write_history_from(
-    store: History,
+    store: HistoryTables,
     region: String,
     mut batches: mpsc::Receiver<HistoryBatch>,
     retention: Duration,

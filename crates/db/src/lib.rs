@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
-pub use history::History;
+pub use history::HistoryTables;
 
 /// How long a PostgreSQL call waits for a pooled connection before it fails. Writers hold their
 /// connection while they queue on the writers' lock, so a burst of them (fifty at once, each

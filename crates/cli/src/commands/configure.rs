@@ -16,7 +16,7 @@ use spillway_configure::{
 };
 use spillway_rules::client::{RulesClient, RulesResponse};
 
-use crate::args::duration;
+use crate::duration::duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {

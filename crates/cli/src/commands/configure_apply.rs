@@ -1,7 +1,7 @@
 //! `spillway configure apply`: a plan rolled out shadow-first through the rules API as a `service`
 //! user. Wiring only: what to do is `spillway_configure::rollout`'s decision.
 
-use crate::args::duration;
+use crate::duration::duration;
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `spillway configure run --every D`: `apply --promote` on a schedule, and at once when the rules
 //! change (the store's LISTEN/NOTIFY, through the rules watcher), with its counts on `--admin`.
 
-use crate::args::duration;
+use crate::duration::duration;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;

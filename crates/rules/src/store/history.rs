@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use spillway_core::history::HistoryBatch;
-use spillway_db::History;
+use spillway_db::HistoryTables;
 pub use spillway_db::history::{DEFAULT_RETENTION, HistoryTotals, MinuteCounts};
 use tokio::sync::mpsc;
 
@@ -13,8 +13,8 @@ use super::{Store, StoreError};
 
 impl Store {
     /// The history tables of this store's database.
-    pub fn history(&self) -> History {
-        History::new(self.pool.clone())
+    pub fn history(&self) -> HistoryTables {
+        HistoryTables::new(self.pool.clone())
     }
 
     /// Stores one closed slot of `region`, adding to what an earlier write of the same slot
@@ -32,7 +32,7 @@ impl Store {
         Ok(self.history().prune_history(before_ms).await?)
     }
 
-    /// See [`History::history_series`].
+    /// See [`HistoryTables::history_series`].
     pub async fn history_series(
         &self,
         from_ms: i64,
@@ -41,7 +41,7 @@ impl Store {
         Ok(self.history().history_series(from_ms, until_ms).await?)
     }
 
-    /// See [`History::history_coverage`].
+    /// See [`HistoryTables::history_coverage`].
     pub async fn history_coverage(
         &self,
         from_ms: i64,
@@ -50,7 +50,7 @@ impl Store {
         Ok(self.history().history_coverage(from_ms, until_ms).await?)
     }
 
-    /// See [`History::history_minutes`].
+    /// See [`HistoryTables::history_minutes`].
     pub async fn history_minutes(
         &self,
         service: &str,
@@ -64,12 +64,12 @@ impl Store {
             .await?)
     }
 
-    /// See [`History::history_written_until`].
+    /// See [`HistoryTables::history_written_until`].
     pub async fn history_written_until(&self) -> Result<Option<i64>, StoreError> {
         Ok(self.history().history_written_until().await?)
     }
 
-    /// See [`History::history_totals`].
+    /// See [`HistoryTables::history_totals`].
     pub async fn history_totals(
         &self,
         service: &str,
