@@ -463,8 +463,8 @@ async fn update_rule(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct ReasonQuery {
-    /// Why, for the audit log; at most 4096 bytes.
-    #[param(max_length = 4096)]
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
+    #[param(max_length = 4096, pattern = r"^[^\u0000]*$")]
     reason: Option<String>,
 }
 
@@ -510,8 +510,8 @@ struct ApplyQuery {
     /// Show the diff without changing anything.
     #[serde(default)]
     dry_run: bool,
-    /// Why, for the audit log; at most 4096 bytes.
-    #[param(max_length = 4096)]
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
+    #[param(max_length = 4096, pattern = r"^[^\u0000]*$")]
     reason: Option<String>,
 }
 
@@ -672,7 +672,7 @@ struct RuleBody {
     /// service's maximum (`rules serve --max-override-ttl`, 7d unless set).
     #[schema(nullable = false)]
     ttl: Option<String>,
-    /// Why, for the audit log; at most 4096 bytes.
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
     #[schema(nullable = false, max_length = 4096)]
     reason: Option<String>,
 }

@@ -68,7 +68,9 @@ fn match_schema() -> Value {
     let mut pairs = Vec::new();
     for (i, a) in subjects.iter().enumerate() {
         for b in &subjects[i + 1..] {
-            pairs.push(json!({"required": [a, b]}));
+            // Null is left out, so two subjects are two strings.
+            pairs.push(json!({"required": [a, b], "properties": {
+                *a: {"type": "string"}, *b: {"type": "string"}}}));
         }
     }
     json!({
@@ -115,11 +117,11 @@ fn bucket_variant(
         json!({
             "description": "A whole number, or `{ \"header\": \"x-cost\", \"default\": 1 }`",
             "oneOf": [
-                {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                {"type": "integer", "minimum": 1, "maximum": u64::MAX},
                 {"type": "object", "required": ["header"], "additionalProperties": false,
                  "properties": {
                     "header": string(HEADER),
-                    "default": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                    "default": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
                  }},
             ],
         }),
@@ -128,6 +130,10 @@ fn bucket_variant(
         "on_store_failure".into(),
         nullable(json!({"enum": ["open", "closed"]})),
     );
+    // A key the family does not take may still be sent as null, which means left out.
+    for key in ["burst", "burst_window"] {
+        properties.insert(key.into(), json!({"type": "null"}));
+    }
     for (key, schema) in extra {
         properties.insert((*key).into(), schema.clone());
     }
@@ -147,10 +153,8 @@ fn bucket_variant(
 fn bucket_schema(rule: bool, exact_stores: &[&str]) -> Value {
     let burst = (
         "burst",
-        nullable(
-            json!({"type": "integer", "minimum": 1, "maximum": 1_000_000_000,
-            "description": "How far above the steady rate a burst may go, in requests"}),
-        ),
+        nullable(json!({"type": "integer", "minimum": 1, "maximum": u64::MAX,
+            "description": "How far above the steady rate a burst may go, in requests"})),
     );
     let burst_window = (
         "burst_window",
