@@ -11,20 +11,26 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State,
+};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
 use crate::auth::Authenticator;
 use crate::problem::{ApiError, StoreFailure};
-use crate::rule::{Bounds, check_reason, input_of, parse_config, parse_rule};
+use crate::rule::{
+    Bounds, check_reason, input_of, parse_config, parse_rule, whole_numbers, yaml_printable,
+};
 use crate::store::{Role, Store, User};
 use spillway_core::config::MAX_CONFIG_BYTES;
 
@@ -172,6 +178,20 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     }
 }
 
+/// A request's query parameters, or a problem document that names the one that is wrong.
+pub(crate) struct Params<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(params)) => Ok(Params(params)),
+            Err(rejection) => Err(ApiError::BadRequest(rejection.body_text())),
+        }
+    }
+}
+
 /// A route that needs the database: refused at once while the store is down, released when it
 /// is found down mid-request, and counted for the store's log when it fails on it.
 async fn needs_store(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -274,11 +294,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This document")))]
-async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+async fn openapi() -> Json<&'static Value> {
+    Json(crate::openapi::document())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
     /// Only the rules of this service.
     service: Option<String>,
@@ -291,7 +312,7 @@ struct ListQuery {
 async fn list_rules(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    Params(query): Params<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     state.user(&headers).await?;
     let rules = state.store.list_rules(query.service.as_deref()).await?;
@@ -400,8 +421,12 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         return Ok(None);
     }
     let bare = text.trim_start_matches("W/").trim_matches('"');
-    // A tag that is no version of ours cannot match the current one.
-    Ok(Some(bare.parse().unwrap_or(-1)))
+    match bare.parse() {
+        Ok(version) => Ok(Some(version)),
+        Err(_) => Err(ApiError::BadRequest(format!(
+            "if-match {text:?} is no version: send the ETag the rule was read with, like \"7\", or *"
+        ))),
+    }
 }
 
 #[utoipa::path(put, path = "/v1/rules/{id}", security(("bearer" = [])), request_body = RuleBody,
@@ -411,7 +436,6 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     ),
     responses(
         (status = 200, description = "Replaced", body = RuleAnswer),
-        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A viewer may not write", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such rule", body = Problem, content_type = "application/problem+json"),
@@ -419,6 +443,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         (status = 412, description = "The rule's version moved", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid rule, a ttl over the maximum, or a reason over 4096 bytes", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "If-Match is missing", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON, or if-match is neither a version nor *", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Today's modification budget is spent", body = Problem, content_type = "application/problem+json"),
 ))]
 async fn update_rule(
@@ -437,9 +462,10 @@ async fn update_rule(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ReasonQuery {
-    /// Why, for the audit log; at most 4096 bytes.
-    #[param(max_length = 4096)]
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
+    #[param(max_length = 4096, pattern = r"^[^\u0000]*$")]
     reason: Option<String>,
 }
 
@@ -453,7 +479,7 @@ struct ReasonQuery {
         (status = 204, description = "Deleted"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A viewer may not write", body = Problem, content_type = "application/problem+json"),
-        (status = 400, description = "A reason longer than 4096 bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A reason longer than 4096 bytes, or an if-match neither a version nor *", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such rule", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "The rule's version moved", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Today's modification budget is spent", body = Problem, content_type = "application/problem+json"),
@@ -462,7 +488,7 @@ async fn delete_rule(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(query): Query<ReasonQuery>,
+    Params(query): Params<ReasonQuery>,
 ) -> Result<StatusCode, ApiError> {
     let user = state.writer(&headers).await?;
     let id = rule_id(&id)?;
@@ -480,12 +506,13 @@ async fn delete_rule(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ApplyQuery {
     /// Show the diff without changing anything.
     #[serde(default)]
     dry_run: bool,
-    /// Why, for the audit log; at most 4096 bytes.
-    #[param(max_length = 4096)]
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
+    #[param(max_length = 4096, pattern = r"^[^\u0000]*$")]
     reason: Option<String>,
 }
 
@@ -503,7 +530,7 @@ struct ApplyQuery {
 async fn apply(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(query): Query<ApplyQuery>,
+    Params(query): Params<ApplyQuery>,
     Body(body): Body,
 ) -> Result<Json<Value>, ApiError> {
     let user = state.writer(&headers).await?;
@@ -511,6 +538,20 @@ async fn apply(
         .map_err(ApiError::BadRequest)?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::BadRequest("the configuration is not UTF-8 text".to_owned()))?;
+    // A JSON body is read as a single rule is: a whole number written `5.0` as `5`, and an
+    // escape YAML does not read (a surrogate pair, `\ud83d\ude00`) as its character. Such a body
+    // is rewritten on one line, and its errors name positions there.
+    let mut rewritten = String::new();
+    if let Ok(mut value) = serde_json::from_str::<Value>(text)
+        && (whole_numbers(&mut value) | text.contains("\\u"))
+    {
+        rewritten = yaml_printable(&value.to_string());
+    }
+    let text = if rewritten.is_empty() {
+        text
+    } else {
+        &rewritten
+    };
     let wanted = parse_config(text)?
         .into_iter()
         .map(|(service, bucket)| input_of(service, bucket))
@@ -528,6 +569,7 @@ pub const AUDIT_PAGE: u32 = 100;
 pub const AUDIT_PAGE_MAX: u32 = 1000;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
     /// The newest entries first, at most this many (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
@@ -547,7 +589,7 @@ struct AuditQuery {
 async fn audit(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(query): Query<AuditQuery>,
+    Params(query): Params<AuditQuery>,
 ) -> Result<Response, ApiError> {
     state.user(&headers).await?;
     let limit = query.limit.unwrap_or(AUDIT_PAGE);
@@ -589,7 +631,8 @@ pub(crate) struct Problem {
 }
 
 /// A rule as sent: a bucket of the configuration file plus its service. With a `ttl`
-/// it is an incident override that ends by itself; it then needs a `reason`.
+/// it is an incident override that ends by itself; it then needs a `reason`. The served
+/// document describes it (and [`MatchBody`]) in full: see [`crate::openapi`].
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct RuleBody {
@@ -630,7 +673,7 @@ struct RuleBody {
     /// service's maximum (`rules serve --max-override-ttl`, 7d unless set).
     #[schema(nullable = false)]
     ttl: Option<String>,
-    /// Why, for the audit log; at most 4096 bytes.
+    /// Why, for the audit log; at most 4096 bytes, without NUL.
     #[schema(nullable = false, max_length = 4096)]
     reason: Option<String>,
 }

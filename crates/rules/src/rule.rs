@@ -176,6 +176,41 @@ fn check_no_nul(value: &Value) -> Result<(), RuleError> {
     Ok(())
 }
 
+/// JSON has one kind of number, so `5.0` is the whole number 5; the YAML loader that validates
+/// a rule would read it as a float and refuse it where a count is due. Writes such numbers as
+/// whole numbers, and says whether there was one.
+pub fn whole_numbers(value: &mut Value) -> bool {
+    match value {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            // 2^64 itself is past u64::MAX; every float below it converts exactly.
+            let whole = if f.fract() != 0.0 {
+                None
+            } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                Some(json!(f as u64))
+            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                Some(json!(f as i64))
+            } else {
+                None
+            };
+            match whole {
+                Some(whole) => {
+                    *value = whole;
+                    true
+                }
+                None => false,
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |seen, v| whole_numbers(v) | seen),
+        Value::Object(map) => map
+            .values_mut()
+            .fold(false, |seen, v| whole_numbers(v) | seen),
+        _ => false,
+    }
+}
+
 fn take_string(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RuleError> {
     match map.remove(key) {
         None | Some(Value::Null) => Ok(None),
@@ -195,6 +230,9 @@ pub fn parse_rule(body: Value) -> Result<RuleInput, RuleError> {
     check_no_nul(&Value::Object(map.clone()))?;
     for key in READ_ONLY {
         map.remove(key);
+    }
+    for value in map.values_mut() {
+        whole_numbers(value);
     }
     let service = take_string(&mut map, "service")?
         .ok_or_else(|| invalid("a rule needs its `service`, the protected service it limits"))?;
@@ -274,7 +312,7 @@ pub fn validate(services: &[(String, Vec<Value>)]) -> Result<Config, RuleError> 
 /// JSON text is YAML, except that YAML forbids or folds some characters that JSON leaves raw in
 /// its strings (DEL, the C1 controls, NEL, U+2028, U+FFFE, ...). Every character past ASCII can
 /// only occur inside a string here, so each is written as a YAML escape, which means the same.
-fn yaml_printable(json: &str) -> String {
+pub(crate) fn yaml_printable(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
         let code = u32::from(c);

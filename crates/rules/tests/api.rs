@@ -581,3 +581,103 @@ fn openapi_document_lists_every_route() {
         "bearer"
     );
 }
+
+/// What the rules API fuzz found: each of these was answered otherwise before.
+#[test]
+fn malformed_requests_get_problem_documents() {
+    let service: Service = start(Db::sqlite());
+    let admin = service.client(&service.admin);
+    let created = service.create(&service.admin, &rule(1));
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let id = created.body["id"].as_str().unwrap().to_owned();
+
+    // A query parameter of the wrong type: a problem document, not axum's plain text.
+    let answer = admin.get("/v1/audit?limit=many").unwrap();
+    assert_eq!(answer.status, 400);
+    assert_eq!(
+        answer.content_type.as_deref(),
+        Some("application/problem+json")
+    );
+    assert!(
+        answer.body["detail"].as_str().unwrap().contains("limit"),
+        "{:?}",
+        answer.body
+    );
+
+    // An if-match that is no version is a bad request, not a version that moved.
+    for tag in ["", "W/\"\"", "\"seven\""] {
+        let answer = admin
+            .send("DELETE", &format!("/v1/rules/{id}"), None, Some(tag))
+            .unwrap();
+        assert_eq!(answer.status, 400, "if-match {tag:?}: {:?}", answer.body);
+    }
+    assert_eq!(service.rules().len(), 1, "nothing was deleted");
+
+    // serde reads a struct from an array of its fields too; the API takes objects only.
+    let answer = admin.post("/v1/tokens", "[null, null]").unwrap();
+    assert_eq!(answer.status, 400, "{:?}", answer.body);
+    let answer = admin
+        .post("/v1/users", r#"["mallory", "admin", null]"#)
+        .unwrap();
+    assert_eq!(answer.status, 400, "{:?}", answer.body);
+}
+
+/// JSON has one kind of number and escapes characters past the BMP as surrogate pairs; both
+/// reach the YAML loader that validates rules, which reads `5.0` as a float and refuses the
+/// pair. A rule and an applied file in JSON are read as JSON means them.
+#[test]
+fn json_bodies_are_read_as_json_means_them() {
+    let service: Service = start(Db::sqlite());
+    let admin = service.client(&service.admin);
+    let created = service.create(
+        &service.admin,
+        &serde_json::from_str(
+            r#"{"service": "api", "name": "whole", "limit": "10/s",
+                "algorithm": "token-bucket", "burst": 20.0, "cost": 2.0}"#,
+        )
+        .unwrap(),
+    );
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    assert_eq!(created.body["burst"], 20);
+    assert_eq!(created.body["cost"], 2);
+
+    let file = r#"{"version": 1, "services": {"api": {"buckets": [
+        {"name": "smile", "limit": "5/s", "algorithm": "gcra", "cost": 3.0,
+         "match": {"user": "\ud83d\ude00"}}]}}}"#;
+    let applied = admin.post("/v1/rules:apply", file).unwrap();
+    assert_eq!(applied.status, 200, "{:?}", applied.body);
+    let rules = service.rules();
+    let smile = rules.iter().find(|r| r["name"] == "smile").unwrap();
+    assert_eq!(smile["match"]["user"], "😀");
+    assert_eq!(smile["cost"], 3);
+}
+
+/// The query parameters are documented as query parameters (utoipa's default is the path), and
+/// every `/v1` route documents the guard's 429 and 503 and, with a body, the 413.
+#[test]
+fn openapi_document_places_parameters_and_common_answers() {
+    let service: Service = start(Db::sqlite());
+    let doc = service.anonymous().get("/openapi.json").unwrap().body;
+    let audit = &doc["paths"]["/v1/audit"]["get"];
+    for parameter in audit["parameters"].as_array().unwrap() {
+        assert_eq!(parameter["in"], "query", "{parameter}");
+        assert_eq!(parameter["required"], false, "{parameter}");
+    }
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = &operation["responses"];
+            for status in ["401", "429", "503"] {
+                assert!(
+                    responses.get(status).is_some(),
+                    "{method} {path}: no {status}"
+                );
+            }
+            if operation.get("requestBody").is_some() {
+                assert!(responses.get("413").is_some(), "{method} {path}: no 413");
+            }
+        }
+    }
+}

@@ -120,6 +120,48 @@ fn outage_and_recovery(mode: &str) {
     assert_eq!(created.status, 201, "{}", created.body);
 }
 
+/// PostgreSQL ending the service's sessions while it stays up (as after a quick restart, or an
+/// administrator's `pg_terminate_backend`) is no outage: the liveness probe and the pool drop
+/// the connections it closed and ask again on fresh ones. So `/readyz` never answers 503 (the
+/// probe looks every 250 ms; this watches four of its looks) and the next change goes through.
+#[test]
+fn postgres_ending_the_sessions_is_no_outage() {
+    let service = start(Db::postgres());
+    let url = service.url.clone();
+    let created = service.create(&service.admin, &rule(1));
+    assert_eq!(created.status, 201, "{}", created.body);
+    let database = service.db.url();
+    let ended: i64 = service.runtime.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&database)
+            .await
+            .expect("connects");
+        sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND datname = current_database()) AS ended",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .expect("ends the other sessions")
+    });
+    assert!(
+        ended >= 2,
+        "the probe's and the pool's sessions, at least: {ended}"
+    );
+    let ended_at = Instant::now();
+    while ended_at.elapsed() < Duration::from_secs(1) {
+        let (answer, after) = ask(&url, None, "/readyz", ended_at);
+        assert_eq!(
+            answer.status, 200,
+            "/readyz {after:?} after: {}",
+            answer.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let created = service.create(&service.admin, &rule(2));
+    assert_eq!(created.status, 201, "{}", created.body);
+}
+
 #[test]
 fn postgres_frozen_releases_the_requests_waiting_on_it() {
     let service = start(Db::postgres());

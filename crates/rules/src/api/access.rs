@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use spillway_core::limit::parse_duration;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::{AppState, Body};
+use crate::api::{AppState, Body, Params};
 use crate::problem::ApiError;
 use crate::store::{Role, User};
 use crate::time::now_millis;
@@ -35,8 +35,15 @@ pub(crate) fn routes() -> Router<AppState> {
 
 /// A JSON body of type `T`; an empty body is `T`'s default when `empty_ok`.
 fn body<T: DeserializeOwned + Default>(bytes: &Bytes, empty_ok: bool) -> Result<T, ApiError> {
-    if empty_ok && bytes.iter().all(u8::is_ascii_whitespace) {
+    let text = bytes.trim_ascii_start();
+    if empty_ok && text.is_empty() {
         return Ok(T::default());
+    }
+    // serde would also read a struct from an array of its fields in order: `[null, null]`.
+    if !text.starts_with(b"{") {
+        return Err(ApiError::BadRequest(
+            "the body: a JSON object is expected".to_owned(),
+        ));
     }
     serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("the body: {e}")))
 }
@@ -136,6 +143,7 @@ pub(crate) struct RotateBody {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct TokensQuery {
     /// Only this user's tokens.
     user: Option<String>,
@@ -314,7 +322,7 @@ pub(crate) async fn delete_user(
 pub(crate) async fn list_tokens(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(query): Query<TokensQuery>,
+    Params(query): Params<TokensQuery>,
 ) -> Result<Json<Value>, ApiError> {
     state.admin(&headers).await?;
     let user = query.user.as_deref().map(known_name).transpose()?;

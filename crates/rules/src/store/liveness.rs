@@ -201,7 +201,19 @@ pub(super) async fn probe(liveness: &Liveness, url: &str) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let found = match tokio::time::timeout(PROBE_TIMEOUT, read_version(&mut conn, url)).await {
+        let read = async {
+            let held = conn.is_some();
+            match read_version(&mut conn, url).await {
+                // The connection the probe held was closed by the database (it restarted
+                // between two probes): that is no outage, so ask again on a fresh one.
+                Err(err) if held && super::is_broken_connection(&err) => {
+                    conn = None;
+                    read_version(&mut conn, url).await
+                }
+                other => other,
+            }
+        };
+        let found = match tokio::time::timeout(PROBE_TIMEOUT, read).await {
             Ok(Ok(version)) => Ok(version),
             Ok(Err(err)) => Err(err.to_string()),
             Err(_) => Err(format!("no answer within {} ms", PROBE_TIMEOUT.as_millis())),

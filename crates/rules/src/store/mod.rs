@@ -217,11 +217,10 @@ impl Store {
     pub async fn snapshot(&self) -> Result<(i64, Vec<Rule>), StoreError> {
         let mut tx = match self.backend {
             Backend::Postgres => {
-                self.pool
-                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self.begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     .await?
             }
-            Backend::Sqlite => self.pool.begin().await?,
+            Backend::Sqlite => self.begin("BEGIN").await?,
         };
         let version: i64 = sqlx::query_scalar("SELECT version FROM rules_version WHERE id = 1")
             .fetch_one(&mut *tx)
@@ -239,8 +238,8 @@ impl Store {
         actor: Option<&User>,
     ) -> Result<(Transaction<'static, Any>, i64, i64), ChangeError> {
         let mut tx = match self.backend {
-            Backend::Postgres => self.pool.begin().await?,
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.begin("BEGIN").await?,
+            Backend::Sqlite => self.begin("BEGIN IMMEDIATE").await?,
         };
         let version: i64 = sqlx::query_scalar(
             "UPDATE rules_version SET version = version + 1 WHERE id = 1 RETURNING version",
@@ -260,13 +259,30 @@ impl Store {
     async fn begin_exclusive(&self) -> Result<Transaction<'static, Any>, StoreError> {
         match self.backend {
             Backend::Postgres => {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.begin("BEGIN").await?;
                 sqlx::query("SELECT version FROM rules_version WHERE id = 1 FOR UPDATE")
                     .execute(&mut *tx)
                     .await?;
                 Ok(tx)
             }
-            Backend::Sqlite => Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+            Backend::Sqlite => Ok(self.begin("BEGIN IMMEDIATE").await?),
+        }
+    }
+
+    /// Opens a transaction with `statement`. A pooled connection the database closed (it
+    /// restarted, or ended idle sessions) fails on its first use; the transaction is then opened
+    /// once more, on a connection the pool checks first, which is safe since nothing was done
+    /// in it yet. So the first request after a restart does not fail on the old connections.
+    async fn begin(
+        &self,
+        statement: &'static str,
+    ) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        match self.pool.begin_with(statement).await {
+            Err(err) if is_broken_connection(&err) => {
+                tracing::debug!(error = %err, "a pooled connection was broken; opening the transaction again");
+                self.pool.begin_with(statement).await
+            }
+            other => other,
         }
     }
 
@@ -293,5 +309,18 @@ impl Store {
             local::notify_local(&self.key, version);
         }
         Ok(())
+    }
+}
+
+/// Whether `err` says the connection is gone rather than the statement refused: a broken
+/// socket, or PostgreSQL's notice that it ended the session (class 57P: the server shut down or
+/// restarted; class 08: a connection exception).
+pub(crate) fn is_broken_connection(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
     }
 }
