@@ -35,6 +35,7 @@ use crate::store::{Role, Store, User};
 use spillway_core::config::MAX_CONFIG_BYTES;
 
 mod access;
+mod openapi;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -295,7 +296,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This document")))]
 async fn openapi() -> Json<&'static Value> {
-    Json(crate::openapi::document())
+    Json(openapi::document())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -632,7 +633,7 @@ pub(crate) struct Problem {
 
 /// A rule as sent: a bucket of the configuration file plus its service. With a `ttl`
 /// it is an incident override that ends by itself; it then needs a `reason`. The served
-/// document describes it (and [`MatchBody`]) in full: see [`crate::openapi`].
+/// document describes it (and [`MatchBody`]) in full: see [`openapi`].
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct RuleBody {

@@ -14,7 +14,6 @@ pub mod api;
 pub mod auth;
 pub mod client;
 pub mod follow;
-pub mod openapi;
 pub mod problem;
 pub mod rule;
 pub mod server;

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value, json};
 use utoipa::OpenApi;
 
-use crate::api::ApiDoc;
+use super::ApiDoc;
 use crate::rule::MAX_REASON_BYTES;
 
 /// The document, built once.
