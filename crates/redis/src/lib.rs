@@ -104,9 +104,9 @@
 //! ```no_run
 //! # async fn example() -> Result<(), spillway_redis::ExactError> {
 //! use spillway_core::algo::Rate;
-//! use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter, StoreOptions, Target};
+//! use spillway_redis::{ExactAlgo, RedisEndpoint, RedisKey, RedisLimiter, StoreOptions};
 //!
-//! let limiter = RedisLimiter::new(Target::single("redis://127.0.0.1:6379"), StoreOptions::default())?;
+//! let limiter = RedisLimiter::new(RedisEndpoint::single("redis://127.0.0.1:6379"), StoreOptions::default())?;
 //! let key = RedisKey::new("user", "alice", "/search");
 //! let algo = ExactAlgo::token_bucket(Rate::per_second(1_000).unwrap(), 10_000);
 //! let verdict = limiter.decide(&key, &algo, 1).await?;
