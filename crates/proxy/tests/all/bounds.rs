@@ -4,8 +4,6 @@
 //! the cap is answered `431`. Black-box, over real sockets, with raw bytes where the finding is
 //! about bytes.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::support::{Upstream, admin, config, get, proxy_with};
 use bytes::Bytes;
 use http::StatusCode;
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::{Upstream, admin, config, get, proxy_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -376,7 +374,7 @@ async fn a_stalled_http2_request_body_is_answered_408() {
 }
 
 /// The metric `name` (a plain counter or gauge) on the proxy's admin listener.
-async fn metric(running: &support::Running, name: &str) -> u64 {
+async fn metric(running: &crate::support::Running, name: &str) -> u64 {
     let metrics = admin(running, "/metrics").await.body;
     metrics
         .lines()

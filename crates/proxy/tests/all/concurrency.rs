@@ -4,13 +4,12 @@
 //! reload turns the limit on, and the gradient algorithm brings the limit down to what a slow
 //! upstream of a few workers serves.
 
-mod support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{Upstream, admin, get, grpc_call, proxy};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -18,12 +17,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use support::{Upstream, admin, get, grpc_call, proxy};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 /// The value of the series `series` (name and labels, as printed) in `/metrics`.
-async fn metric(running: &support::Running, series: &str) -> f64 {
+async fn metric(running: &crate::support::Running, series: &str) -> f64 {
     let metrics = admin(running, "/metrics").await.body;
     metrics
         .lines()

@@ -3,10 +3,8 @@
 //! `x-forwarded-proto`; a request with two `Host` headers, or an HTTP/1.1 one without any, is
 //! answered 400 and never reaches the upstream. Raw bytes over a real socket.
 
-mod support;
-
+use crate::support::{Upstream, proxy, proxy_with, send_raw};
 use spillway_proxy::ForwardedFields;
-use support::{Upstream, proxy, proxy_with, send_raw};
 
 const FILE: &str =
     "version: 1\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 1000/s }\n";

@@ -5,11 +5,9 @@
 //! `chunked` is refused with `501` rather than forwarded with its coding lost. Raw bytes over a
 //! real socket.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{Upstream, admin, proxy, send_raw};
+use crate::support::{Upstream, admin, proxy, send_raw};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const FILE: &str =

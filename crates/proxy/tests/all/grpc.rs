@@ -1,10 +1,8 @@
 //! gRPC through the proxy with a real tonic client over h2c: unary and server-streaming calls
 //! pass with their trailers, and a dropped call is `RESOURCE_EXHAUSTED` to the client.
 
-mod support;
-
+use crate::support::{Upstream, config, proxy};
 use http::uri::PathAndQuery;
-use support::{Upstream, config, proxy};
 use tonic::Code;
 use tonic::client::Grpc;
 use tonic::transport::Channel;

@@ -5,12 +5,10 @@
 //! with bytes that are not visible ASCII is refused with 400 (gRPC: `INVALID_ARGUMENT`); and paths
 //! are matched after RFC 3986 normalisation while the upstream gets them as sent.
 
-mod support;
-
 use std::net::SocketAddr;
 
+use crate::support::{Raw, Upstream, proxy, send_raw};
 use http::uri::PathAndQuery;
-use support::{Raw, Upstream, proxy, send_raw};
 
 /// Sends `head` (the request line and headers, each ending in CRLF, without the blank line) on a
 /// fresh connection with `host: app` and `connection: close`, and reads the answer to the end.

@@ -3,12 +3,8 @@
 //! with every list; an untrusted criticality the proxy lowered reaches the upstream as the tier
 //! applied, so a hop behind it does not act on the claim.
 
-#[path = "support/recording.rs"]
-mod recording;
-mod support;
-
-use recording::{Mode, Recording};
-use support::{get, proxy};
+use crate::recording::{Mode, Recording};
+use crate::support::{get, proxy};
 
 const PER_USER: &str = "version: 1\nservices:\n  app:\n    buckets:\n      - name: per-user\n        match: { user: \"*\" }\n        limit: 1/h\n        algorithm: token-bucket\n";
 

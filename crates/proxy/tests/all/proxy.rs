@@ -1,13 +1,13 @@
 //! The sidecar end to end: a real upstream, the proxy on 127.0.0.1:0 with its rules in a real
 //! file, and real clients over HTTP/1.1 and h2c.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{
+    Upstream, admin, config, get, grpc_call, proxy, proxy_on, proxy_with, statuses,
+};
 use http::StatusCode;
 use spillway_core::algo::Ratio;
-use support::{Upstream, admin, config, get, grpc_call, proxy, proxy_on, proxy_with, statuses};
 
 /// A bucket these tests never fill.
 const UNHIT: &str = "{ name: b, limit: 100/h, algorithm: token-bucket }";

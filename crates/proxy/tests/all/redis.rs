@@ -1,14 +1,12 @@
 //! `store: redis` buckets through the proxy, against a real redis-server: one exact count shared
 //! by every proxy, and the circuit breaker's failure policies when Redis dies and comes back.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::{Upstream, admin, get, proxy, statuses};
 use http::StatusCode;
 use spillway_testkit::RedisServer;
-use support::{Upstream, admin, get, proxy, statuses};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

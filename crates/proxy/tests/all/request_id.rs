@@ -3,12 +3,10 @@
 //! 502) carry it back, and the proxy's log line about a failed request names it. Raw bytes over
 //! real sockets, the proxy on the test's thread so that its log lines are the test's.
 
-mod support;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use support::{Upstream, proxy, send_raw};
+use crate::support::{Upstream, proxy, send_raw};
 
 const FILE: &str = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: tiny, match: {procedure: /tiny}, limit: 1/h, algorithm: token-bucket }\n      - { name: all, limit: 1000/s }\n";
 

@@ -3,21 +3,17 @@
 //! it is decided and forwarded as a plain request; a `101` opens a tunnel only when it is the
 //! WebSocket handshake the client asked for (RFC 6455's `sec-websocket-accept`), and otherwise
 //! the client gets 502 and nothing it sends afterwards reaches the upstream. The upstreams here
-//! are the ones an attacker would pick ([`recording::Mode`]).
-
-#[path = "support/recording.rs"]
-mod recording;
-mod support;
+//! are the ones an attacker would pick ([`crate::recording::Mode`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::recording::{Mode, Recording, read_head};
+use crate::support::{admin, proxy, proxy_with};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use recording::{Mode, Recording, read_head};
-use support::{admin, proxy, proxy_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -7,16 +7,14 @@
 //! problem document; a body that turns out malformed or truncated after its head went out never
 //! reaches the client as whole.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::proxy;
 use bytes::Bytes;
 use http::Method;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use support::proxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -4,14 +4,12 @@
 //! answered 429 and never reaches the upstream; an upgraded connection is not cut by the idle
 //! timeout; an upstream that declines the upgrade is answered like any request.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::{admin, proxy, proxy_with, send_raw};
+use crate::support::{admin, proxy, proxy_with, send_raw};
 
 fn python() -> String {
     // scripts/test gives a virtual environment with websockets installed.
@@ -162,7 +160,7 @@ async fn an_upgraded_connection_outlives_the_idle_timeout() {
 #[tokio::test]
 async fn an_upstream_that_declines_the_upgrade_is_answered_like_any_request() {
     // The tests' upstream speaks plain HTTP and answers 200 to a handshake.
-    let upstream = support::Upstream::start().await;
+    let upstream = crate::support::Upstream::start().await;
     let running = proxy(OPEN, &upstream.url()).await;
     let answer = send_raw(
         running.proxy.addr(),

@@ -2,11 +2,9 @@
 //! status the API documents, the daily budget (also under 50 concurrent writers), the
 //! audit log, incident overrides, apply, and text stored verbatim.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Db, Service, eventually, rule, start, start_with};
+use crate::common::{Db, Service, eventually, rule, start, start_with};
 use serde_json::{Value, json};
 use spillway_rules::Budgets;
 

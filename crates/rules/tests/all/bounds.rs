@@ -2,11 +2,9 @@
 //! configured maximum, a `reason` up to 4096 bytes wherever it is sent, and the audit log read
 //! in pages.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Db, rule, start, start_bounded, start_with};
+use crate::common::{Db, rule, start, start_bounded, start_with};
 use serde_json::json;
 use spillway_rules::{Bounds, Budgets, MAX_REASON_BYTES};
 

@@ -1,9 +1,7 @@
 //! The request examples of docs/rules-service.md, run in order against a fresh SQLite store, so
 //! the documentation cannot drift from what the service accepts.
 
-mod common;
-
-use common::{Db, start};
+use crate::common::{Db, start};
 
 /// Every ```http block of the page: `METHOD PATH`, a blank line, the body.
 fn examples(page: &str) -> Vec<(String, String, String)> {

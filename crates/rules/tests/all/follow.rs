@@ -2,12 +2,10 @@
 //! change becomes a snapshot with the store's version and the consumer's own identity and control
 //! sections, and a change that cannot be rendered leaves the rules in force.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Db, Service, eventually, rule, start};
+use crate::common::{Db, Service, eventually, rule, start};
 use serde_json::json;
 use spillway_core::config::ConfigFile;
 use spillway_core::rules::RulesSnapshot;

@@ -3,11 +3,9 @@
 //! per minute and region, summed for a validation window, and pruned past their retention; and
 //! the writer task, which keeps going when the store fails.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Db;
+use crate::common::Db;
 use spillway_core::history::{HistoryBatch, HistoryRow};
 use spillway_rules::Store;
 use spillway_rules::store::history::{HistoryTotals, write_history_from};

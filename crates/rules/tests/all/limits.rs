@@ -2,9 +2,7 @@
 //! problem document naming the limit, a client without a token is refused before its body is
 //! read, and a file of more buckets than a configuration holds is refused naming that limit.
 
-mod common;
-
-use common::{Db, start};
+use crate::common::{Db, start};
 use spillway_core::config::{MAX_BUCKETS, MAX_CONFIG_BYTES};
 
 /// A valid configuration padded with a comment to `bytes` bytes.

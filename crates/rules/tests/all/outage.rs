@@ -6,8 +6,6 @@
 //! the stop or start returns; every wait is bounded. A server frozen with SIGSTOP, which
 //! answers nothing at all, releases the requests waiting on it within the same bounds.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -16,7 +14,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Db, Service, rule, start};
+use crate::common::{Db, Service, rule, start};
 use spillway_rules::client::{RulesClient, RulesResponse};
 use spillway_testkit::Postgres;
 

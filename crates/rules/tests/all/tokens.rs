@@ -5,11 +5,9 @@
 //! itself on both stores: admin only, never a secret listed, the last admin kept, and the tokens
 //! of a store made before tokens had a table of their own still working after the upgrade.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Db, Service, start};
+use crate::common::{Db, Service, start};
 use serde_json::{Value, json};
 use spillway_rules::time::now_millis;
 
@@ -329,7 +327,7 @@ fn a_token_list_shows_no_secret(db: Db) {
             .status,
         200
     );
-    common::eventually(Duration::from_secs(10), || {
+    crate::common::eventually(Duration::from_secs(10), || {
         let listed = service
             .client(&service.admin)
             .get("/v1/tokens?user=bob")
@@ -368,7 +366,7 @@ fn users_are_created_changed_and_deleted(db: Db) {
     assert_eq!(made.body["user"]["active_tokens"], 1);
     assert!(made.body["token"]["expires_at"].is_string());
     let dora = made.body["token"]["token"].as_str().unwrap().to_owned();
-    let written = service.create(&dora, &common::rule(1));
+    let written = service.create(&dora, &crate::common::rule(1));
     assert_eq!(
         written.status, 201,
         "a service account writes: {}",
@@ -391,7 +389,7 @@ fn users_are_created_changed_and_deleted(db: Db) {
         .unwrap();
     assert_eq!(viewer.status, 200, "{}", viewer.body);
     assert_eq!(viewer.body["role"], "viewer");
-    let mut rule = common::rule(2);
+    let mut rule = crate::common::rule(2);
     rule["name"] = json!("gw-2");
     assert_eq!(service.create(&dora, &rule).status, 403);
 
@@ -580,7 +578,7 @@ fn tokens_made_before_the_upgrade_still_work(db: Db) {
             1,
             "rules".into(),
             MigrationType::Simple,
-            include_str!("../../db/migrations/0001_rules.sql").into_sql_str(),
+            include_str!("../../../db/migrations/0001_rules.sql").into_sql_str(),
             false,
         );
         Migrator::with_migrations(vec![first]).run(&pool).await.unwrap();

@@ -2,12 +2,10 @@
 //! LISTEN/NOTIFY and on SQLite in-process, resyncs after PostgreSQL restarts, and drops an
 //! incident override when its time is up even with no rules service running.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Db, eventually, rule, start};
+use crate::common::{Db, eventually, rule, start};
 use serde_json::json;
 use spillway_rules::rule::parse_rule;
 use spillway_rules::{Role, RulesWatcher, Store};
@@ -114,7 +112,7 @@ fn postgres_restart_misses_no_version() {
         (watcher.current().version == 1).then_some(())
     });
 
-    let common::Db::Postgres(pg) = &mut service.db else {
+    let crate::common::Db::Postgres(pg) = &mut service.db else {
         unreachable!()
     };
     pg.restart().expect("PostgreSQL restarts");

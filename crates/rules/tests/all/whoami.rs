@@ -1,9 +1,7 @@
 //! `GET /v1/whoami`: the caller as its token names it, for every role, on a real SQLite store;
 //! what the configurator finds its own rules by (`created_by`).
 
-mod common;
-
-use common::{Db, start};
+use crate::common::{Db, start};
 
 #[test]
 fn whoami_names_the_tokens_user_and_role_and_needs_a_token() {
