@@ -19,7 +19,7 @@
 //! at the middle phase) to `OUT` (default: the system's temporary folder). Every load is bounded:
 //! a run lasts 15-16 s.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/all/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

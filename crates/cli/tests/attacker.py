@@ -11,7 +11,7 @@ answered or stayed silent, else the gRPC status code name; `detail`: its message
         [--cert cert.pem --key key.pem --ca ca.pem] [--host-id h1 --region r --zone z] \
         [--service api --bucket all] [--seconds 2]
 
-Used by crates/cli/tests/tls.rs; grpcio and grpcio-tools come from PyPI (scripts/test installs
+Used by crates/cli/tests/all/tls.rs; grpcio and grpcio-tools come from PyPI (scripts/test installs
 them when missing).
 """
 

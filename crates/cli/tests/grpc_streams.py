@@ -1,4 +1,4 @@
-"""A raw HTTP/2 client against a gRPC listener, for crates/cli/tests/grpc_bounds.rs.
+"""A raw HTTP/2 client against a gRPC listener, for crates/cli/tests/all/grpc_bounds.rs.
 
 It writes frames itself (hyperframe and hpack, from the `h2` package) so that it can do what a
 well-behaved client library refuses to: open streams beyond the server's advertised

@@ -15,7 +15,7 @@ an aggregator. Prints JSON lines; three modes:
              {"event": "reported", "t": 4.1, "refused": 0}   (all reports sent and answered)
              {"event": "closed", "t": 9.0}                    (every stream ended)
 
-Used by crates/cli/tests/rlqs_crowd.rs.
+Used by crates/cli/tests/all/rlqs_crowd.rs.
 """
 
 import argparse

@@ -14,7 +14,7 @@ ALLOW_ALL would), and reports its usage every `--interval` seconds. It prints JS
         --route checkout --route search --instances 3 --rps 100 --interval 0.5 --seconds 10 \
         [--reconnect-at 6] [--bad empty-domain]
 
-Used by crates/cli/tests/rlqs.rs; grpcio and grpcio-tools come from PyPI (scripts/test installs
+Used by crates/cli/tests/all/rlqs.rs; grpcio and grpcio-tools come from PyPI (scripts/test installs
 them when missing). The stubs are generated at run time, never from Spillway's code.
 """
 

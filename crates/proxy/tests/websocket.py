@@ -1,4 +1,4 @@
-"""A real WebSocket peer for the proxy's upgrade tests (crates/proxy/tests/websocket.rs).
+"""A real WebSocket peer for the proxy's upgrade tests (crates/proxy/tests/all/websocket.rs).
 
 server: an echo server on 127.0.0.1, its port printed on the first line, one line per
         connection it accepted ("connected") after that.

@@ -18,7 +18,7 @@ or, for a call the server refused, {"error": "INVALID_ARGUMENT", "details": "...
 
     envoy_client.py --proto-dir crates/rls/tests/proto --target 127.0.0.1:8089 < requests.jsonl
 
-Used by crates/cli/tests/rls_python.rs; grpcio and grpcio-tools come from PyPI (scripts/test
+Used by crates/cli/tests/all/rls_python.rs; grpcio and grpcio-tools come from PyPI (scripts/test
 installs them in the virtual environment of SPILLWAY_PYTHON).
 """
 

@@ -22,7 +22,7 @@ pub fn table(results: &[RunResult]) -> String {
             s.name, s.about, s.duration_s, first.seed
         );
     }
-    // New columns go last: scripts read the table by column (crates/cli/tests/sim.rs).
+    // New columns go last: scripts read the table by column (crates/cli/tests/all/sim.rs).
     out.push_str(
         "| algorithm | enforcement delay | steady-state error | peak overshoot after 1 s | Jain fairness | wrongful drops | control-plane B/host/s | added latency p50 / p99 | second after first |\n",
     );

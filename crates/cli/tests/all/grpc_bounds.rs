@@ -13,7 +13,6 @@
 //! The interpreter is `SPILLWAY_PYTHON` (scripts/test makes a virtual environment with `h2`),
 //! else `python3`.
 
-mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -22,8 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::fleet::{aggregator, controller, wait_for};
-use support::{Proxy, SPILLWAY, free_port, get, upstream};
+use crate::support::fleet::{aggregator, controller, wait_for};
+use crate::support::{Proxy, SPILLWAY, free_port, get, upstream};
 
 const RLQS_METHOD: &str =
     "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";

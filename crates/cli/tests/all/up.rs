@@ -1,7 +1,6 @@
 //! `spillway up -c FILE` as a process: one node (rules service, controller, aggregator, linked
 //! sidecar) forwards to a real upstream, answers on every admin endpoint, and stops on SIGTERM.
 
-mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -173,8 +172,8 @@ fn up_serves_loopback_only_unless_asked_and_its_admin_ports_always() {
 }
 
 /// The rules the node's rules service lists, with a token made in its store.
-fn listed_rules(up: &support::up::Up, user: &str) -> Vec<serde_json::Value> {
-    let token = support::up::user(&up.db, user, "viewer");
+fn listed_rules(up: &crate::support::up::Up, user: &str) -> Vec<serde_json::Value> {
+    let token = crate::support::up::user(&up.db, user, "viewer");
     let client = spillway_rules::client::RulesClient::new(
         &format!("http://127.0.0.1:{}", up.rules),
         Some(token),
@@ -189,13 +188,13 @@ fn up_starts_again_on_its_state_with_its_users_and_rules() {
     let dir = tempfile::tempdir().unwrap();
     let config =
         "version: 1\nservices:\n  api:\n    buckets:\n      - { name: orders, limit: 100/s }\n";
-    let mut first = support::up::up(dir.path(), config);
+    let mut first = crate::support::up::up(dir.path(), config);
     let rules = listed_rules(&first, "first");
     assert_eq!(rules.len(), 1, "{rules:?}");
     let status = first.proc.terminate();
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     // The same state: it found its users and the same rules, and made no second copy of either.
-    let mut second = support::up::up(dir.path(), config);
+    let mut second = crate::support::up::up(dir.path(), config);
     let again = listed_rules(&second, "second");
     assert_eq!(again, rules);
     let status = second.proc.terminate();

@@ -4,15 +4,14 @@
 //! traffic, named by the client in `rpc-criticality`. The sheddable requests absorb the drops,
 //! on every proxy, and critical traffic loses under 1%.
 
-mod support;
 
 use std::time::Duration;
 
-use support::fleet::{
+use crate::support::fleet::{
     Load, Proc, admin_get, aggregator, controller, keep_alive_upstream, linked_proxy, metric,
     wait_for,
 };
-use support::free_port;
+use crate::support::free_port;
 
 /// One global drop-ratio bucket of `limit`/s, reports every 250 ms.
 fn rules(limit: u32) -> String {

@@ -4,15 +4,14 @@
 //! streams beyond a host's cap are refused with RESOURCE_EXHAUSTED; and 30 streams of 10,000
 //! bucket ids of 200 bytes each stay within the aggregator's caps and give their memory back.
 
-mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::fleet::{Proc, aggregator, controller, metric, wait_for};
-use support::free_port;
+use crate::support::fleet::{Proc, aggregator, controller, metric, wait_for};
+use crate::support::free_port;
 
 /// Reports every 500 ms; `checkout` a drop-ratio bucket of 150/s.
 const RULES: &str = "version: 1\ncontrol:\n  report_interval: 500ms\n  instruction_ttl: 3s\nservices:\n  edge:\n    buckets:\n      - name: checkout\n        match: { descriptor: { domain: edge, entries: [ {key: route, value: checkout} ] } }\n        limit: 150/s\n";
@@ -44,7 +43,7 @@ impl Zone {
         args.extend_from_slice(extra);
         let aggregator = aggregator(free_port(), "z1", controller_port, &args);
         wait_for(Duration::from_secs(30), "the aggregator is ready", || {
-            support::get(([127, 0, 0, 1], admin).into(), "/readyz")
+            crate::support::get(([127, 0, 0, 1], admin).into(), "/readyz")
                 .is_ok_and(|(status, _)| status == 200)
         });
         Zone {
@@ -57,7 +56,7 @@ impl Zone {
     }
 
     fn metric(&self, name: &str, with: &str) -> Option<f64> {
-        let (_, metrics) = support::get(([127, 0, 0, 1], self.admin).into(), "/metrics").ok()?;
+        let (_, metrics) = crate::support::get(([127, 0, 0, 1], self.admin).into(), "/metrics").ok()?;
         metric(&metrics, name, with)
     }
 

@@ -6,14 +6,13 @@
 //! reconnected instance is assigned again; bad usage reports end the stream with
 //! INVALID_ARGUMENT; and the listener's loopback rule holds.
 
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::fleet::{Proc, aggregator, controller, metric, wait_for};
-use support::{SPILLWAY, free_port};
+use crate::support::fleet::{Proc, aggregator, controller, metric, wait_for};
+use crate::support::{SPILLWAY, free_port};
 
 /// Reports every 500 ms; `checkout` a drop-ratio bucket of `limit`/s, `search` a local fixed
 /// window of 40/s per instance.
@@ -65,7 +64,7 @@ impl Zone {
             ],
         );
         wait_for(Duration::from_secs(30), "the aggregator is ready", || {
-            support::get(([127, 0, 0, 1], aggregator_admin).into(), "/readyz")
+            crate::support::get(([127, 0, 0, 1], aggregator_admin).into(), "/readyz")
                 .is_ok_and(|(status, _)| status == 200)
         });
         Zone {
@@ -152,7 +151,7 @@ fn envoy_instances_over_the_limit_are_assigned_the_limit_and_follow_the_rules() 
                 "three RLQS streams attached",
                 || {
                     let (_, metrics) =
-                        support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics")
+                        crate::support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics")
                             .unwrap();
                     metric(&metrics, "spillway_aggregator_local_clients", "") == Some(3.0)
                 },
@@ -238,11 +237,11 @@ fn envoy_instances_over_the_limit_are_assigned_the_limit_and_follow_the_rules() 
     // The streams ended with the client: none attached now. The aggregator stops cleanly.
     wait_for(Duration::from_secs(5), "no RLQS stream attached", || {
         let (_, metrics) =
-            support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics").unwrap();
+            crate::support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics").unwrap();
         metric(&metrics, "spillway_aggregator_local_clients", "") == Some(0.0)
     });
     let mut aggregator = zone.aggregator;
-    let status = support::terminate(&mut aggregator.0, Duration::from_secs(20));
+    let status = crate::support::terminate(&mut aggregator.0, Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 

@@ -5,7 +5,6 @@
 //! The promtool parts need Debian's `prometheus` package; without `promtool` on `PATH` they are
 //! skipped with a message, unless `SPILLWAY_REQUIRE_PROMTOOL` is set, when they fail.
 
-mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek};
@@ -15,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use spillway_testkit::RedisServer;
-use support::fleet::{Proc, admin_get, wait_for};
-use support::{Proxy, free_port, get, upstream};
+use crate::support::fleet::{Proc, admin_get, wait_for};
+use crate::support::{Proxy, free_port, get, upstream};
 
 const ALERTS: &str = "deploy/prometheus/alerts.yml";
 const ALERTS_TEST: &str = "deploy/prometheus/alerts_test.yml";

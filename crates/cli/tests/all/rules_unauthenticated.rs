@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 
-mod support;
-use support::{SPILLWAY, free_port};
+use crate::support::{SPILLWAY, free_port};
 
 const ATTACKER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 const ADMIN: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -178,7 +177,7 @@ async fn a_burst_of_made_up_tokens_holds_bounded_memory_and_an_admin_elsewhere_i
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
     // Never used before the burst: its check waits in the same queue as the attacker's.
-    let admin = support::up::user(&database, "alice", "admin");
+    let admin = crate::support::up::user(&database, "alice", "admin");
     let server = Server::start(&database).await;
     let before = server.status_kb("VmHWM");
 
@@ -243,7 +242,7 @@ async fn a_burst_of_made_up_tokens_holds_bounded_memory_and_an_admin_elsewhere_i
 async fn made_up_tokens_from_many_addresses_wait_in_a_short_queue_and_memory_is_returned() {
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
-    let _admin = support::up::user(&database, "alice", "admin");
+    let _admin = crate::support::up::user(&database, "alice", "admin");
     let server = Server::start(&database).await;
     let before = server.status_kb("VmRSS");
 
@@ -291,7 +290,7 @@ async fn made_up_tokens_from_many_addresses_wait_in_a_short_queue_and_memory_is_
 async fn wrong_secrets_for_a_real_token_id_are_throttled_and_its_holder_is_not() {
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
-    let admin = support::up::user(&database, "alice", "admin");
+    let admin = crate::support::up::user(&database, "alice", "admin");
     let server = Server::start(&database).await;
     let ok = get(ADMIN, server.addr, "/v1/whoami", Some(&admin))
         .await
@@ -333,7 +332,7 @@ async fn wrong_secrets_for_a_real_token_id_are_throttled_and_its_holder_is_not()
 async fn a_wrong_token_sent_again_is_refused_without_a_check() {
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
-    let _admin = support::up::user(&database, "alice", "admin");
+    let _admin = crate::support::up::user(&database, "alice", "admin");
     let server = Server::start(&database).await;
     // Each check is charged to the address, whose allowance is ten: fifty answers of 401 and
     // none of 429 mean the same wrong token was checked once.

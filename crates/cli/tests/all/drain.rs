@@ -2,13 +2,12 @@
 //! upstream; a request still waiting on the upstream at the deadline gets `503` with
 //! `connection: close`, is logged and counted, and the proxy still exits 0.
 
-mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::{Proxy, upstream_after};
+use crate::support::{Proxy, upstream_after};
 
 /// Sends one GET on its own thread; the answer's head and body, and when it came.
 fn get_in_background(addr: SocketAddr) -> std::thread::JoinHandle<(String, Instant)> {

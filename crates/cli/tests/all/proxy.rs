@@ -3,8 +3,7 @@
 
 use std::process::Command;
 
-mod support;
-use support::{Proxy, SPILLWAY, get, upstream};
+use crate::support::{Proxy, SPILLWAY, get, upstream};
 
 #[test]
 fn the_proxy_forwards_limits_serves_metrics_and_exits_0_on_sigterm() {

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
-use support::{SPILLWAY, free_port};
+use crate::support::{SPILLWAY, free_port};
 
 fn workspace_file(relative: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -63,7 +62,7 @@ fn stderr(output: &Output) -> String {
 }
 
 fn create_user(database: &str, name: &str, role: &str) -> String {
-    support::up::user(database, name, role)
+    crate::support::up::user(database, name, role)
 }
 
 /// The rules service as a child process, stopped with SIGTERM when dropped.
@@ -74,7 +73,7 @@ struct Server {
 
 impl Server {
     fn start(database: &str) -> Server {
-        let port = support::free_port();
+        let port = crate::support::free_port();
         let child = Command::new(SPILLWAY)
             .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--database", database])
@@ -99,7 +98,7 @@ impl Server {
     /// `rules serve` over TLS on 127.0.0.1 with `DIR/cert.pem` and `DIR/key.pem`, once its port
     /// accepts connections.
     fn start_tls(database: &str, tls: &Path) -> Server {
-        let port = support::free_port();
+        let port = crate::support::free_port();
         let child = Command::new(SPILLWAY)
             .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--database", database])
@@ -217,7 +216,7 @@ fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
         format!("127.0.0.1:{admin_port}"),
     );
     // Killed when dropped, so a failure leaves no process behind.
-    let controller = support::fleet::Proc::spawn(&[
+    let controller = crate::support::fleet::Proc::spawn(&[
         "controller",
         "--listen",
         &controller_listen,
@@ -230,7 +229,7 @@ fn an_admin_applies_lists_inspects_and_deletes_rules_through_the_cli() {
     ]);
     let started = Instant::now();
     let listed = loop {
-        let body = support::fleet::admin_get(admin_port, "/v1/rules/changes");
+        let body = crate::support::fleet::admin_get(admin_port, "/v1/rules/changes");
         if body.contains("alice") {
             break body;
         }
@@ -315,9 +314,9 @@ fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("spillway.yaml");
     std::fs::write(&file, "version: 1\n").unwrap();
-    let proxy = support::Proxy::start_with(&file, support::upstream(), &["--database", &database]);
+    let proxy = crate::support::Proxy::start_with(&file, crate::support::upstream(), &["--database", &database]);
     let status = |path: &str| {
-        support::get(proxy.listen, path)
+        crate::support::get(proxy.listen, path)
             .expect("the proxy answers")
             .0
     };
@@ -695,7 +694,7 @@ fn rules_serve_with_insecure_plaintext_starts_off_loopback_and_both_sides_warn()
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
     let admin = create_user(&database, "alice", "admin");
-    let port = support::free_port();
+    let port = crate::support::free_port();
     let mut child = Command::new(SPILLWAY)
         .args(["rules", "serve", "--listen", &format!("0.0.0.0:{port}")])
         .args(["--database", &database, "--insecure-plaintext"])

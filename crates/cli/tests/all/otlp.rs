@@ -5,7 +5,6 @@
 //! server on a loopback port. Without the flag nothing is sent, and a URL the exporter cannot
 //! use is refused before the start.
 
-mod support;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -21,9 +20,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use support::SPILLWAY;
-use support::fleet::{Load, wait_for};
-use support::up::{up_with, user};
+use crate::support::SPILLWAY;
+use crate::support::fleet::{Load, wait_for};
+use crate::support::up::{up_with, user};
 
 /// A span as the collector received it.
 #[derive(Debug, Clone)]

@@ -4,7 +4,6 @@
 //! aggregator, a host of its zone whose drop-ratio descriptor bucket follows the fleet; and its
 //! listener's loopback rule.
 
-mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spillway_rls::pb::{self, Code, RateLimitServiceClient, request};
-use support::fleet::{admin_get, aggregator, controller, metric, wait_for};
-use support::{SPILLWAY, free_port, get};
+use crate::support::fleet::{admin_get, aggregator, controller, metric, wait_for};
+use crate::support::{SPILLWAY, free_port, get};
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/envoy-ratelimit.yaml")
@@ -57,7 +56,7 @@ impl Service {
     }
 
     fn terminate(mut self) -> std::process::ExitStatus {
-        support::terminate(&mut self.child, Duration::from_secs(15))
+        crate::support::terminate(&mut self.child, Duration::from_secs(15))
     }
 }
 

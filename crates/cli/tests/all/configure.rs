@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
 
 /// A fixed end of the lookback, so the synthetic history is the same at every run.
 const UNTIL: &str = "2026-01-01T00:00:00Z";
@@ -649,7 +648,7 @@ fn the_current_limits_can_come_from_the_rules_service() {
     let dir = Dir::new();
     let database = format!("sqlite://{}", dir.path().join("rules.db").display());
     let spillway = |args: &[&str], token: Option<&str>| {
-        let mut command = Command::new(support::SPILLWAY);
+        let mut command = Command::new(crate::support::SPILLWAY);
         command
             .current_dir(dir.path())
             .args(args)
@@ -675,9 +674,9 @@ fn the_current_limits_can_come_from_the_rules_service() {
     );
     assert!(created.status.success(), "{}", stderr(&created));
     let token = stdout(&created).trim().to_owned();
-    let port = support::free_port();
+    let port = crate::support::free_port();
     let _server = Killed(
-        Command::new(support::SPILLWAY)
+        Command::new(crate::support::SPILLWAY)
             .args(["rules", "serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--database", &database])
             .stderr(Stdio::null())
@@ -769,7 +768,7 @@ fn a_prometheus_without_the_series_or_refusing_the_query_is_a_clear_error() {
     };
     let dir = Dir::new();
     dir.write("prometheus.yml", "global:\n  scrape_interval: 1h\n");
-    let port = support::free_port();
+    let port = crate::support::free_port();
     let mut child = Killed(
         Command::new(prometheus)
             .current_dir(dir.path())

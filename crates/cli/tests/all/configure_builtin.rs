@@ -6,15 +6,14 @@
 //! that bucket is tried as a candidate, held, retuned and promoted in one change. Bad input is
 //! refused.
 
-mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::fleet::{Load, Proc, wait_for};
-use support::up::{up, user};
-use support::{SPILLWAY, free_port};
+use crate::support::fleet::{Load, Proc, wait_for};
+use crate::support::up::{up, user};
+use crate::support::{SPILLWAY, free_port};
 
 /// `spillway configure ARGS...`: (exit code, stdout, stderr).
 pub fn configure(args: &[&str]) -> (i32, String, String) {
@@ -143,7 +142,7 @@ fn rule(rules: u16, token: &str, name: &str) -> Option<Value> {
 
 /// The proxy's count of `decision` for api/guard, over every criticality tier.
 fn guard(admin: u16, decision: &str) -> f64 {
-    let body = support::fleet::admin_get(admin, "/metrics");
+    let body = crate::support::fleet::admin_get(admin, "/metrics");
     let with = format!("bucket=\"guard\",decision=\"{decision}\"");
     body.lines()
         .filter(|l| l.starts_with("spillway_requests_total") && l.contains(&with))
@@ -161,7 +160,7 @@ struct Rollout {
 }
 
 impl Rollout {
-    fn new(dir: &std::path::Path, up: &support::up::Up, token: String) -> Self {
+    fn new(dir: &std::path::Path, up: &crate::support::up::Up, token: String) -> Self {
         Rollout {
             quotas: dir.join("quotas.yaml"),
             source: format!("builtin:{}", up.db),
@@ -429,7 +428,7 @@ fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_ad
         &dir.path().join("run.log"),
     );
     let metric = |name: &str, with: &str| {
-        support::fleet::metric(&support::fleet::admin_get(admin, "/metrics"), name, with)
+        crate::support::fleet::metric(&crate::support::fleet::admin_get(admin, "/metrics"), name, with)
     };
     let steps = |action: &str| {
         metric(

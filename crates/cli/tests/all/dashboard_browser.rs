@@ -12,14 +12,13 @@
 //! `SPILLWAY_DASHBOARD_SCREENSHOT=FILE` the screenshot is also copied to FILE (how
 //! docs/dashboard.png is made).
 
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::fleet::{Load, Proc, admin_get, keep_alive_upstream, metric, wait_for};
-use support::{SPILLWAY, free_port};
+use crate::support::fleet::{Load, Proc, admin_get, keep_alive_upstream, metric, wait_for};
+use crate::support::{SPILLWAY, free_port};
 
 /// How long one Chromium run may take.
 const CHROMIUM_LIMIT: Duration = Duration::from_secs(60);

@@ -2,16 +2,15 @@
 //! aggregator and two linked proxies as processes on loopback, a real upstream, and paced load
 //! whose 429s are counted at the proxies.
 
-mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use support::fleet::{
+use crate::support::fleet::{
     Load, Proc, admin_get, aggregator, controller, keep_alive_upstream, linked_proxy, metric,
     wait_for,
 };
-use support::free_port;
+use crate::support::free_port;
 const TTL: Duration = Duration::from_secs(1);
 
 /// One global drop-ratio bucket of `limit`/s, reports every 250 ms, instructions valid 1 s.

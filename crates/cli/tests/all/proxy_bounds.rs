@@ -9,8 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
-use support::{SPILLWAY, free_port, get, upstream};
+use crate::support::{SPILLWAY, free_port, get, upstream};
 
 /// The client connection preface of HTTP/2 and an empty SETTINGS frame.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";

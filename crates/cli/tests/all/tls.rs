@@ -4,16 +4,15 @@
 //! limit, impostors played by a Python grpcio client built from the project's own proto, and a
 //! certificate rotation mid-run.
 
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::SPILLWAY;
-use support::fleet::{Load, Proc, keep_alive_upstream, metric, wait_for};
-use support::free_port;
+use crate::support::SPILLWAY;
+use crate::support::fleet::{Load, Proc, keep_alive_upstream, metric, wait_for};
+use crate::support::free_port;
 
 /// A GET on an admin port that speaks TLS (it has the process's certificate), verified against
 /// `ca`; the body, or an empty string when it is not answering.

@@ -7,9 +7,8 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
-use support::fleet::{Proc, aggregator, controller};
-use support::{SPILLWAY, free_port};
+use crate::support::fleet::{Proc, aggregator, controller};
+use crate::support::{SPILLWAY, free_port};
 
 const EXPECTED: [(&str, &str); 4] = [
     (
@@ -130,7 +129,7 @@ fn every_kind_of_listener_sends_the_security_headers() {
         "the aggregator's admin listener",
     );
 
-    let proxy = support::Proxy::start(&rules, support::upstream());
+    let proxy = crate::support::Proxy::start(&rules, crate::support::upstream());
     assert_headers(
         proxy.admin.port(),
         &["/healthz", "/readyz", "/metrics", "/nowhere"],

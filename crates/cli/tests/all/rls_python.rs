@@ -17,8 +17,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-mod support;
-use support::{Proxy, SPILLWAY, free_port, upstream};
+use crate::support::{Proxy, SPILLWAY, free_port, upstream};
 
 fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
