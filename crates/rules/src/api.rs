@@ -246,7 +246,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     match liveness.version() {
         Some(version) => {
             let gauge = Gauge::<i64>::default();
-            gauge.set(i64::try_from(version).unwrap_or(i64::MAX));
+            gauge.set(version);
             registry.register(
                 "spillway_rules_version",
                 "The rules version in the store, as last read",

@@ -14,7 +14,7 @@ use spillway_configure::{
     CapacityFile, CurrentLimits, Headroom, HistorySource, Params, PlanError, PolicyFile,
     PolicyKind, QuotaFile, Settings, SourceError, Window, chart, report,
 };
-use spillway_rules::client::{RulesClient, RulesResponse};
+use spillway_rules::client::RulesClient;
 
 use crate::duration::duration;
 
@@ -295,13 +295,10 @@ fn current(args: &PlanArgs) -> Result<CurrentLimits, ExitCode> {
                 ExitCode::from(2)
             });
     }
-    let server = args.server.as_deref().unwrap_or_default();
-    let client = client(args)?;
-    let rules = client
-        .get("/v1/rules")
-        .and_then(RulesResponse::ok)
+    let rules = client(args)?
+        .rules(None)
         .map_err(|e| failure(format!("the current limits: {e}")))?;
-    CurrentLimits::from_rules(&rules.body).map_err(|e| failure(format!("{server}: {e}")))
+    Ok(CurrentLimits::from_rules(&rules))
 }
 
 /// The rules service of `--server`, with `--token` and `--ca`.
