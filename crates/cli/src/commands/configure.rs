@@ -373,7 +373,9 @@ pub(super) fn planned(
             && chart_error.is_none()
         {
             let path = dir.join(chart::file_name(p));
-            if let Err(err) = std::fs::write(&path, chart::svg(p, h)) {
+            let written = chart::svg(p, h)
+                .and_then(|svg| std::fs::write(&path, svg).map_err(|e| e.to_string()));
+            if let Err(err) = written {
                 chart_error = Some(format!("{}: {err}", path.display()));
             }
         }
