@@ -1,8 +1,12 @@
 //! One SVG per bucket: the history (each hour's highest minute), the forecast band of next
-//! week, and the current and proposed limits. Hand-written SVG: a few hundred lines of text
-//! that any browser shows, with no drawing library or font on the machine.
+//! week, and the current and proposed limits. Drawn with plotters' SVG backend alone, as the
+//! simulator's and the demo's charts are: text is left to the browser, so no font library or
+//! font file is needed to draw it.
 
-use std::fmt::Write as _;
+use plotters::coord::CoordTranslate;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::history::History;
 use crate::plan::Proposal;
@@ -10,12 +14,12 @@ use crate::report::rate;
 use crate::series::{DAY, HOUR, WEEK};
 use crate::time;
 
-const WIDTH: f64 = 960.0;
-const HEIGHT: f64 = 420.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 150.0;
-const TOP: f64 = 40.0;
-const BOTTOM: f64 = 55.0;
+const WIDTH: u32 = 960;
+const HEIGHT: u32 = 420;
+const LEFT: u32 = 70;
+const RIGHT: u32 = 150;
+const TOP: u32 = 40;
+const BOTTOM: u32 = 55;
 
 /// A file name for the bucket's chart: `api__gw-a.svg`, with anything but letters, digits, `.`,
 /// `_` and `-` replaced.
@@ -42,13 +46,6 @@ pub fn file_name(p: &Proposal) -> String {
     }
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 /// A round step for about `count` ticks up to `max`: 1, 2 or 5 times a power of ten.
 fn tick_step(max: f64, count: f64) -> f64 {
     let raw = (max / count).max(f64::MIN_POSITIVE);
@@ -70,15 +67,45 @@ fn tick_label(value: f64, step: f64) -> String {
 }
 
 /// The chart of one proposal and its history.
-pub fn svg(p: &Proposal, h: &History) -> String {
+pub fn svg(p: &Proposal, h: &History) -> Result<String, String> {
+    let mut out = String::new();
+    draw(&mut out, p, h).map_err(|e| format!("cannot draw the chart: {e}"))?;
+    out.push('\n');
+    Ok(out)
+}
+
+/// `#1f77b4` and the like, as plotters takes them.
+const fn colour(rgb: u32) -> RGBColor {
+    RGBColor((rgb >> 16) as u8, (rgb >> 8) as u8, rgb as u8)
+}
+
+const HISTORY: RGBColor = colour(0x1f77b4);
+const FORECAST: RGBColor = colour(0xe08900);
+const BAND: RGBColor = colour(0xf5a623);
+const CURRENT: RGBColor = colour(0x555555);
+const PROPOSED: RGBColor = colour(0xd62728);
+
+/// Text of `px` pixels (plotters writes a font's size as `size / 1.24`).
+fn text_style(px: f64, colour: RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
+    ("sans-serif", px * 1.24, FontStyle::Normal)
+        .into_font()
+        .color(&colour)
+        .pos(Pos::new(h, v))
+}
+
+fn line(colour: RGBColor, width: u32) -> ShapeStyle {
+    ShapeStyle::from(colour).stroke_width(width)
+}
+
+fn draw(out: &mut String, p: &Proposal, h: &History) -> Result<(), Box<dyn std::error::Error>> {
     let start = h.window.start;
     let end = h.window.end + WEEK;
-    let forecast: Vec<(i64, f64, f64, f64)> = (0..7 * 24)
+    let forecast: Vec<(f64, f64, f64, f64)> = (0..7 * 24)
         .filter_map(|hour| {
             let value = h.forecast_hour(hour)?;
             let (low, high) = h.forecast.as_ref().ok()?.band(value);
             Some((
-                h.window.end + hour as i64 * HOUR + HOUR / 2,
+                (h.window.end + hour as i64 * HOUR + HOUR / 2) as f64,
                 value,
                 low,
                 high,
@@ -98,182 +125,180 @@ pub fn svg(p: &Proposal, h: &History) -> String {
         * 1.1;
     let step = tick_step(ymax, 5.0);
     let ymax = (ymax / step).ceil() * step;
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let x = |t: i64| LEFT + (t - start) as f64 / (end - start) as f64 * plot_w;
-    let y = |v: f64| TOP + plot_h - v / ymax * plot_h;
+    let (x0, x1) = (start as f64, end as f64);
 
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let root = SVGBackend::with_string(out, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin_left(LEFT)
+        .margin_right(RIGHT)
+        .margin_top(TOP)
+        .margin_bottom(BOTTOM)
+        .build_cartesian_2d(x0..x1, 0.0..ymax)?;
+    let coords = chart.as_coord_spec().clone();
+    let at = |t: f64, v: f64| coords.translate(&(t, v));
+    let small = |colour, h, v| text_style(11.0, colour, h, v);
+
     let change = match (p.current_limit_rps, p.proposed_limit_rps) {
         (Some(c), Some(n)) => format!("{} → {}", rate(c), rate(n)),
         (None, Some(n)) => format!("new, {}", rate(n)),
         (Some(c), None) => rate(c),
         (None, None) => "no limit".to_owned(),
     };
-    let _ = writeln!(
-        s,
-        r#"<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{}/{} — {}: {} {} requests/s</text>"#,
-        escape(&p.service),
-        escape(&p.bucket),
-        p.policy.name(),
-        p.action.name(),
-        escape(&change)
-    );
-    // Grid and axes.
+    root.draw(&Text::new(
+        format!(
+            "{}/{} — {}: {} {change} requests/s",
+            p.service,
+            p.bucket,
+            p.policy.name(),
+            p.action.name()
+        ),
+        (LEFT as i32, 22),
+        ("sans-serif", 14.0 * 1.24, FontStyle::Bold)
+            .into_font()
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Left, VPos::Bottom)),
+    ))?;
+
+    // Grid and axes: a line and a label every `step` requests/s, a line every day, heavier
+    // and dated every week from the end of the history.
     let mut v = 0.0;
     while v <= ymax + step / 2.0 {
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + plot_w,
-            LEFT - 6.0,
-            y(v) + 4.0,
+        chart.draw_series([PathElement::new(
+            [(x0, v), (x1, v)],
+            line(RGBColor(0xe5, 0xe5, 0xe5), 1),
+        )])?;
+        let (x, y) = at(x0, v);
+        root.draw(&Text::new(
             tick_label(v, step),
-            y = y(v)
-        );
+            (x - 6, y),
+            small(BLACK, HPos::Right, VPos::Center),
+        ))?;
         v += step;
     }
     let mut day = start.div_euclid(DAY) * DAY + DAY;
     while day < end {
         let weekly = (day.div_euclid(DAY) - h.window.end.div_euclid(DAY)).rem_euclid(7) == 0;
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{:.1}" stroke="{}"/>"##,
-            TOP + plot_h,
-            if weekly { "#cccccc" } else { "#f2f2f2" },
-            x = x(day)
-        );
+        let grey = if weekly { 0xcc } else { 0xf2 };
+        let t = day as f64;
+        chart.draw_series([PathElement::new(
+            [(t, 0.0), (t, ymax)],
+            line(RGBColor(grey, grey, grey), 1),
+        )])?;
         if weekly {
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                x(day),
-                TOP + plot_h + 16.0,
-                time::format_date(day)
-            );
+            let (x, y) = at(t, 0.0);
+            root.draw(&Text::new(
+                time::format_date(day),
+                (x, y + 6),
+                small(BLACK, HPos::Center, VPos::Top),
+            ))?;
         }
         day += DAY;
     }
-    let _ = writeln!(
-        s,
-        r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{:.1}" stroke="#555" stroke-dasharray="2,3"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
-        TOP + plot_h,
-        TOP - 4.0,
+    let now = h.window.end as f64;
+    chart.draw_series([DashedPathElement::new(
+        [(now, 0.0), (now, ymax)],
+        2,
+        3,
+        line(CURRENT, 1),
+    )])?;
+    let (x, y) = at(now, ymax);
+    root.draw(&Text::new(
         time::format_minute(h.window.end),
-        x = x(h.window.end)
-    );
+        (x, y - 4),
+        small(CURRENT, HPos::Center, VPos::Bottom),
+    ))?;
+
     // The forecast band and its centre.
     if !forecast.is_empty() {
-        let mut d = String::new();
-        for (i, (t, _, _, high)) in forecast.iter().enumerate() {
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1} ",
-                if i == 0 { "M" } else { "L" },
-                x(*t),
-                y(*high)
-            );
-        }
-        for (t, _, low, _) in forecast.iter().rev() {
-            let _ = write!(d, "L{:.1},{:.1} ", x(*t), y(*low));
-        }
-        let _ = writeln!(
-            s,
-            r##"<path d="{d}Z" fill="#f5a623" fill-opacity="0.25" stroke="none"/>"##
-        );
-        let mut d = String::new();
-        for (i, (t, mid, _, _)) in forecast.iter().enumerate() {
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1} ",
-                if i == 0 { "M" } else { "L" },
-                x(*t),
-                y(*mid)
-            );
-        }
-        let _ = writeln!(
-            s,
-            r##"<path d="{d}" fill="none" stroke="#e08900" stroke-width="1.2"/>"##
-        );
+        let band = forecast
+            .iter()
+            .map(|f| (f.0, f.3))
+            .chain(forecast.iter().rev().map(|f| (f.0, f.2)));
+        chart.draw_series([Polygon::new(band.collect::<Vec<_>>(), BAND.mix(0.25))])?;
+        chart.draw_series([PathElement::new(
+            forecast.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(),
+            line(FORECAST, 1),
+        )])?;
     }
     // The history: each hour's highest minute, broken at gaps.
-    let mut d = String::new();
-    let mut pen_down = false;
-    for (hour, value) in h.hourly_max.iter().enumerate() {
-        if !value.is_finite() {
-            pen_down = false;
-            continue;
+    let hours = h.hourly_max.iter().enumerate().map(|(hour, value)| {
+        (
+            (start + hour as i64 * HOUR + HOUR / 2) as f64,
+            value.is_finite().then_some(*value),
+        )
+    });
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    for (t, value) in hours {
+        match value {
+            Some(v) => runs.last_mut().into_iter().for_each(|run| run.push((t, v))),
+            None if runs.last().is_some_and(|run| !run.is_empty()) => runs.push(Vec::new()),
+            None => {}
         }
-        let t = start + hour as i64 * HOUR + HOUR / 2;
-        let _ = write!(
-            d,
-            "{}{:.1},{:.1} ",
-            if pen_down { "L" } else { "M" },
-            x(t),
-            y(*value)
-        );
-        pen_down = true;
     }
-    let _ = writeln!(
-        s,
-        r##"<path d="{d}" fill="none" stroke="#1f77b4" stroke-width="1"/>"##
-    );
+    chart.draw_series(
+        runs.into_iter()
+            .filter(|run| !run.is_empty())
+            .map(|run| PathElement::new(run, line(HISTORY, 1))),
+    )?;
+
     // The limits, labelled at the right; two labels closer than a line of text are pushed
     // apart (a limit of 100 and a proposal of 200 on an axis up to 25,000 are 1 px apart).
-    let limits: Vec<(f64, &str, &str, &str)> = [
-        (p.current_limit_rps, "current", "#555555", "6,4"),
-        (p.proposed_limit_rps, "proposed", "#d62728", ""),
+    let limits: Vec<(f64, &str, RGBColor)> = [
+        (p.current_limit_rps, "current", CURRENT),
+        (p.proposed_limit_rps, "proposed", PROPOSED),
     ]
     .into_iter()
-    .filter_map(|(value, label, colour, dash)| value.map(|v| (v, label, colour, dash)))
+    .filter_map(|(value, label, colour)| value.map(|v| (v, label, colour)))
     .collect();
-    let mut label_y: Vec<f64> = limits.iter().map(|l| y(l.0) + 4.0).collect();
+    let mut label_y: Vec<i32> = limits.iter().map(|l| at(x1, l.0).1).collect();
+    let gap = TEXT_LINE as i32;
     if let [a, b] = label_y[..]
-        && (a - b).abs() < TEXT_LINE
+        && (a - b).abs() < gap
     {
-        let mid = (a + b) / 2.0;
-        let (upper, lower) = (mid - TEXT_LINE / 2.0, mid + TEXT_LINE / 2.0);
-        // The higher limit's label goes above (SVG's y grows downwards); equal ones: current.
+        let upper = (a + b) / 2 - gap / 2;
+        // The higher limit's label goes above (y grows downwards); equal ones: current.
         label_y = if a <= b {
-            vec![upper, lower]
+            vec![upper, upper + gap]
         } else {
-            vec![lower, upper]
+            vec![upper + gap, upper]
         };
     }
-    for ((v, label, colour, dash), ly) in limits.iter().zip(&label_y) {
-        let _ = writeln!(
-            s,
-            r#"<line x1="{LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="1.5" stroke-dasharray="{dash}"/><text x="{:.1}" y="{ly:.1}" fill="{colour}">{label} {}</text>"#,
-            LEFT + plot_w,
-            LEFT + plot_w + 6.0,
-            rate(*v),
-            y = y(*v)
-        );
+    for ((v, label, colour), ly) in limits.iter().zip(&label_y) {
+        let path = [(x0, *v), (x1, *v)];
+        if *label == "current" {
+            chart.draw_series([DashedPathElement::new(path, 6, 4, line(*colour, 2))])?;
+        } else {
+            chart.draw_series([PathElement::new(path, line(*colour, 2))])?;
+        }
+        root.draw(&Text::new(
+            format!("{label} {}", rate(*v)),
+            (at(x1, *v).0 + 6, *ly),
+            small(*colour, HPos::Left, VPos::Center),
+        ))?;
     }
+
     // Legend.
-    let legend = [
-        ("#1f77b4", "history: each hour's highest minute"),
-        ("#e08900", "forecast, with its band (±2σ)"),
-    ];
-    for (i, (colour, text)) in legend.iter().enumerate() {
-        let ly = HEIGHT - 10.0;
-        let lx = LEFT + i as f64 * 280.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{lx}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="{colour}" stroke-width="2"/><text x="{:.1}" y="{ly}">{text}</text>"#,
-            lx + 18.0,
-            ly - 4.0,
-            ly - 4.0,
-            lx + 22.0
-        );
+    for (i, (colour, text)) in [
+        (HISTORY, "history: each hour's highest minute"),
+        (FORECAST, "forecast, with its band (±2σ)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (lx, ly) = (LEFT as i32 + i as i32 * 280, HEIGHT as i32 - 14);
+        root.draw(&PathElement::new(
+            [(lx, ly), (lx + 18, ly)],
+            line(colour, 2),
+        ))?;
+        root.draw(&Text::new(
+            text,
+            (lx + 22, ly),
+            small(BLACK, HPos::Left, VPos::Center),
+        ))?;
     }
-    s.push_str("</svg>\n");
-    s
+    root.present()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -315,9 +340,10 @@ mod tests {
             action: PlanAction::Update,
             evidence: Evidence::default(),
         };
-        let svg = svg(&p, &h);
+        let svg = svg(&p, &h).unwrap();
         let label_y = |label: &str| -> f64 {
-            let head = &svg[..svg.find(&format!(">{label} ")).unwrap()];
+            // plotters writes a text's content on a line of its own.
+            let head = &svg[..svg.find(&format!(">\n{label} ")).unwrap()];
             let y = head.rsplit_once(" y=\"").unwrap().1;
             y[..y.find('"').unwrap()].parse().unwrap()
         };
@@ -328,6 +354,6 @@ mod tests {
             label_y("current"),
             label_y("proposed")
         );
-        assert!(svg.contains(">0</text>"), "the axis starts at 0");
+        assert!(svg.contains(">\n0\n</text>"), "the axis starts at 0");
     }
 }

@@ -1,10 +1,9 @@
 //! The limits in force, from a configuration file or the rules service's rules, reduced to what
 //! a plan compares with: per bucket, its rate and whether it is one exact (caller, procedure).
 
-use serde_json::Value;
 use spillway_core::config::{Config, Scope};
-use spillway_core::limit::Limit;
 use spillway_core::pattern::{MatchSpec, Pattern, SubjectValue};
+use spillway_core::rule::Rule;
 
 /// One bucket in force.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,64 +78,47 @@ impl CurrentLimits {
 
     /// The rules of `GET /v1/rules`. Incident overrides (rules with `expires_at`) are
     /// temporary and left out: a plan is about the standing limits.
-    pub fn from_rules(rules: &Value) -> Result<Self, String> {
-        let list = rules
-            .as_array()
-            .ok_or("the rules service's list of rules is not a JSON array")?;
-        let mut buckets = Vec::with_capacity(list.len());
-        for rule in list {
-            if !rule["expires_at"].is_null() {
-                continue;
-            }
-            let text = |key: &str| rule[key].as_str().map(str::to_owned);
-            let (Some(service), Some(bucket), Some(limit)) =
-                (text("service"), text("name"), text("limit"))
-            else {
-                return Err(format!(
-                    "a rule without service, name or limit: {}",
-                    rule.to_string().chars().take(200).collect::<String>()
-                ));
-            };
-            let limit =
-                Limit::parse(&limit).map_err(|e| format!("rule {service}/{bucket}: {e}"))?;
-            let matching = &rule["match"];
-            let field = |key: &str| matching[key].as_str();
-            let pair = match (field("caller"), field("procedure")) {
-                (Some(c), Some(p))
-                    if !c.contains('*')
-                        && !p.contains('*')
-                        && matching.as_object().is_some_and(|m| m.len() == 2) =>
-                {
-                    Some((c.to_owned(), p.to_owned()))
+    pub fn from_rules(rules: &[Rule]) -> Self {
+        let buckets = rules
+            .iter()
+            .filter(|rule| !rule.is_override())
+            .map(|rule| {
+                let bucket = &rule.bucket;
+                let matching = &bucket.match_;
+                let exact = |p: &Option<String>| p.clone().filter(|t| !t.contains('*'));
+                let subjects = [
+                    ("user", &matching.user),
+                    ("org", &matching.org),
+                    ("api_key", &matching.api_key),
+                    ("ip", &matching.ip),
+                ];
+                let only_pair = matching.descriptor.is_none()
+                    && subjects.iter().all(|(_, value)| value.is_none());
+                let pair = match (exact(&matching.caller), exact(&matching.procedure)) {
+                    (Some(c), Some(p)) if only_pair => Some((c, p)),
+                    _ => None,
+                };
+                CurrentBucket {
+                    service: rule.service.clone(),
+                    bucket: bucket.name.clone(),
+                    pair,
+                    per_subject: subjects
+                        .iter()
+                        .find(|(_, value)| value.as_deref() == Some("*"))
+                        .map(|(key, _)| (*key).to_owned()),
+                    limit_rps: bucket.limit.per_second(),
+                    regional: (bucket.scope == Scope::Region).then(|| {
+                        bucket
+                            .region_limits
+                            .iter()
+                            .flatten()
+                            .map(|(r, l)| (r.clone(), l.per_second()))
+                            .collect()
+                    }),
                 }
-                _ => None,
-            };
-            let per_subject = ["user", "org", "api_key", "ip"]
-                .into_iter()
-                .find(|k| field(k) == Some("*"))
-                .map(str::to_owned);
-            let regional = if rule["scope"] == "region" {
-                let mut limits = Vec::new();
-                for (region, text) in rule["region_limits"].as_object().into_iter().flatten() {
-                    let limit = Limit::parse(text.as_str().unwrap_or_default()).map_err(|e| {
-                        format!("rule {service}/{bucket}: region_limits.{region}: {e}")
-                    })?;
-                    limits.push((region.clone(), limit.per_second()));
-                }
-                Some(limits)
-            } else {
-                None
-            };
-            buckets.push(CurrentBucket {
-                service,
-                bucket,
-                pair,
-                per_subject,
-                limit_rps: limit.per_second(),
-                regional,
-            });
-        }
-        Ok(CurrentLimits { buckets })
+            })
+            .collect();
+        CurrentLimits { buckets }
     }
 
     pub fn get(&self, service: &str, bucket: &str) -> Option<&CurrentBucket> {
@@ -207,13 +189,22 @@ mod tests {
             c.get("api", "users").unwrap().per_subject.as_deref(),
             Some("user")
         );
-        let rules = serde_json::json!([
-            {"service": "api", "name": "gw-a", "match": {"caller": "gw", "procedure": "/a"}, "limit": "100/s"},
-            {"service": "api", "name": "tmp", "match": {}, "limit": "1/s", "expires_at": "2030-01-01T00:00:00Z"}
-        ]);
-        let r = CurrentLimits::from_rules(&rules).unwrap();
-        assert_eq!(r.buckets.len(), 1);
+        let owned = r#""version": 1, "created_by": "a", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z""#;
+        let rules: Vec<Rule> = serde_json::from_str(&format!(
+            r#"[
+            {{"id": "1", "service": "api", "name": "gw-a", "match": {{"caller": "gw", "procedure": "/a"}}, "limit": "100/s", {owned}}},
+            {{"id": "2", "service": "api", "name": "users", "match": {{"user": "*"}}, "limit": "5/s", {owned}}},
+            {{"id": "3", "service": "api", "name": "tmp", "match": {{}}, "limit": "1/s", "expires_at": "2030-01-01T00:00:00Z", {owned}}}
+        ]"#
+        ))
+        .unwrap();
+        let r = CurrentLimits::from_rules(&rules);
+        assert_eq!(r.buckets.len(), 2);
         assert_eq!(r.find_pair("api", "gw", "/a").unwrap().limit_rps, 100.0);
-        assert!(CurrentLimits::from_rules(&serde_json::json!({"a": 1})).is_err());
+        assert_eq!(
+            r.get("api", "users").unwrap().per_subject.as_deref(),
+            Some("user")
+        );
+        assert!(r.get("api", "users").unwrap().pair.is_none());
     }
 }

@@ -22,6 +22,11 @@
 //! (0.08%): promoted. Had it dropped 2,000 (0.2%): held, "would have dropped 0.20% of 1000000
 //! requests (at most 0.10%)".
 
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use spillway_core::limit::Limit;
+
 use crate::plan::{PlanAction, Proposal};
 pub use crate::series::Trial;
 
@@ -300,13 +305,26 @@ fn same_regions(a: &[(String, f64)], b: &[(String, f64)]) -> bool {
 /// (the shortest period that makes the count whole), or else per hour rounded up, never zero.
 /// 38.8/s is `2328/min`, 0.0124/s `44.64/h`, rounded up to `45/h`.
 pub fn limit_text(rps: f64) -> String {
-    for (seconds, unit) in [(1.0, "s"), (60.0, "min"), (3600.0, "h"), (86_400.0, "d")] {
-        let count = rps * seconds;
+    limit_of(rps).to_string()
+}
+
+/// [`limit_text`]'s limit: per second, minute, hour or day, whichever counts `rps` in whole
+/// requests first; else per hour, rounded up.
+pub fn limit_of(rps: f64) -> Limit {
+    let whole = |count: f64| NonZeroU64::new(count as u64).unwrap_or(NonZeroU64::MIN);
+    for seconds in [1, 60, 3600, 86_400] {
+        let count = rps * seconds as f64;
         if count >= 1.0 && (count - count.round()).abs() <= 1e-6 * count {
-            return format!("{}/{unit}", count.round() as u64);
+            return Limit {
+                count: whole(count.round()),
+                period: Duration::from_secs(seconds),
+            };
         }
     }
-    format!("{}/h", ((rps * 3600.0).ceil() as u64).max(1))
+    Limit {
+        count: whole((rps * 3600.0).ceil()),
+        period: Duration::from_secs(3600),
+    }
 }
 
 #[cfg(test)]

@@ -387,7 +387,7 @@ fn table_and_chart_explain_a_proposal() {
         &Settings::new(Params::default()),
         &current,
         |p, h| {
-            svg = chart::svg(p, h);
+            svg = chart::svg(p, h).unwrap();
         },
     )
     .unwrap();

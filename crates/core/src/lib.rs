@@ -22,6 +22,7 @@ pub mod limit;
 pub mod matcher;
 pub mod pattern;
 pub mod request_id;
+pub mod rule;
 pub mod rules;
 pub mod surge;
 pub mod time;

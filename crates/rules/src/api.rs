@@ -5,10 +5,8 @@
 //! it: while the probe finds it down they answer 503 at once, and a request already waiting on
 //! it when it is found down gets the same answer then.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Bytes;
 use axum::extract::{
@@ -20,6 +18,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -43,7 +46,8 @@ pub struct AppState {
     pub store: Store,
     pub bounds: Bounds,
     pub(crate) auth: Authenticator,
-    metrics: Arc<Mutex<BTreeMap<u16, u64>>>,
+    /// Answers by status, `/metrics` among them.
+    responses: Family<Vec<(&'static str, String)>, Counter>,
 }
 
 impl AppState {
@@ -58,7 +62,7 @@ impl AppState {
             store,
             bounds,
             auth,
-            metrics: Arc::default(),
+            responses: Family::default(),
         }
     }
 
@@ -145,9 +149,11 @@ pub fn router(state: AppState) -> Router {
 
 async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    if let Ok(mut map) = state.metrics.lock() {
-        *map.entry(response.status().as_u16()).or_default() += 1;
-    }
+    let status = response.status().as_u16().to_string();
+    state
+        .responses
+        .get_or_create(&vec![("status", status)])
+        .inc();
     response
 }
 
@@ -232,62 +238,71 @@ async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError>
     }
 }
 
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus metrics in the OpenMetrics text format", content_type = "application/openmetrics-text")))]
 async fn metrics(State(state): State<AppState>) -> Response {
     let liveness = state.store.liveness();
-    let mut text = String::new();
-    text.push_str("# HELP spillway_rules_version The rules version in the store, as last read.\n");
-    text.push_str("# TYPE spillway_rules_version gauge\n");
+    let mut registry = Registry::default();
+    // Before the first probe has read it, the version is not known: NaN, not a made-up 0.
     match liveness.version() {
-        Some(version) => text.push_str(&format!("spillway_rules_version {version}\n")),
-        None => text.push_str("spillway_rules_version NaN\n"),
-    }
-    text.push_str(
-        "# HELP spillway_rules_store_up Whether the store's database answered its last liveness probe.\n",
-    );
-    text.push_str("# TYPE spillway_rules_store_up gauge\n");
-    text.push_str(&format!(
-        "spillway_rules_store_up {}\n",
-        u8::from(liveness.is_up())
-    ));
-    text.push_str(
-        "# HELP spillway_rules_http_responses_total Answers of the rules service by status.\n",
-    );
-    text.push_str("# TYPE spillway_rules_http_responses_total counter\n");
-    if let Ok(map) = state.metrics.lock() {
-        for (status, n) in map.iter() {
-            text.push_str(&format!(
-                "spillway_rules_http_responses_total{{status=\"{status}\"}} {n}\n"
-            ));
+        Some(version) => {
+            let gauge = Gauge::<i64>::default();
+            gauge.set(version);
+            registry.register(
+                "spillway_rules_version",
+                "The rules version in the store, as last read",
+                gauge,
+            );
+        }
+        None => {
+            let gauge = Gauge::<f64, AtomicU64>::default();
+            gauge.set(f64::NAN);
+            registry.register(
+                "spillway_rules_version",
+                "The rules version in the store, as last read",
+                gauge,
+            );
         }
     }
+    let up = Gauge::<i64>::default();
+    up.set(i64::from(liveness.is_up()));
+    registry.register(
+        "spillway_rules_store_up",
+        "Whether the store's database answered its last liveness probe",
+        up,
+    );
+    registry.register(
+        "spillway_rules_http_responses",
+        "Answers of the rules service by status",
+        state.responses.clone(),
+    );
     let counts = state.auth.guard().counts();
     for (name, help, value) in [
         (
-            "spillway_rules_auth_failures_total",
-            "Bearer tokens refused as wrong or unknown (401).",
+            "spillway_rules_auth_failures",
+            "Bearer tokens refused as wrong or unknown (401)",
             &counts.failed,
         ),
         (
-            "spillway_rules_auth_throttled_total",
-            "Bearer tokens refused unchecked: their address or token id failed too often (429).",
+            "spillway_rules_auth_throttled",
+            "Bearer tokens refused unchecked: their address or token id failed too often (429)",
             &counts.throttled,
         ),
         (
-            "spillway_rules_auth_busy_total",
-            "Bearer tokens refused unchecked: every argon2 check slot was taken (503).",
+            "spillway_rules_auth_busy",
+            "Bearer tokens refused unchecked: every argon2 check slot was taken (503)",
             &counts.busy,
         ),
     ] {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-            value.load(Ordering::Relaxed)
-        ));
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value.load(Ordering::Relaxed));
+        registry.register(name, help, counter);
     }
+    let mut text = String::new();
+    let _ = encode(&mut text, &registry);
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
     )

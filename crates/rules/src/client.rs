@@ -1,4 +1,7 @@
-//! A small blocking client of the rules service, for the `spillway rules` commands and tests.
+//! A small blocking client of the rules service, for the `spillway rules` and `spillway
+//! configure` commands and tests: typed calls for rules ([`RulesClient::rules`],
+//! [`RulesClient::create_rule`], [`RulesClient::replace_rule`], on core's
+//! [`Rule`](spillway_core::rule::Rule)), and [`RulesClient::send`] for any route.
 //!
 //! An `https://` server's certificate must chain to the CA the client is given (`--ca`), or
 //! else to one of the system's roots, and name the host dialled. An `http://` server is spoken to
@@ -12,7 +15,9 @@ use std::time::Duration;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use rustls::{CertificateError, RootCertStore};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use spillway_core::rule::{Rule, RuleBody};
 use ureq::Agent;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
 
@@ -44,6 +49,11 @@ pub enum CallError {
     Status { status: u16, detail: String },
     #[error("the rules service answered something that is not JSON: {0}")]
     Body(String),
+    /// The service answered JSON, but not the shape asked for (a rule, a list of rules).
+    #[error("the rules service answered JSON this client does not read: {0}")]
+    Unexpected(String),
+    #[error("cannot write the request as JSON: {0}")]
+    Encode(String),
 }
 
 /// What the rules service answered: status, selected headers and the body as JSON (`Null` when
@@ -282,6 +292,54 @@ impl RulesClient {
     pub fn post(&self, path: &str, body: &str) -> Result<RulesResponse, CallError> {
         self.send("POST", path, Some(body), None)
     }
+
+    /// `GET /v1/rules`: the live rules, of one service or of all.
+    pub fn rules(&self, service: Option<&str>) -> Result<Vec<Rule>, CallError> {
+        let path = match service {
+            Some(service) => format!(
+                "/v1/rules?{}",
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("service", service)
+                    .finish()
+            ),
+            None => "/v1/rules".to_owned(),
+        };
+        typed(self.get(&path)?.ok()?)
+    }
+
+    /// `POST /v1/rules`: the rule as created.
+    pub fn create_rule(&self, rule: &RuleBody) -> Result<Rule, CallError> {
+        typed(self.post("/v1/rules", &body_text(rule)?)?.ok()?)
+    }
+
+    /// `PUT /v1/rules/{id}` of the rule read at `version`: refused (412) if it changed since.
+    pub fn replace_rule(&self, id: &str, version: i64, rule: &RuleBody) -> Result<Rule, CallError> {
+        let path = format!("/v1/rules/{}", path_segment(id));
+        let answer = self.send(
+            "PUT",
+            &path,
+            Some(&body_text(rule)?),
+            Some(&format!("\"{version}\"")),
+        )?;
+        typed(answer.ok()?)
+    }
+}
+
+/// A rule as the JSON text of a request.
+fn body_text(rule: &RuleBody) -> Result<String, CallError> {
+    serde_json::to_string(rule).map_err(|e| CallError::Encode(e.to_string()))
+}
+
+/// An answer's body as the type it should be.
+fn typed<T: DeserializeOwned>(answer: RulesResponse) -> Result<T, CallError> {
+    serde_json::from_value(answer.body).map_err(|e| CallError::Unexpected(e.to_string()))
+}
+
+/// One segment of a URL's path, percent-encoded.
+fn path_segment(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 /// The CA certificates of a PEM file, each checked to be one a server's chain can lead to.

@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use spillway_core::config::{self, BucketFile, Config, ConfigFile};
 use spillway_core::limit::{format_duration, parse_duration};
 
-use crate::time::format_millis;
+pub use spillway_core::rule::Rule;
 
 /// Why a rule or a configuration was refused; the message is core's own when core refused it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -109,45 +109,6 @@ pub struct RuleKey {
     pub mode: &'static str,
     pub store: &'static str,
     pub on_store_failure: &'static str,
-}
-
-/// A stored rule.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rule {
-    pub id: String,
-    pub service: String,
-    pub bucket: BucketFile,
-    pub expires_at: Option<i64>,
-    pub reason: Option<String>,
-    pub version: i64,
-    pub created_by: String,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
-
-impl Rule {
-    /// The rules service's JSON answer: the bucket, its service, and what the service adds.
-    pub fn to_json(&self) -> Value {
-        let mut object = match serde_json::to_value(&self.bucket) {
-            Ok(Value::Object(map)) => map,
-            _ => Map::new(),
-        };
-        let mut out = Map::new();
-        out.insert("id".into(), json!(self.id));
-        out.insert("service".into(), json!(self.service));
-        out.append(&mut object);
-        out.insert("version".into(), json!(self.version));
-        out.insert("created_by".into(), json!(self.created_by));
-        out.insert("created_at".into(), json!(format_millis(self.created_at)));
-        out.insert("updated_at".into(), json!(format_millis(self.updated_at)));
-        if let Some(at) = self.expires_at {
-            out.insert("expires_at".into(), json!(format_millis(at)));
-        }
-        if let Some(reason) = &self.reason {
-            out.insert("reason".into(), json!(reason));
-        }
-        Value::Object(out)
-    }
 }
 
 fn invalid(message: impl Into<String>) -> RuleError {

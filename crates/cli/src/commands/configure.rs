@@ -14,7 +14,7 @@ use spillway_configure::{
     CapacityFile, CurrentLimits, Headroom, HistorySource, Params, PlanError, PolicyFile,
     PolicyKind, QuotaFile, Settings, SourceError, Window, chart, report,
 };
-use spillway_rules::client::{RulesClient, RulesResponse};
+use spillway_rules::client::RulesClient;
 
 use crate::duration::duration;
 
@@ -295,13 +295,10 @@ fn current(args: &PlanArgs) -> Result<CurrentLimits, ExitCode> {
                 ExitCode::from(2)
             });
     }
-    let server = args.server.as_deref().unwrap_or_default();
-    let client = client(args)?;
-    let rules = client
-        .get("/v1/rules")
-        .and_then(RulesResponse::ok)
+    let rules = client(args)?
+        .rules(None)
         .map_err(|e| failure(format!("the current limits: {e}")))?;
-    CurrentLimits::from_rules(&rules.body).map_err(|e| failure(format!("{server}: {e}")))
+    Ok(CurrentLimits::from_rules(&rules))
 }
 
 /// The rules service of `--server`, with `--token` and `--ca`.
@@ -376,7 +373,9 @@ pub(super) fn planned(
             && chart_error.is_none()
         {
             let path = dir.join(chart::file_name(p));
-            if let Err(err) = std::fs::write(&path, chart::svg(p, h)) {
+            let written = chart::svg(p, h)
+                .and_then(|svg| std::fs::write(&path, svg).map_err(|e| e.to_string()));
+            if let Err(err) = written {
                 chart_error = Some(format!("{}: {err}", path.display()));
             }
         }

@@ -2,16 +2,21 @@
 //! user. Wiring only: what to do is `spillway_configure::rollout`'s decision.
 
 use crate::duration::duration;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+
 use serde_json::{Value, json};
 use spillway_configure::CurrentLimits;
 use spillway_configure::rollout::{
-    self, RolloutSettings, RolloutStep, Seen, ShadowRule, Trial, limit_text,
+    self, RolloutSettings, RolloutStep, Seen, ShadowRule, Trial, limit_of, limit_text,
 };
 use spillway_configure::time::{format_duration_ms, parse_millis};
+use spillway_core::config::{Algorithm, BucketFile, CandidateFile, Cost, MatchFile, Mode, Scope};
+use spillway_core::limit::Limit;
+use spillway_core::rule::{Rule, RuleBody};
 use spillway_core::time::format_millis;
 use spillway_rules::client::{RulesClient, RulesResponse};
 
@@ -42,46 +47,38 @@ fn now_ms() -> i64 {
 
 /// The rules of `GET /v1/rules`, and of them the limits on trial: the shadow buckets this user
 /// created and every rule's candidate.
-fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, String> {
+fn shadows_of(rules: &[Rule], me: &str) -> Result<Vec<(ShadowRule, Rule)>, String> {
     let mut out = Vec::new();
-    for rule in rules.as_array().into_iter().flatten() {
-        if !rule["expires_at"].is_null() {
-            continue;
-        }
-        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
-        let place = || format!("rule {}/{}", text(&rule["service"]), text(&rule["name"]));
-        let candidate = &rule["candidate"];
-        let (trial, limit, since) = if candidate.is_object() {
-            (
+    for rule in rules.iter().filter(|rule| !rule.is_override()) {
+        let bucket = &rule.bucket;
+        let (trial, limit, since_ms, regions) = match &bucket.candidate {
+            Some(candidate) => (
                 Trial::Candidate,
-                &candidate["limit"],
-                ("candidate.since", &candidate["since"]),
-            )
-        } else if rule["created_by"] == me && rule["mode"] == "shadow" {
-            (
-                Trial::Shadow,
-                &rule["limit"],
-                ("updated_at", &rule["updated_at"]),
-            )
-        } else {
-            continue;
+                &candidate.limit,
+                parse_millis(&candidate.since).map_err(|e| {
+                    format!(
+                        "rule {}/{}: candidate.since: {e}",
+                        rule.service, bucket.name
+                    )
+                })?,
+                candidate
+                    .region_limits
+                    .iter()
+                    .flatten()
+                    .map(|(region, limit)| (region.clone(), limit.per_second()))
+                    .collect(),
+            ),
+            None if rule.created_by == me && bucket.mode == Mode::Shadow => {
+                (Trial::Shadow, &bucket.limit, rule.updated_at, Vec::new())
+            }
+            None => continue,
         };
-        let limit = spillway_core::limit::Limit::parse(&text(limit))
-            .map_err(|e| format!("{}: {e}", place()))?;
-        let mut regions = Vec::new();
-        for (region, text) in candidate["region_limits"].as_object().into_iter().flatten() {
-            let limit = spillway_core::limit::Limit::parse(text.as_str().unwrap_or_default())
-                .map_err(|e| format!("{}: candidate.region_limits.{region}: {e}", place()))?;
-            regions.push((region.clone(), limit.per_second()));
-        }
-        let since_ms =
-            parse_millis(&text(since.1)).map_err(|e| format!("{}: {}: {e}", place(), since.0))?;
         out.push((
             ShadowRule {
-                id: text(&rule["id"]),
-                version: rule["version"].as_i64().unwrap_or_default(),
-                service: text(&rule["service"]),
-                bucket: text(&rule["name"]),
+                id: rule.id.clone(),
+                version: rule.version,
+                service: rule.service.clone(),
+                bucket: bucket.name.clone(),
                 limit_rps: limit.per_second(),
                 since_ms,
                 trial,
@@ -93,22 +90,29 @@ fn shadows_of(rules: &Value, me: &str) -> Result<Vec<(ShadowRule, Value)>, Strin
     Ok(out)
 }
 
-/// The rule as the API takes it back: its bucket and service, without what the service adds.
-fn writable(rule: &Value) -> Value {
-    let mut rule = rule.clone();
-    if let Some(map) = rule.as_object_mut() {
-        for key in [
-            "id",
-            "version",
-            "created_by",
-            "created_at",
-            "updated_at",
-            "reason",
-        ] {
-            map.remove(key);
-        }
+/// A new bucket of `limit_rps` in shadow, of one (caller, procedure) pair or of all the
+/// service's requests; the rest as a configuration file's bucket leaves it by default.
+fn new_bucket(name: &str, limit_rps: f64, pair: Option<&(String, String)>) -> BucketFile {
+    BucketFile {
+        name: name.to_owned(),
+        match_: MatchFile {
+            caller: pair.map(|(caller, _)| caller.clone()),
+            procedure: pair.map(|(_, procedure)| procedure.clone()),
+            ..MatchFile::default()
+        },
+        limit: limit_of(limit_rps),
+        burst: None,
+        burst_window: None,
+        scope: Scope::default(),
+        mode: Mode::Shadow,
+        algorithm: Algorithm::default(),
+        store: None,
+        cost: Cost::default(),
+        on_store_failure: None,
+        batch: None,
+        region_limits: None,
+        candidate: None,
     }
-    rule
 }
 
 /// One line of the report.
@@ -171,8 +175,8 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
             me["role"].as_str().unwrap_or("unknown")
         )));
     }
-    let rules = match client.get("/v1/rules").and_then(RulesResponse::ok) {
-        Ok(answer) => answer.body,
+    let rules = match client.rules(None) {
+        Ok(rules) => rules,
         Err(err) => return Err(failure(format!("the current limits: {err}"))),
     };
     let shadows = shadows_of(&rules, &name).map_err(|err| failure(format!("{server}: {err}")))?;
@@ -181,9 +185,7 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
         mut source,
         began,
         ..
-    } = planned(&args.plan, || {
-        CurrentLimits::from_rules(&rules).map_err(|e| failure(format!("{server}: {e}")))
-    })?;
+    } = planned(&args.plan, || Ok(CurrentLimits::from_rules(&rules)))?;
     for warning in &plan.warnings {
         eprintln!("warning: {warning}");
     }
@@ -322,8 +324,8 @@ pub(super) fn apply_once(args: &ApplyArgs, promote: bool) -> Result<RunDone, Exi
 fn carry_out(
     client: &RulesClient,
     step: &RolloutStep,
-    rules: &Value,
-    shadows: &[(ShadowRule, Value)],
+    rules: &[Rule],
+    shadows: &[(ShadowRule, Rule)],
     window: &str,
     now_ms: i64,
 ) -> Result<String, String> {
@@ -331,24 +333,25 @@ fn carry_out(
         shadows
             .iter()
             .find(|(r, _)| r.id == rule.id)
-            .map(|(_, v)| v.clone())
-            .unwrap_or(Value::Null)
+            .map(|(_, found)| found)
+            .ok_or_else(|| {
+                format!(
+                    "{}/{}: no such rule in the rules service",
+                    rule.service, rule.bucket
+                )
+            })
     };
     // `body` in place of the rule `original` (as GET /v1/rules gave it), if it is unchanged.
-    let put = |original: &Value, body: Value| {
-        let text = |key: &str| original[key].as_str().unwrap_or_default();
+    let put = |original: &Rule, body: RuleBody| {
         client
-            .send(
-                "PUT",
-                &format!("/v1/rules/{}", text("id")),
-                Some(&body.to_string()),
-                Some(&format!(
-                    "\"{}\"",
-                    original["version"].as_i64().unwrap_or_default()
-                )),
-            )
-            .and_then(RulesResponse::ok)
-            .map_err(|e| format!("{}/{}: {e}", text("service"), text("name")))
+            .replace_rule(&original.id, original.version, &body)
+            .map(drop)
+            .map_err(|e| format!("{}/{}: {e}", original.service, original.bucket.name))
+    };
+    let candidate = |limit: Limit, regions: &[(String, f64)]| CandidateFile {
+        limit,
+        since: format_millis(now_ms),
+        region_limits: (!regions.is_empty()).then(|| region_limits(regions)),
     };
     match step {
         RolloutStep::Create {
@@ -357,19 +360,16 @@ fn carry_out(
             limit_rps,
             pair,
         } => {
-            let mut body = json!({
-                "service": service,
-                "name": bucket,
-                "limit": limit_text(*limit_rps),
-                "mode": "shadow",
-                "reason": format!("spillway configure apply: a new bucket, in shadow for {window} before it enforces"),
-            });
-            if let Some((caller, procedure)) = pair {
-                body["match"] = json!({"caller": caller, "procedure": procedure});
-            }
+            let body = RuleBody {
+                service: service.clone(),
+                bucket: new_bucket(bucket, *limit_rps, pair.as_ref()),
+                ttl: None,
+                reason: Some(format!(
+                    "spillway configure apply: a new bucket, in shadow for {window} before it enforces"
+                )),
+            };
             client
-                .post("/v1/rules", &body.to_string())
-                .and_then(RulesResponse::ok)
+                .create_rule(&body)
                 .map_err(|e| format!("{service}/{bucket}: {e}"))?;
             Ok(format!(
                 "created in shadow at {}; validated for {window}",
@@ -382,17 +382,11 @@ fn carry_out(
             regions,
         } => {
             let found = in_force(rules, service, bucket)?;
-            let current = found["limit"].as_str().unwrap_or_default().to_owned();
-            let mut body = writable(found);
-            body["candidate"] = json!({
-                "limit": current,
-                "since": format_millis(now_ms),
-                "region_limits": region_limits(regions),
-            });
-            body["reason"] = json!(format!(
+            let mut body = found.to_body(Some(format!(
                 "spillway configure apply --per-region: {} tried as a candidate for {window} before it replaces the regions' limits",
                 describe_regions(regions)
-            ));
+            )));
+            body.bucket.candidate = Some(candidate(found.bucket.limit, regions));
             put(found, body)?;
             Ok(format!(
                 "a candidate of its regions' limits ({}): tried in shadow for {window}, the limits in force enforced meanwhile",
@@ -405,14 +399,12 @@ fn carry_out(
             limit_rps,
         } => {
             let found = in_force(rules, service, bucket)?;
-            let current = found["limit"].as_str().unwrap_or_default().to_owned();
-            let mut body = writable(found);
-            body["candidate"] =
-                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)});
-            body["reason"] = json!(format!(
+            let current = found.bucket.limit;
+            let mut body = found.to_body(Some(format!(
                 "spillway configure apply: {} tried as a candidate beside {current} for {window} before it replaces it",
                 limit_text(*limit_rps)
-            ));
+            )));
+            body.bucket.candidate = Some(candidate(limit_of(*limit_rps), &[]));
             put(found, body)?;
             Ok(format!(
                 "a candidate beside {current}: tried in shadow for {window}, {current} enforced meanwhile"
@@ -423,20 +415,19 @@ fn carry_out(
             limit_rps,
             regions,
         } if rule.trial == Trial::Candidate => {
-            let original = rule_of(rule);
-            let mut body = writable(&original);
-            let base = body["candidate"]["limit"].clone();
-            body["candidate"] = if regions.is_empty() {
-                json!({"limit": limit_text(*limit_rps), "since": format_millis(now_ms)})
-            } else {
-                json!({"limit": base, "since": format_millis(now_ms),
-                       "region_limits": region_limits(regions)})
-            };
-            body["reason"] = json!(format!(
+            let original = rule_of(rule)?;
+            let mut body = original.to_body(Some(format!(
                 "spillway configure apply: the proposal moved from {}; the candidate is tried for {window} again",
                 limit_text(rule.limit_rps)
-            ));
-            put(&original, body)?;
+            )));
+            // A candidate of the regions' limits keeps its base limit; the others are the
+            // proposal itself.
+            let limit = match (regions.is_empty(), &body.bucket.candidate) {
+                (false, Some(trying)) => trying.limit,
+                _ => limit_of(*limit_rps),
+            };
+            body.bucket.candidate = Some(candidate(limit, regions));
+            put(original, body)?;
             Ok(format!(
                 "the candidate is now {} (was {}); tried for {window} again",
                 limit_text(*limit_rps),
@@ -444,39 +435,32 @@ fn carry_out(
             ))
         }
         RolloutStep::Withdraw { rule } => {
-            let original = rule_of(rule);
-            let mut body = writable(&original);
-            if let Some(map) = body.as_object_mut() {
-                map.remove("candidate");
-            }
-            body["reason"] = json!(format!(
+            let original = rule_of(rule)?;
+            let mut body = original.to_body(Some(format!(
                 "spillway configure apply: the candidate {} is withdrawn, the proposal is the limit in force",
                 limit_text(rule.limit_rps)
-            ));
-            put(&original, body)?;
+            )));
+            body.bucket.candidate = None;
+            put(original, body)?;
             Ok(format!(
                 "candidate {} withdrawn: the limit in force is what is proposed",
                 limit_text(rule.limit_rps)
             ))
         }
         RolloutStep::Promote { rule, share } if rule.trial == Trial::Candidate => {
-            let original = rule_of(rule);
-            let mut body = writable(&original);
-            let before = body["limit"].as_str().unwrap_or_default().to_owned();
-            let after = body["candidate"]["limit"].clone();
-            let regions = body["candidate"]["region_limits"].clone();
-            body["limit"] = after;
-            if regions.is_object() {
-                body["region_limits"] = regions;
-            }
-            if let Some(map) = body.as_object_mut() {
-                map.remove("candidate");
-            }
-            body["reason"] = json!(format!(
+            let original = rule_of(rule)?;
+            let before = original.bucket.limit;
+            let mut body = original.to_body(Some(format!(
                 "spillway configure apply: the candidate was tried for {window} and would have dropped {:.3}%; it replaces {before} (promoted)",
                 share * 100.0
-            ));
-            put(&original, body)?;
+            )));
+            if let Some(promoted) = body.bucket.candidate.take() {
+                body.bucket.limit = promoted.limit;
+                if promoted.region_limits.is_some() {
+                    body.bucket.region_limits = promoted.region_limits;
+                }
+            }
+            put(original, body)?;
             let promoted = if rule.regions.is_empty() {
                 format!("{} replaces {before}", limit_text(rule.limit_rps))
             } else {
@@ -493,14 +477,13 @@ fn carry_out(
         RolloutStep::Retune {
             rule, limit_rps, ..
         } => {
-            let original = rule_of(rule);
-            let mut body = writable(&original);
-            body["limit"] = json!(limit_text(*limit_rps));
-            body["reason"] = json!(format!(
+            let original = rule_of(rule)?;
+            let mut body = original.to_body(Some(format!(
                 "spillway configure apply: the proposal moved from {}; still in shadow, validated for {window} again",
                 limit_text(rule.limit_rps)
-            ));
-            put(&original, body)?;
+            )));
+            body.bucket.limit = limit_of(*limit_rps);
+            put(original, body)?;
             Ok(format!(
                 "still in shadow, its limit now {} (was {}); validated for {window} again",
                 limit_text(*limit_rps),
@@ -508,14 +491,13 @@ fn carry_out(
             ))
         }
         RolloutStep::Promote { rule, share } => {
-            let original = rule_of(rule);
-            let mut body = writable(&original);
-            body["mode"] = json!("enforce");
-            body["reason"] = json!(format!(
+            let original = rule_of(rule)?;
+            let mut body = original.to_body(Some(format!(
                 "spillway configure apply: validated for {window}, would have dropped {:.3}% (promoted)",
                 share * 100.0
-            ));
-            put(&original, body)?;
+            )));
+            body.bucket.mode = Mode::Enforce;
+            put(original, body)?;
             Ok(format!(
                 "promoted to enforce: would have dropped {:.3}% over {window}",
                 share * 100.0
@@ -545,23 +527,19 @@ fn carry_out(
 }
 
 /// The rule in force (not an override) of `service/bucket` in `GET /v1/rules`.
-fn in_force<'a>(rules: &'a Value, service: &str, bucket: &str) -> Result<&'a Value, String> {
+fn in_force<'a>(rules: &'a [Rule], service: &str, bucket: &str) -> Result<&'a Rule, String> {
     rules
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| r["service"] == service && r["name"] == bucket && r["expires_at"].is_null())
+        .iter()
+        .find(|r| r.service == service && r.bucket.name == bucket && !r.is_override())
         .ok_or_else(|| format!("{service}/{bucket}: no such rule in the rules service"))
 }
 
 /// `{"eu": "60/s", ...}`: a candidate's `region_limits`.
-fn region_limits(regions: &[(String, f64)]) -> Value {
-    Value::Object(
-        regions
-            .iter()
-            .map(|(r, rps)| (r.clone(), json!(limit_text(*rps))))
-            .collect(),
-    )
+fn region_limits(regions: &[(String, f64)]) -> BTreeMap<String, Limit> {
+    regions
+        .iter()
+        .map(|(region, rps)| (region.clone(), limit_of(*rps)))
+        .collect()
 }
 
 /// `eu 60/s, us 100/s`.

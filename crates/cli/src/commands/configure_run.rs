@@ -5,10 +5,16 @@ use crate::duration::duration;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use spillway_net::admin::{AdminAuth, AdminView, check_exposure};
 
 use super::configure::{failure, usage};
@@ -47,6 +53,8 @@ pub struct RunArgs {
     pub admin: Option<SocketAddr>,
 }
 
+type Labels = Vec<(&'static str, String)>;
+
 /// What the admin port shows.
 #[derive(Default)]
 struct Counts {
@@ -70,33 +78,48 @@ impl AdminView for View {
 
     fn metrics(&self) -> String {
         let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::from(
-            "# HELP spillway_configurator_proposals_total Rollout steps taken, by action.\n\
-             # TYPE spillway_configurator_proposals_total counter\n",
-        );
+        let mut registry = Registry::default();
+        let steps = Family::<Labels, Counter>::default();
         for action in ACTIONS {
             let n = counts.steps.get(action).copied().unwrap_or(0);
-            out.push_str(&format!(
-                "spillway_configurator_proposals_total{{action=\"{action}\"}} {n}\n"
-            ));
+            steps
+                .get_or_create(&vec![("action", action.to_owned())])
+                .inc_by(n);
         }
-        out.push_str(&format!(
-            "# HELP spillway_configurator_held_total Shadow buckets held at the end of their validation window.\n\
-             # TYPE spillway_configurator_held_total counter\n\
-             spillway_configurator_held_total {}\n\
-             # HELP spillway_configurator_runs_total Runs, by whether every step went through.\n\
-             # TYPE spillway_configurator_runs_total counter\n\
-             spillway_configurator_runs_total{{result=\"ok\"}} {}\n\
-             spillway_configurator_runs_total{{result=\"failed\"}} {}\n",
-            counts.held, counts.runs_ok, counts.runs_failed
-        ));
+        registry.register(
+            "spillway_configurator_proposals",
+            "Rollout steps taken, by action",
+            steps,
+        );
+        let held = Counter::<u64>::default();
+        held.inc_by(counts.held);
+        registry.register(
+            "spillway_configurator_held",
+            "Shadow buckets held at the end of their validation window",
+            held,
+        );
+        let runs = Family::<Labels, Counter>::default();
+        for (result, n) in [("ok", counts.runs_ok), ("failed", counts.runs_failed)] {
+            runs.get_or_create(&vec![("result", result.to_owned())])
+                .inc_by(n);
+        }
+        registry.register(
+            "spillway_configurator_runs",
+            "Runs, by whether every step went through",
+            runs,
+        );
         if let Some(at) = counts.last_run_s {
-            out.push_str(&format!(
-                "# HELP spillway_configurator_last_run_timestamp_seconds When the last run ended.\n\
-                 # TYPE spillway_configurator_last_run_timestamp_seconds gauge\n\
-                 spillway_configurator_last_run_timestamp_seconds {at:.3}\n"
-            ));
+            let last = Gauge::<f64, AtomicU64>::default();
+            last.set(at);
+            registry.register(
+                "spillway_configurator_last_run_timestamp_seconds",
+                "When the last run ended",
+                last,
+            );
         }
+        drop(counts);
+        let mut out = String::new();
+        let _ = encode(&mut out, &registry);
         out
     }
 }

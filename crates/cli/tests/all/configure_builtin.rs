@@ -446,9 +446,23 @@ fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_ad
     let last = metric("spillway_configurator_last_run_timestamp_seconds", "").unwrap();
     assert!(last > 1.7e9, "a Unix time: {last}");
 
-    // An operator's change wakes a run at once, not in an hour.
+    // An operator's change wakes a run at once, not in an hour. The runs a change woke are told
+    // apart by their reason in the log: the end of the validation window (6 s after the
+    // creation) also wakes one, and must not pass for the change's. The first run's own
+    // creation is a change too, and wakes one run after it.
     let runs = || metric("spillway_configurator_runs_total", "result=\"ok\"").unwrap_or(0.0);
-    std::thread::sleep(Duration::from_millis(1500));
+    let log = dir.path().join("run.log");
+    let woken = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("configurator run: the rules changed")
+            .count()
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "a run woken by the first run's own change",
+        || woken() == 1,
+    );
     let before = runs();
     let operator = spillway_rules::client::RulesClient::new(
         &format!("http://127.0.0.1:{}", up.rules),
@@ -462,6 +476,9 @@ fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_ad
         .unwrap();
     assert_eq!(answer.status, 201, "{:?}", answer.body);
     wait_for(Duration::from_secs(5), "a run woken by the change", || {
+        woken() == 2
+    });
+    wait_for(Duration::from_secs(5), "the woken run counted", || {
         runs() > before
     });
 
