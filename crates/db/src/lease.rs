@@ -6,9 +6,14 @@
 //! Each takeover raises the row's epoch. [`campaign`] claims every quarter of the TTL and
 //! publishes the outcome as a [`Leadership`] for the controller to follow.
 //!
+//! A standby claims only a lease it watched unchanged for a whole TTL on its own clock (or one
+//! that is free or released), so the controllers' clocks need not agree and a leader whose
+//! renewals could not reach a store that was down is not overtaken when the store is back.
+//!
 //! Worked example, with a TTL of 3 s: the leader renews at 0.00, 0.75, 1.50 s... and may instruct
-//! until 3 s after it last *asked*; killed at 1.6 s, its lease lapses at 4.5 s (the last renewal,
-//! at 1.5 s, plus 3 s), and a standby asking every 0.75 s takes it, at epoch + 1, by 5.25 s.
+//! until 3 s after it last *asked*; killed at 1.6 s, its last renewal (1.5 s) is seen by a
+//! standby reading every 0.75 s by 2.25 s, which takes the lease, at epoch + 1, 3 s after that:
+//! by 5.25 s, and at the latest a period later (6 s).
 //!
 //! When the store does not answer, a leader keeps leading (it cannot tell a store that is down
 //! from one that is slow, and nobody else can take the lease from a store that is down), a
@@ -239,19 +244,34 @@ pub fn campaign(
     let task = tokio::spawn(async move {
         let period = candidate.period();
         let mut store_down = false;
+        let mut watch = Observed::default();
         loop {
             let asked = Instant::now();
-            let answer = tokio::time::timeout(
-                period,
-                store.claim(
-                    &candidate.region,
-                    &candidate.holder,
-                    &candidate.address,
-                    candidate.ttl,
-                    now_ms(),
-                ),
-            )
+            let leads = tx.borrow().is_leader();
+            let answer = tokio::time::timeout(period, async {
+                if !leads {
+                    if let Some(row) = store.read(&candidate.region).await?
+                        && !watch.may_claim(&row, &candidate, asked)
+                    {
+                        return Ok(Claim::Taken(row));
+                    }
+                }
+                store
+                    .claim(
+                        &candidate.region,
+                        &candidate.holder,
+                        &candidate.address,
+                        candidate.ttl,
+                        now_ms(),
+                    )
+                    .await
+            })
             .await;
+            if !matches!(answer, Ok(Ok(_))) {
+                // After an outage the standbys watch the lease afresh: the leader renews it
+                // within a period of the store's return, long before they would take it.
+                watch = Observed::default();
+            }
             let outcome = match answer {
                 Ok(Ok(claim)) => {
                     if store_down {
@@ -307,6 +327,31 @@ pub fn campaign(
         }
     });
     (rx, task)
+}
+
+/// A standby's view of the lease row, on its own monotonic clock: it claims a lease only once
+/// it saw the row unchanged for a whole TTL (or free, or released), whatever the row's expiry
+/// says in the holder's wall clock. So a leader whose renewals did not reach a store that was
+/// down is not overtaken the moment the store is back, and the clocks of the controllers need
+/// not agree.
+#[derive(Debug, Default)]
+struct Observed {
+    row: Option<LeaseRow>,
+    since: Option<Instant>,
+}
+
+impl Observed {
+    fn may_claim(&mut self, row: &LeaseRow, candidate: &Candidate, now: Instant) -> bool {
+        if row.holder == candidate.holder || row.expires_at_ms == 0 {
+            return true;
+        }
+        if self.row.as_ref() != Some(row) {
+            self.row = Some(row.clone());
+            self.since = Some(now);
+        }
+        self.since
+            .is_some_and(|since| now.saturating_duration_since(since) >= candidate.ttl)
+    }
 }
 
 /// One log line per change of role (and per new leader seen by a standby).
