@@ -249,12 +249,11 @@ pub fn campaign(
             let asked = Instant::now();
             let leads = tx.borrow().is_leader();
             let answer = tokio::time::timeout(period, async {
-                if !leads {
-                    if let Some(row) = store.read(&candidate.region).await?
-                        && !watch.may_claim(&row, &candidate, asked)
-                    {
-                        return Ok(Claim::Taken(row));
-                    }
+                if !leads
+                    && let Some(row) = store.read(&candidate.region).await?
+                    && !watch.may_claim(&row, &candidate, asked)
+                {
+                    return Ok(Claim::Taken(row));
                 }
                 store
                     .claim(
