@@ -171,16 +171,16 @@ impl LeaseStore {
 
 /// What a controller campaigns for: its region's lease, under a name of its own.
 #[derive(Debug, Clone)]
-pub struct Candidate {
+pub struct LeaseCandidate {
     pub region: String,
-    /// Unique to this process ([`Candidate::new`] draws one).
+    /// Unique to this process ([`LeaseCandidate::new`] draws one).
     pub holder: String,
     /// Where this controller takes aggregators' streams, for the standbys to point them to.
     pub address: String,
     pub ttl: Duration,
 }
 
-impl Candidate {
+impl LeaseCandidate {
     /// A candidate for `region`'s lease, advertising `address`, under a name drawn for this
     /// process (its id and a random number: a restarted controller is a new holder).
     pub fn new(region: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
@@ -232,12 +232,12 @@ pub fn next_leadership(
     }
 }
 
-/// Claims `candidate`'s lease every [`Candidate::period`] until `stop` turns true, publishing
+/// Claims `candidate`'s lease every [`LeaseCandidate::period`] until `stop` turns true, publishing
 /// each change of leadership (and logging it); on stop, a leader releases its lease. The
 /// receiver starts as a standby's.
 pub fn campaign(
     store: LeaseStore,
-    candidate: Candidate,
+    candidate: LeaseCandidate,
     mut stop: watch::Receiver<bool>,
 ) -> (watch::Receiver<Leadership>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(Leadership::standby());
@@ -340,7 +340,7 @@ struct Observed {
 }
 
 impl Observed {
-    fn may_claim(&mut self, row: &LeaseRow, candidate: &Candidate, now: Instant) -> bool {
+    fn may_claim(&mut self, row: &LeaseRow, candidate: &LeaseCandidate, now: Instant) -> bool {
         if row.holder == candidate.holder || row.expires_at_ms == 0 {
             return true;
         }
@@ -354,7 +354,7 @@ impl Observed {
 }
 
 /// One log line per change of role (and per new leader seen by a standby).
-fn log_transition(candidate: &Candidate, current: &Leadership, next: &Leadership) {
+fn log_transition(candidate: &LeaseCandidate, current: &Leadership, next: &Leadership) {
     let region = &candidate.region;
     match (current.is_leader(), next.is_leader()) {
         (false, true) => {

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use spillway_core::leadership::Leadership;
-use spillway_db::lease::{Candidate, Claim, LeaseStore, campaign, next_leadership};
+use spillway_db::lease::{Claim, LeaseCandidate, LeaseStore, campaign, next_leadership};
 use spillway_testkit::Postgres;
 use tokio::sync::watch;
 
@@ -200,14 +200,14 @@ async fn a_standby_leads_once_the_leader_stops() {
     let (stop_b, stop_b_rx) = watch::channel(false);
     let (mut a, task_a) = campaign(
         open().await.unwrap(),
-        Candidate::new("eu", "http://a:7001", ttl),
+        LeaseCandidate::new("eu", "http://a:7001", ttl),
         stop_a_rx,
     );
     wait_for(&mut a, |l| l.is_leader()).await;
     let first = a.borrow().epoch;
     let (mut b, task_b) = campaign(
         open().await.unwrap(),
-        Candidate::new("eu", "http://b:7001", ttl),
+        LeaseCandidate::new("eu", "http://b:7001", ttl),
         stop_b_rx,
     );
     wait_for(&mut b, |l| l.leader_url.is_some()).await;

@@ -11,7 +11,7 @@ use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
 use spillway_core::config::{ConfigFile, Services};
-use spillway_db::lease::{Candidate, LeaseStore, campaign};
+use spillway_db::lease::{LeaseCandidate, LeaseStore, campaign};
 #[cfg(feature = "rls")]
 use spillway_rls::{Rlqs, RlqsLimits};
 use spillway_rules::store::history::write_history_from;
@@ -184,7 +184,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                     .advertise
                     .clone()
                     .unwrap_or_else(|| format!("{scheme}://{}", args.listen));
-                let candidate = Candidate::new(region.clone(), address, ttl);
+                let candidate = LeaseCandidate::new(region.clone(), address, ttl);
                 let store = LeaseStore::open(url, candidate.period())
                     .await
                     .map_err(|e| {
