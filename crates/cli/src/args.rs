@@ -467,9 +467,11 @@ pub struct AggregatorArgs {
     /// This aggregator's zone (default: its certificate's).
     #[arg(long)]
     pub zone: Option<String>,
-    /// The region's controller (`https://` with TLS, `http://` without).
-    #[arg(long)]
-    pub controller: String,
+    /// The region's controller (`https://` with TLS, `http://` without). Repeat it for each
+    /// controller of the region (a leader and its standbys, in any order): the link moves to
+    /// the next one when it loses one, and a standby points it to the leader.
+    #[arg(long = "controller", required = true)]
+    pub controllers: Vec<String>,
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
@@ -537,6 +539,22 @@ pub struct ControllerArgs {
     /// How long that history is kept.
     #[arg(long, default_value = "35d", value_parser = duration)]
     pub history_retention: std::time::Duration,
+    /// Hold the region's controller lease in this store (`postgres://...`, the rules service's
+    /// database, or `sqlite:PATH` on one machine): one controller of the region leads, the
+    /// others stand by (following the rules and the peers' sums, refusing aggregators with the
+    /// leader's address) and take over when its lease lapses. Without it this controller
+    /// always leads.
+    #[arg(long, value_name = "URL")]
+    pub lease_store: Option<String>,
+    /// How long the lease lasts without a renewal: a dead leader's standby takes over within
+    /// it and a quarter more (default: three report intervals of the rules at start).
+    #[arg(long, value_parser = duration, requires = "lease_store")]
+    pub lease_ttl: Option<std::time::Duration>,
+    /// With --lease-store: the URL aggregators dial to reach this controller, which standbys
+    /// hand them (default: http://LISTEN, or https:// with TLS; give it when --listen is
+    /// 0.0.0.0 or behind a NAT).
+    #[arg(long, value_name = "URL", requires = "lease_store")]
+    pub advertise: Option<String>,
     /// Serve /healthz, /readyz, /metrics, /v1/* and the dashboard here.
     #[arg(long)]
     pub admin: Option<SocketAddr>,

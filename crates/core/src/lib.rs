@@ -18,6 +18,7 @@ pub mod decision;
 pub mod descriptor;
 pub mod history;
 pub mod import;
+pub mod leadership;
 pub mod limit;
 pub mod matcher;
 pub mod pattern;

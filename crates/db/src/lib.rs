@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod history;
+pub mod lease;
 mod migrations;
 
 use std::time::Duration;
@@ -76,6 +77,15 @@ pub fn normalize(url: &str) -> Result<(Backend, String), DbError> {
 /// `postgres://...`); returns the pool, its engine and the URL it opened (a SQLite file's with
 /// `mode=rwc`).
 pub async fn open(url: &str) -> Result<(AnyPool, Backend, String), DbError> {
+    open_with(url, None).await
+}
+
+/// [`open`], with every wait for a pooled connection (and so for a server that is down) bounded
+/// by `acquire` instead of the engine's default.
+pub(crate) async fn open_with(
+    url: &str,
+    acquire: Option<Duration>,
+) -> Result<(AnyPool, Backend, String), DbError> {
     sqlx::any::install_default_drivers();
     let (backend, url) = normalize(url)?;
     let options = AnyPoolOptions::new();
@@ -83,7 +93,7 @@ pub async fn open(url: &str) -> Result<(AnyPool, Backend, String), DbError> {
         Backend::Postgres => {
             options
                 .max_connections(8)
-                .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
+                .acquire_timeout(acquire.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
                 .connect(&url)
                 .await?
         }
@@ -92,7 +102,7 @@ pub async fn open(url: &str) -> Result<(AnyPool, Backend, String), DbError> {
         Backend::Sqlite => {
             options
                 .max_connections(4)
-                .acquire_timeout(SQLITE_ACQUIRE_TIMEOUT)
+                .acquire_timeout(acquire.unwrap_or(SQLITE_ACQUIRE_TIMEOUT))
                 .after_connect(|conn, _| {
                     Box::pin(async move {
                         conn.execute("PRAGMA busy_timeout = 30000").await?;

@@ -10,10 +10,15 @@ use sqlx::AnyPool;
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
 
-const MIGRATIONS: [(i64, &str, &str); 3] = [
+const MIGRATIONS: [(i64, &str, &str); 4] = [
     (1, "rules", include_str!("../migrations/0001_rules.sql")),
     (2, "tokens", include_str!("../migrations/0002_tokens.sql")),
     (3, "history", include_str!("../migrations/0003_history.sql")),
+    (
+        4,
+        "controller_lease",
+        include_str!("../migrations/0004_controller_lease.sql"),
+    ),
 ];
 
 /// Brings the schema of the store behind `pool` up to this build's.

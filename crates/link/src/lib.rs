@@ -17,6 +17,6 @@ pub use client::{ClientLink, HostLimiters, LinkOptions, LinkStatus, rules_handsh
 pub use clock::{now_ms, now_unix_ns};
 pub use local::{InstructionsRx, LocalRefusal, ZoneClient, ZoneClients};
 pub use session::{
-    CONNECT_TIMEOUT, SessionError, Stop, Target, UrlError, endpoint, reconnect, sleep_or_stop,
-    stopped,
+    CONNECT_TIMEOUT, FAILOVER_MAX_WAIT, LEADER_HINT, SessionError, Stop, Target, UrlError,
+    endpoint, reconnect, reconnect_any, sleep_or_stop, stopped,
 };

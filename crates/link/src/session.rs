@@ -123,6 +123,8 @@ pub enum SessionError {
     Stream(tonic::Status),
     #[error("the stream closed")]
     Closed,
+    #[error("nothing came on the stream for {} ms", .0.as_millis())]
+    Silent(Duration),
 }
 
 /// An error with its causes, `: `-separated: a transport error says only "transport error", and
@@ -156,17 +158,64 @@ impl SessionError {
 pub async fn reconnect<S, F>(
     what: &'static str,
     target: &Target,
-    mut backoff: Backoff,
-    mut stop: Stop,
-    mut session: S,
+    backoff: Backoff,
+    stop: Stop,
+    session: S,
 ) where
     S: FnMut(Channel, Stop) -> F,
     F: Future<Output = Result<(), SessionError>>,
 {
+    reconnect_any(
+        what,
+        std::slice::from_ref(target),
+        |_| None,
+        backoff,
+        stop,
+        session,
+    )
+    .await;
+}
+
+/// The metadata key in which a server that is not the one to talk to (a standby controller)
+/// names the one that is, as a URL: the link dials it next.
+pub const LEADER_HINT: &str = "spillway-leader";
+
+/// The longest wait between two attempts of a link with several addresses: the next address
+/// is likely up (a standby about to lead, a zone's other aggregator), so it is not left
+/// waiting for the backoff's cap.
+pub const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(500);
+
+/// [`reconnect`] over several addresses of the same service, in order: a session that ends or
+/// fails moves on to the next address at once; a refusal that names another address in
+/// [`LEADER_HINT`] dials that one next (made into a target by `hinted`, which may refuse it),
+/// and a whole round of failures waits for the backoff's next delay, at most
+/// [`FAILOVER_MAX_WAIT`]. With one address it is [`reconnect`] exactly.
+pub async fn reconnect_any<H, S, F>(
+    what: &'static str,
+    targets: &[Target],
+    hinted: H,
+    mut backoff: Backoff,
+    mut stop: Stop,
+    mut session: S,
+) where
+    H: Fn(&str) -> Option<Target>,
+    S: FnMut(Channel, Stop) -> F,
+    F: Future<Output = Result<(), SessionError>>,
+{
+    let Some(first) = targets.first() else {
+        return;
+    };
+    let several = targets.len() > 1;
+    let mut next = 0;
+    let mut hint: Option<Target> = None;
     loop {
         if stopped(&stop) {
             return;
         }
+        let followed_hint = hint.is_some();
+        let target = hint
+            .take()
+            .unwrap_or_else(|| targets.get(next).unwrap_or(first).clone());
         let result = tokio::select! {
             connected = target.connect() => match connected {
                 Ok(channel) => session(channel, stop.clone()).await,
@@ -174,16 +223,44 @@ pub async fn reconnect<S, F>(
             },
             _ = stop.changed() => return,
         };
-        match result {
+        let err = match result {
             Ok(()) => return,
-            Err(err) => {
-                if err.was_open() {
-                    backoff.reset();
-                }
-                tracing::warn!(target = %target.url(), "{what} link down: {err}");
-            }
+            Err(err) => err,
+        };
+        if err.was_open() {
+            backoff.reset();
         }
-        if sleep_or_stop(backoff.next_delay(), &mut stop).await {
+        tracing::warn!(target = %target.url(), "{what} link down: {err}");
+        if !several {
+            if sleep_or_stop(backoff.next_delay(), &mut stop).await {
+                return;
+            }
+            continue;
+        }
+        if !followed_hint {
+            next = (next + 1) % targets.len();
+        }
+        // A hint is followed once per refusal, so two standbys naming each other cannot keep
+        // the link from waiting.
+        if !followed_hint
+            && let SessionError::Refused(status) | SessionError::Stream(status) = &err
+            && let Some(url) = status
+                .metadata()
+                .get(LEADER_HINT)
+                .and_then(|v| v.to_str().ok())
+            && url != target.url()
+            && let Some(leader) = hinted(url)
+        {
+            tracing::info!(leader = %url, "{what} link: following the standby's hint");
+            hint = Some(leader);
+            continue;
+        }
+        // The stream that was open is lost: the next address gets its chance at once.
+        if err.was_open() {
+            continue;
+        }
+        if next == 0 && sleep_or_stop(backoff.next_delay().min(FAILOVER_MAX_WAIT), &mut stop).await
+        {
             return;
         }
     }

@@ -22,6 +22,7 @@ use spillway_core::criticality::{TIERS, shed_to};
 use spillway_core::surge::{self, Instructed, SurgeGuard};
 use spillway_proto::v1;
 
+use crate::fence::Fence;
 use crate::interval::Interval;
 use crate::sums::{BucketKey, TAIL_PARTS};
 use crate::tally::{BucketReport, Tally};
@@ -261,6 +262,8 @@ pub struct HostCore {
     pending: Option<v1::Instructions>,
     /// When instructions last arrived, Unix milliseconds (0: never).
     last_instructions_ms: u64,
+    /// The controller epoch whose instructions this host follows.
+    fence: Fence,
 }
 
 impl HostCore {
@@ -278,6 +281,7 @@ impl HostCore {
             tail_due: false,
             pending: None,
             last_instructions_ms: 0,
+            fence: Fence::default(),
         };
         core.set_rules(config);
         core
@@ -292,6 +296,11 @@ impl HostCore {
     /// The bucket at position `bucket`.
     pub fn bucket(&self, bucket: usize) -> &BucketKey {
         &self.buckets[bucket].key
+    }
+
+    /// The controller epoch followed, and the instructions dropped for an older one.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     /// The rules version this host runs, as it reports it.
@@ -392,12 +401,19 @@ impl HostCore {
     /// An instruction set from the aggregator. When it carries rules this host does not run, the
     /// only step is [`HostStep::Rules`], and the rest waits for [`HostCore::rules_applied`] or
     /// [`HostCore::rules_refused`]: the instructions may name buckets that only the new rules
-    /// have.
+    /// have. Instructions of an older controller epoch than the newest seen within its TTL give
+    /// no step at all ([`Fence`]).
     pub fn on_instructions(
         &mut self,
         now: HostTime,
         instructions: v1::Instructions,
     ) -> Vec<HostStep> {
+        if !self
+            .fence
+            .admit(instructions.epoch, instructions.ttl_ms, now.unix_ms())
+        {
+            return Vec::new();
+        }
         if let Some(rules) = &instructions.rules
             && rules.version != self.rules_version
         {

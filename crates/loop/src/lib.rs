@@ -15,6 +15,7 @@
 //! arrived.
 #![forbid(unsafe_code)]
 
+pub mod fence;
 pub mod host;
 pub mod interval;
 pub mod ledger;
@@ -25,6 +26,7 @@ pub mod sums;
 pub mod tally;
 pub mod zone;
 
+pub use fence::Fence;
 pub use host::{HostCore, HostId, HostStep, HostTime, SteeredLimiter, StepApplied};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use ledger::{HistoryBatch, HistoryRow, Ledger};

@@ -120,6 +120,8 @@ pub struct RegionCore {
     provisional: u64,
     /// When the first zone estimate not yet answered came ([`RegionCore::answer_surges`]).
     surge_at: Option<u64>,
+    /// The controller lease's epoch its instructions carry (0: no lease).
+    epoch: u64,
 }
 
 impl RegionCore {
@@ -138,7 +140,19 @@ impl RegionCore {
             computed: 0,
             provisional: 0,
             surge_at: None,
+            epoch: 0,
         }
+    }
+
+    /// The controller lease's epoch the instructions carry from now on: this controller's own
+    /// while it leads.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// The epoch the instructions carry.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     pub fn region(&self) -> &str {

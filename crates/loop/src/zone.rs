@@ -21,6 +21,7 @@ use std::time::Duration;
 use spillway_core::algo::Ratio;
 use spillway_proto::v1;
 
+use crate::fence::Fence;
 use crate::interval::Interval;
 use crate::plausible::{self, ClampCounts, CountClamp, Factors, PlausibleBounds};
 use crate::region::tier_drop_ratios;
@@ -119,6 +120,8 @@ pub struct ZoneCore {
     left: BTreeMap<String, Sums>,
     /// A surge report came since the zone last forwarded its estimate.
     surge_due: bool,
+    /// The controller epoch whose instructions this zone follows.
+    fence: Fence,
 }
 
 impl ZoneCore {
@@ -145,6 +148,7 @@ impl ZoneCore {
             surging: BTreeMap::new(),
             left: BTreeMap::new(),
             surge_due: false,
+            fence: Fence::default(),
         }
     }
 
@@ -170,6 +174,11 @@ impl ZoneCore {
     /// The version of the rules the controller sends down (0: none yet).
     pub fn rules_version(&self) -> u64 {
         self.rules.as_ref().map_or(0, |r| r.version)
+    }
+
+    /// The controller epoch followed, and the instructions dropped for an older one.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     /// Reports that arrived after their interval was forwarded (or of another interval length).
@@ -523,7 +532,8 @@ impl ZoneCore {
 
     /// The controller's instructions at `now_ms`: relayed to every host, with each host's share
     /// of the zone's share for adaptive token buckets, and the rules to hosts that run another
-    /// version.
+    /// version. Instructions of an older controller epoch than the newest seen within its TTL
+    /// are dropped ([`Fence`]).
     pub fn on_instructions(
         &mut self,
         now_ms: u64,
@@ -532,6 +542,12 @@ impl ZoneCore {
         let Some(mut instructions) = zone_instructions.instructions else {
             return Vec::new();
         };
+        if !self
+            .fence
+            .admit(instructions.epoch, instructions.ttl_ms, now_ms)
+        {
+            return Vec::new();
+        }
         if instructions.interval_ms > 0 {
             self.adopt(Interval::from_ms(instructions.interval_ms), now_ms);
             self.interval_from_controller = true;

@@ -237,6 +237,7 @@ proptest! {
             let current = core.interval().sequence_at(now.unix_ms());
             let message = v1::Instructions {
                 from_rates_now: sequence % 3 == 0,
+                epoch: 0,
                 issued_at_ms: now.unix_ms(),
                 ttl_ms,
                 interval_ms,

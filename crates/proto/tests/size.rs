@@ -36,6 +36,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
     };
     let instructions = v1::Instructions {
         from_rates_now: false,
+        epoch: 7,
         issued_at_ms: 1_795_973_128_004,
         ttl_ms: 5_000,
         interval_ms: 1000,

@@ -699,6 +699,7 @@ mod tests {
     fn instruction(ratio: f64) -> v1::Instructions {
         v1::Instructions {
             from_rates_now: false,
+            epoch: 0,
             issued_at_ms: 0,
             ttl_ms: 3_000,
             interval_ms: 500,

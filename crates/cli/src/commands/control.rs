@@ -11,6 +11,7 @@ use spillway_control::{
     Aggregator, AggregatorOptions, ControlError, Controller, ControllerOptions, FileRules,
 };
 use spillway_core::config::{ConfigFile, Services};
+use spillway_db::lease::{LeaseCandidate, LeaseStore, campaign};
 #[cfg(feature = "rls")]
 use spillway_rls::{Rlqs, RlqsLimits};
 use spillway_rules::store::history::write_history_from;
@@ -59,7 +60,12 @@ pub fn aggregator(args: AggregatorArgs) -> ExitCode {
         let drain = args.drain_timeout;
         #[cfg_attr(not(feature = "rls"), allow(unused_variables))]
         let rlqs_tls = transport.tls.clone();
-        let mut options = AggregatorOptions::new(args.listen, region, zone, args.controller);
+        let mut controllers = args.controllers.into_iter();
+        let first = controllers
+            .next()
+            .ok_or_else(|| Failure::Usage("give --controller".into()))?;
+        let mut options = AggregatorOptions::new(args.listen, region, zone, first);
+        options.standby_controllers = controllers.collect();
         options.admin = args.admin;
         options.admin_auth = transport.admin;
         options.tls = transport.tls;
@@ -156,7 +162,42 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             (None, None) => unreachable!("clap requires -c or --database"),
         };
         let drain = args.drain_timeout;
+        let lease = match &args.lease_store {
+            None => None,
+            Some(url) => {
+                let interval = rules.borrow().config.control.report_interval;
+                let ttl = args.lease_ttl.unwrap_or(interval * 3);
+                if ttl <= interval {
+                    return Err(Failure::Usage(format!(
+                        "--lease-ttl {} is not longer than the report interval ({} ms): a leader would lose its lease between two intervals; three intervals is usual",
+                        args.lease_ttl
+                            .map_or(String::new(), |t| format!("{} ms", t.as_millis())),
+                        interval.as_millis()
+                    )));
+                }
+                let scheme = if transport.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                let address = args
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| format!("{scheme}://{}", args.listen));
+                let candidate = LeaseCandidate::new(region.clone(), address, ttl);
+                let store = LeaseStore::open(url, candidate.period())
+                    .await
+                    .map_err(|e| {
+                        Failure::Usage(format!("cannot open the lease store {url}: {e}"))
+                    })?;
+                let (stop, stop_rx) = tokio::sync::watch::channel(false);
+                tracing::info!(store = %url, ttl_ms = ttl.as_millis() as u64, advertise = %candidate.address, "campaigning for the controller lease");
+                let (leadership, task) = campaign(store, candidate, stop_rx);
+                Some((leadership, stop, task))
+            }
+        };
         let mut options = ControllerOptions::new(args.listen, region, rules);
+        options.leadership = lease.as_ref().map(|(rx, _, _)| rx.clone());
         options.peers = args.peers;
         options.admin = args.admin;
         options.admin_auth = transport.admin;
@@ -166,6 +207,12 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         options.changes = changes.as_ref().map(|(rx, _)| rx.clone());
         let controller = Controller::start(options).await.map_err(failure)?;
         super::stop_signal().await;
+        if let Some((_, stop, task)) = lease {
+            // First: a standby takes the lease at its next claim instead of when it lapses.
+            tracing::info!("stopping: releasing the controller lease");
+            stop.send_replace(true);
+            let _ = task.await;
+        }
         tracing::info!("stopping: closing aggregator and peer streams");
         controller.shutdown_within(drain).await;
         if let Some((_, task)) = changes {

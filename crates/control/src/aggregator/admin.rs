@@ -63,6 +63,16 @@ impl AdminView for Zone {
             counter(state.core.late_reports()),
         );
         registry.register(
+            "spillway_aggregator_controller_epoch",
+            "The controller lease's epoch whose instructions this zone follows (0: a controller without a lease)",
+            gauge(state.core.fence().epoch()),
+        );
+        registry.register(
+            "spillway_aggregator_stale_instructions",
+            "Instructions dropped because they came from an older controller epoch than the one followed",
+            counter(state.core.fence().dropped()),
+        );
+        registry.register(
             "spillway_aggregator_intervals_forwarded",
             "Zone sums sent to the controller",
             counter(state.core.forwarded()),

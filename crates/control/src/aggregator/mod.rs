@@ -40,6 +40,10 @@ pub struct AggregatorOptions {
     pub zone: String,
     /// The region's controller, for example `http://127.0.0.1:7001`.
     pub controller: String,
+    /// The region's other controllers (its standbys, when the controllers hold a lease): the
+    /// link tries each in turn when it loses one, and follows a standby's pointer to the
+    /// leader, so no address needs to name the leader.
+    pub standby_controllers: Vec<String>,
     pub admin: Option<SocketAddr>,
     /// How the admin listener is protected (TLS, token); the default leaves it open.
     pub admin_auth: spillway_net::admin::AdminAuth,
@@ -64,6 +68,7 @@ impl AggregatorOptions {
             region: region.into(),
             zone: zone.into(),
             controller: controller.into(),
+            standby_controllers: Vec::new(),
             admin: None,
             admin_auth: Default::default(),
             backoff: Backoff::default(),
@@ -122,7 +127,13 @@ impl Aggregator {
                 Some((source.clone(), expect))
             }
         };
-        let target = Target::new(&options.controller, tls)?;
+        let targets = std::iter::once(&options.controller)
+            .chain(&options.standby_controllers)
+            .map(|url| Target::new(url, tls.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A standby's pointer to its leader is dialled as the configured addresses are, and
+        // must prove the same identity.
+        let hinted = move |url: &str| Target::new(url, tls.clone()).ok();
         let (listener, addr) = spillway_net::bind(options.listen).await?;
         let (stop, stop_rx) = watch::channel(false);
         let zone = Arc::new(Zone::new(&options));
@@ -151,12 +162,13 @@ impl Aggregator {
         ));
         tasks.push(tokio::spawn(upstream::run(
             zone.clone(),
-            target,
+            targets,
+            hinted,
             options.backoff.clone(),
             stop_rx.clone(),
         )));
         tasks.push(tokio::spawn(service::ticker(zone.clone(), stop_rx)));
-        tracing::info!(%addr, zone = %options.zone, region = %options.region, controller = %options.controller, tls = options.tls.is_some(), "aggregator started");
+        tracing::info!(%addr, zone = %options.zone, region = %options.region, controller = %options.controller, standbys = options.standby_controllers.len(), tls = options.tls.is_some(), "aggregator started");
         Ok(Self {
             zone,
             addr,

@@ -23,11 +23,17 @@ use super::history::{History, MIN_SLOT_MS, SLOTS, Sample};
 impl AdminView for Region {
     fn ready(&self) -> Result<String, String> {
         let state = self.lock();
+        let role = if state.leadership.leads_at(std::time::Instant::now()) {
+            "leading"
+        } else {
+            "standing by"
+        };
         Ok(format!(
-            "region {}, rules version {}, {} zone(s)",
+            "region {}, rules version {}, {} zone(s), {role} at epoch {}",
             self.region,
             state.core.rules().version,
-            state.core.zones()
+            state.core.zones(),
+            state.leadership.epoch,
         ))
     }
 
@@ -76,6 +82,22 @@ impl AdminView for Region {
             "spillway_controller_zones",
             "Aggregators with an open stream",
             zones,
+        );
+        let leader = Gauge::<i64>::default();
+        leader.set(i64::from(
+            state.leadership.leads_at(std::time::Instant::now()),
+        ));
+        registry.register(
+            "spillway_controller_leader",
+            "1 while this controller leads its region (holds the controller lease), else 0",
+            leader,
+        );
+        let epoch = Gauge::<i64>::default();
+        epoch.set(i64::try_from(state.leadership.epoch).unwrap_or(i64::MAX));
+        registry.register(
+            "spillway_controller_epoch",
+            "The controller lease's epoch: this controller's own while it leads, else the latest it saw (0 without a lease store)",
+            epoch,
         );
         let peers = Gauge::<i64>::default();
         peers.set(i64::try_from(state.core.live_peers(now_ms()).len()).unwrap_or(i64::MAX));

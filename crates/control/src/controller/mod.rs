@@ -18,8 +18,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
-use spillway_link::{Backoff, Target, now_ms};
+use spillway_core::leadership::Leadership;
+use spillway_link::{Backoff, LEADER_HINT, Target, now_ms};
 use spillway_loop::{
     BucketKey, BucketView, HistoryBatch, HostView, Ledger, RegionCore, RegionStep, RulesSnapshot,
 };
@@ -60,6 +62,11 @@ pub struct ControllerOptions {
     pub changes: Option<watch::Receiver<Arc<Vec<RulesChange>>>>,
     /// Where this region's traffic history goes, slot by slot, for the configurator.
     pub history: Option<HistorySink>,
+    /// Whether this controller leads its region, from the controller lease
+    /// (`spillway_db::lease::campaign`): a standby follows the rules and its peers' sums but
+    /// refuses aggregators, pointing them to the leader, and sends nothing down. `None`: no
+    /// lease, this controller always leads (at epoch 0).
+    pub leadership: Option<watch::Receiver<Leadership>>,
 }
 
 /// Where a controller hands its region's closed history slots (the configurator's `builtin:` source) and
@@ -93,6 +100,7 @@ impl ControllerOptions {
             grpc: GrpcLimits::default(),
             changes: None,
             history: None,
+            leadership: None,
         }
     }
 }
@@ -174,6 +182,11 @@ impl Controller {
                 lost: 0,
             });
         }
+        let leadership = options.leadership.clone();
+        if let Some(rx) = &leadership {
+            let state = region.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            state.lead(rx.borrow().clone());
+        }
         let region = Arc::new(region);
         let mut tasks = Vec::new();
         let admin = spillway_net::admin::start_if(
@@ -214,6 +227,13 @@ impl Controller {
             options.rules.clone(),
             stop_rx.clone(),
         )));
+        if let Some(rx) = leadership {
+            tasks.push(tokio::spawn(service::follow_leadership(
+                region.clone(),
+                rx,
+                stop_rx.clone(),
+            )));
+        }
         tasks.push(tokio::spawn(service::ticker(region.clone(), stop_rx)));
         tracing::info!(%addr, region = %options.region, peers = options.peers.len(), tls = options.tls.is_some(), "controller started");
         Ok(Self {
@@ -242,6 +262,16 @@ impl Controller {
     /// Hosts of this region with the rules version each runs.
     pub fn hosts(&self) -> Vec<HostView> {
         self.region.lock().core.hosts()
+    }
+
+    /// Whether this controller leads its region now (always, without a lease), and at which
+    /// epoch.
+    pub fn leads(&self) -> (bool, u64) {
+        let state = self.region.lock();
+        (
+            state.leadership.leads_at(std::time::Instant::now()),
+            state.core.epoch(),
+        )
     }
 
     /// Peer regions heard from within the TTL.
@@ -286,6 +316,8 @@ struct RegionState {
     history: Option<HistoryOut>,
     /// Each interval's span, from its first zone report until its instructions go down.
     spans: IntervalSpans,
+    /// Whether this controller leads: only a leader takes aggregators and sends anything.
+    leadership: Leadership,
 }
 
 /// The history's slots as they fill, and the channel closed ones leave by.
@@ -324,6 +356,7 @@ impl Region {
                 peers: HashMap::new(),
                 history: None,
                 spans: IntervalSpans::controller(region),
+                leadership: Leadership::alone(),
             }),
             next_conn: AtomicU64::new(1),
             trust,
@@ -338,16 +371,36 @@ impl Region {
 }
 
 impl RegionState {
+    /// Follows a new state of the lease: a leader's instructions carry its epoch; a controller
+    /// that stopped leading ends every aggregator's stream, pointing it to the new leader.
+    fn lead(&mut self, next: Leadership) {
+        let was = self.leadership.is_leader();
+        if next.is_leader() {
+            self.core.set_epoch(next.epoch);
+        } else if was {
+            let status = standby_status(&next);
+            for tx in self.zones.values() {
+                let _ = tx.try_send(Err(status.clone()));
+            }
+        }
+        self.leadership = next;
+    }
+
     /// Sends what the core asks for. An aggregator or peer too slow to take one message per
     /// interval misses this one; the core sends the rules again to an aggregator that missed
     /// them. The record learns what went down, and samples the interval the core computed.
     fn send(&mut self, steps: Vec<RegionStep>) {
         let now = now_ms();
+        // A standby, or a leader whose lease lapsed without a renewal (a process that was
+        // paused): nothing goes out, not even to the peers, whose sums of this region are the
+        // leader's alone.
+        let leads = self.leadership.leads_at(Instant::now());
         let mut computed = None;
         // (zones sent to, the most buckets one zone got, zones that missed them)
         let mut fanout = (0u64, 0u64, 0u64);
         for step in steps {
             match step {
+                RegionStep::Announce(_) if !leads => {}
                 RegionStep::Announce(sums) => {
                     for tx in self.peers.values() {
                         let _ = tx.try_send(Ok(sums.clone()));
@@ -365,10 +418,11 @@ impl RegionState {
                         computed = Some(i.sequence);
                         fanout.1 = fanout.1.max(i.buckets.len() as u64);
                     }
-                    let sent = self
-                        .zones
-                        .get(&member)
-                        .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
+                    let sent = leads
+                        && self
+                            .zones
+                            .get(&member)
+                            .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
                     fanout.0 += 1;
                     fanout.2 += u64::from(!sent);
                     self.record.on_instructions(member, sent, now);
@@ -386,4 +440,19 @@ impl RegionState {
             history.flush(now);
         }
     }
+}
+
+/// What a controller that does not lead answers an aggregator: UNAVAILABLE, with the leader's
+/// address in [`LEADER_HINT`] when it knows it, for the aggregator to dial next.
+fn standby_status(leadership: &Leadership) -> Status {
+    let mut status = Status::unavailable(match &leadership.leader_url {
+        Some(url) => format!("a standby controller: the region's leader is {url}"),
+        None => "a standby controller: the region's leader is not known yet".to_owned(),
+    });
+    if let Some(url) = &leadership.leader_url
+        && let Ok(value) = url.parse()
+    {
+        status.metadata_mut().insert(LEADER_HINT, value);
+    }
+    status
 }

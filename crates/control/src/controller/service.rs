@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use spillway_core::leadership::Leadership;
 use spillway_link::{Stop, now_ms, sleep_or_stop};
 use spillway_loop::RulesSnapshot;
 use spillway_proto::v1;
@@ -47,6 +48,9 @@ impl v1::controller_server::Controller for Service {
         let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
         {
             let mut state = region.lock();
+            if !state.leadership.leads_at(Instant::now()) {
+                return Err(super::standby_status(&state.leadership));
+            }
             state.zones.insert(conn, tx.clone());
             // The zone's name comes with its first report.
             state.core.join(conn, "");
@@ -213,6 +217,30 @@ pub(super) async fn follow_rules(
                 let now = now_ms();
                 state.record.on_rules(snapshot.version, now);
                 state.core.set_rules(snapshot, now);
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Follows the controller lease: each change of leadership goes to the region's state (the
+/// epoch its instructions carry, the aggregators' streams a controller that stopped leading
+/// ends).
+pub(super) async fn follow_leadership(
+    region: Arc<Region>,
+    mut leadership: watch::Receiver<Leadership>,
+    mut stop: Stop,
+) {
+    loop {
+        tokio::select! {
+            changed = leadership.changed() => {
+                if changed.is_err() {
+                    // The campaign ended (the process is stopping): lead no more.
+                    region.lock().lead(Leadership::standby());
+                    return;
+                }
+                let next = leadership.borrow_and_update().clone();
+                region.lock().lead(next);
             }
             _ = stop.changed() => return,
         }

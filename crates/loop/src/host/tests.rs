@@ -51,6 +51,7 @@ fn instructions(buckets: Vec<v1::BucketInstruction>) -> v1::Instructions {
         rules: None,
         provisional: false,
         from_rates_now: false,
+        epoch: 0,
     }
 }
 
@@ -211,4 +212,36 @@ fn a_bucket_recreated_with_counters_at_zero_counts_from_zero() {
     // A reload recreated the bucket: its totals restarted below what was reported.
     let report = core.on_deadline(at(8_000), &[offered(30)]).unwrap();
     assert_eq!(report.buckets[0].offered, 130);
+}
+
+#[test]
+fn instructions_of_an_older_epoch_give_no_step() {
+    let mut core = core(DROP);
+    let newer = v1::Instructions {
+        epoch: 5,
+        ..instructions(vec![instruction("all", 0.25, None)])
+    };
+    let older = v1::Instructions {
+        epoch: 4,
+        ..instructions(vec![instruction("all", 0.0, None)])
+    };
+    assert!(!core.on_instructions(at(8_010), newer.clone()).is_empty());
+    assert!(core.on_instructions(at(8_020), older.clone()).is_empty());
+    assert_eq!(
+        core.last_instructions_ms(),
+        8_010,
+        "a dropped set is not heard"
+    );
+    assert_eq!(core.fence().dropped(), 1);
+    // Even carrying rules: the older epoch's rules are not asked for.
+    let older_rules = v1::Instructions {
+        rules: Some(v1::Rules {
+            version: 9,
+            ..Default::default()
+        }),
+        ..older
+    };
+    assert!(core.on_instructions(at(8_030), older_rules).is_empty());
+    assert!(!core.on_instructions(at(9_010), newer).is_empty());
+    assert_eq!(core.fence().epoch(), 5);
 }

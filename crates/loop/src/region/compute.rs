@@ -38,6 +38,7 @@ impl RegionCore {
                         rules: send_rules.then(|| rules.message()),
                         provisional: sent != Sent::Computed,
                         from_rates_now: sent == Sent::FromRatesNow,
+                        epoch: self.epoch,
                     }),
                 },
             });

@@ -253,3 +253,42 @@ fn a_host_that_left_is_reported_gone_and_an_old_stream_ending_changes_nothing() 
     let steps = zone.on_report(10_001, 3, report("a", 9, 300, 1));
     assert_eq!(forwards(&steps)[0].gone, ["b"]);
 }
+
+fn of_epoch(epoch: u64, ratio: f64) -> v1::ZoneInstructions {
+    v1::ZoneInstructions {
+        instructions: Some(v1::Instructions {
+            interval_ms: 1_000,
+            ttl_ms: 3_000,
+            sequence: 7,
+            epoch,
+            buckets: vec![v1::BucketInstruction {
+                service: "api".into(),
+                bucket: "all".into(),
+                drop_ratio: Ratio::from_f64(ratio).raw(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+    }
+}
+
+#[test]
+fn instructions_of_an_older_epoch_are_not_relayed() {
+    let mut zone = zone();
+    // The new leader (epoch 5) instructs; the old one (epoch 4) wakes and sends its own.
+    let steps = zone.on_instructions(8_100, of_epoch(5, 0.5));
+    assert_eq!(steps.len(), 2, "both hosts instructed");
+    assert!(
+        steps
+            .iter()
+            .all(|s| matches!(s, ZoneStep::Send { instructions, .. } if instructions.epoch == 5))
+    );
+    assert!(zone.on_instructions(8_200, of_epoch(4, 0.0)).is_empty());
+    assert_eq!(zone.fence().dropped(), 1);
+    assert_eq!(zone.on_instructions(8_300, of_epoch(5, 0.4)).len(), 2);
+    assert_eq!(zone.fence().epoch(), 5);
+    // Without instructions of epoch 5 for a whole TTL, the hosts failed open: whoever
+    // instructs now is followed.
+    assert_eq!(zone.on_instructions(11_300, of_epoch(4, 0.3)).len(), 2);
+    assert_eq!(zone.fence().epoch(), 4);
+}
