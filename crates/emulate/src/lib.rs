@@ -19,3 +19,4 @@ mod shape;
 pub use fleet::{EmulateError, FleetOptions, HostCerts, control_buckets, host_id, run};
 pub use record::{Record, Second, StepSummary, Summary};
 pub use shape::{Shape, Step, StepError};
+pub use spillway_link::Backoff;
