@@ -61,7 +61,9 @@ pub enum EmulateError {
         if *has == 1 { "" } else { "s" }
     )]
     TooManyBuckets { asked: usize, has: usize },
-    #[error("host {host}'s certificate: {source} (issue them with `spillway certs issue --role proxy --hosts N --out DIR`)")]
+    #[error(
+        "host {host}'s certificate: {source} (issue them with `spillway certs issue --role proxy --hosts N --out DIR`)"
+    )]
     Certs {
         host: String,
         #[source]

@@ -96,7 +96,13 @@ impl Record {
             let dt = b.t - a.t;
             if dt > 0.0 { (f(b) - f(a)) / dt } else { 0.0 }
         };
-        let ratio = |admitted: f64| if limit_rps > 0.0 { admitted / limit_rps } else { 0.0 };
+        let ratio = |admitted: f64| {
+            if limit_rps > 0.0 {
+                admitted / limit_rps
+            } else {
+                0.0
+            }
+        };
         // One reading per whole second (the last one at or before it).
         let mut per_second = Vec::new();
         let mut previous = Reading::default();
@@ -206,9 +212,18 @@ mod tests {
         };
         let summary = record(3.5, 10.0).summary(10, 1, false, 50.0, Some(step));
         assert_eq!(summary.per_second.len(), 10);
-        assert!((summary.per_second[0].offered_rps - 100.0).abs() < 1.0, "{summary:?}");
-        assert!((summary.per_second[9].admitted_rps - 50.0).abs() < 1.0, "{summary:?}");
-        assert!((summary.admitted_to_limit - 1.0).abs() < 0.02, "{summary:?}");
+        assert!(
+            (summary.per_second[0].offered_rps - 100.0).abs() < 1.0,
+            "{summary:?}"
+        );
+        assert!(
+            (summary.per_second[9].admitted_rps - 50.0).abs() < 1.0,
+            "{summary:?}"
+        );
+        assert!(
+            (summary.admitted_to_limit - 1.0).abs() < 0.02,
+            "{summary:?}"
+        );
         // Enforced from 3.5 s on: the trailing 300 ms window is clean from about 3.8 s.
         let delay = summary.step.unwrap().enforcement_delay_s.unwrap();
         assert!((0.7..=0.95).contains(&delay), "{delay}");

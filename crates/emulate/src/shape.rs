@@ -13,7 +13,9 @@ pub struct Step {
 
 /// A step written wrong, with what would be right.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("\"{text}\" is not a step: {why}; write FACTOR@SECONDS, like 15@10s (15 times the rate from the tenth second)")]
+#[error(
+    "\"{text}\" is not a step: {why}; write FACTOR@SECONDS, like 15@10s (15 times the rate from the tenth second)"
+)]
 pub struct StepError {
     pub text: String,
     pub why: String,
@@ -41,7 +43,9 @@ impl Step {
             .parse()
             .map_err(|_| bad("the moment is not a number of seconds"))?;
         if !(at.is_finite() && at >= 0.0) {
-            return Err(bad("the moment must be a finite number of seconds of at least 0"));
+            return Err(bad(
+                "the moment must be a finite number of seconds of at least 0",
+            ));
         }
         Ok(Step {
             factor,
@@ -98,7 +102,10 @@ mod tests {
         let step = Step::parse("15@10s").unwrap();
         assert_eq!(step.factor, 15.0);
         assert_eq!(step.at, Duration::from_secs(10));
-        assert_eq!(Step::parse("0.5@2.5").unwrap().at, Duration::from_millis(2500));
+        assert_eq!(
+            Step::parse("0.5@2.5").unwrap().at,
+            Duration::from_millis(2500)
+        );
         for wrong in ["15", "x@10s", "15@ten", "-1@3s", "inf@3s", "2@-1s"] {
             let err = Step::parse(wrong).unwrap_err().to_string();
             assert!(err.contains("FACTOR@SECONDS"), "{wrong}: {err}");
