@@ -854,7 +854,7 @@ pub struct EmulateArgs {
     pub rate: Option<f64>,
     /// Multiply the offered rate by FACTOR from SECONDS into the run, like 15@10s.
     #[arg(long, value_name = "FACTOR@SECONDS", value_parser = parse_step)]
-    pub step: Option<spillway_emulate::Step>,
+    pub step: Option<spillway_emulate::LoadStep>,
     /// Mutual TLS with a certificate per host: DIR/HOST/cert.pem, key.pem and ca.pem, as
     /// `spillway certs issue --role proxy --hosts N --out DIR` writes them.
     #[arg(long, value_name = "DIR")]
@@ -864,6 +864,6 @@ pub struct EmulateArgs {
     pub trust_domain: String,
 }
 
-fn parse_step(text: &str) -> Result<spillway_emulate::Step, String> {
-    spillway_emulate::Step::parse(text).map_err(|e| e.to_string())
+fn parse_step(text: &str) -> Result<spillway_emulate::LoadStep, String> {
+    spillway_emulate::LoadStep::parse(text).map_err(|e| e.to_string())
 }

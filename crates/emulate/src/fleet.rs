@@ -14,8 +14,8 @@ use spillway_tls::{TlsError, TlsFiles, TlsSource};
 use tokio::task::JoinSet;
 
 use crate::host::{Common, EmulatedHost};
-use crate::record::{Reading, Record, Summary, TICK_S};
-use crate::shape::Shape;
+use crate::record::{FleetSummary, Reading, Record, TICK_S};
+use crate::shape::LoadShape;
 
 /// Each host's certificate: `DIR/HOST/cert.pem`, `key.pem` and `ca.pem`, as
 /// `spillway certs issue --role proxy --hosts N --out DIR` writes them.
@@ -42,7 +42,7 @@ pub struct FleetOptions {
     /// The fleet's offered rate per loaded bucket, requests per second, before the shape's
     /// multiple; `None`: 1.5 times each bucket's limit.
     pub rate: Option<f64>,
-    pub shape: Shape,
+    pub shape: LoadShape,
     pub tls: Option<HostCerts>,
     pub backoff: Backoff,
 }
@@ -105,7 +105,7 @@ pub fn control_buckets(config: &Config) -> Vec<(BucketKey, f64)> {
 
 /// Runs the fleet for `options.seconds` or until `stop`, then closes every link (each flushes
 /// its last report) and returns what it saw.
-pub async fn run(options: FleetOptions, mut stop: Stop) -> Result<Summary, EmulateError> {
+pub async fn run(options: FleetOptions, mut stop: Stop) -> Result<FleetSummary, EmulateError> {
     if options.hosts == 0 {
         return Err(EmulateError::NoHosts);
     }

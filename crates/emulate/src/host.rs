@@ -17,13 +17,13 @@ use spillway_link::HostLimiters;
 use spillway_loop::{BucketKey, DecodeRules, HostStep, LinkRules, SteeredLimiter};
 use spillway_proto::v1;
 
-use crate::shape::Shape;
+use crate::shape::LoadShape;
 
 /// What every host of the fleet shares: the clock (zero at the start of the run) and the shape.
 #[derive(Debug, Clone, Copy)]
 pub struct Common {
     pub clock: SystemClock,
-    pub shape: Shape,
+    pub shape: LoadShape,
 }
 
 /// One bucket of a host: its base rate, what it offered and admitted so far (fractions of a
@@ -39,7 +39,7 @@ struct Load {
 impl Load {
     /// Integrates offered and admitted load up to `now` at the ratio in force at the start of
     /// the stretch (the link touches the limiter every 50 ms, so stretches are short).
-    fn advance(&mut self, now: Nanos, shape: &Shape) {
+    fn advance(&mut self, now: Nanos, shape: &LoadShape) {
         if now <= self.since {
             return;
         }
@@ -181,7 +181,7 @@ mod tests {
         let rates = Arc::new(HashMap::from([(key.clone(), rate)]));
         let common = Common {
             clock: SystemClock::new(),
-            shape: Shape::default(),
+            shape: LoadShape::default(),
         };
         let config = Arc::new(config::load_str(yaml, "rules.yaml").unwrap());
         (EmulatedHost::new(common, config, rates), key)

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::shape::Step;
+use crate::shape::LoadStep;
 
 /// How often the fleet is read.
 pub const TICK_S: f64 = 0.1;
@@ -41,7 +41,7 @@ pub struct Second {
 
 /// The step of the load and how long the fleet took to enforce the limit after it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct StepSummary {
+pub struct StepEnforcement {
     pub factor: f64,
     pub at_s: f64,
     /// From the step until the admitted rate over the trailing 300 ms is within 5% of the
@@ -51,7 +51,7 @@ pub struct StepSummary {
 
 /// The JSON summary `spillway emulate` prints.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Summary {
+pub struct FleetSummary {
     pub hosts: usize,
     pub buckets: usize,
     pub tls: bool,
@@ -70,7 +70,7 @@ pub struct Summary {
     pub offered_rps: f64,
     pub admitted_rps: f64,
     pub admitted_to_limit: f64,
-    pub step: Option<StepSummary>,
+    pub step: Option<StepEnforcement>,
     pub per_second: Vec<Second>,
 }
 
@@ -88,8 +88,8 @@ impl Record {
         buckets: usize,
         tls: bool,
         limit_rps: f64,
-        step: Option<Step>,
-    ) -> Summary {
+        step: Option<LoadStep>,
+    ) -> FleetSummary {
         let r = &self.readings;
         let last = r.last().copied().unwrap_or_default();
         let rate = |a: &Reading, b: &Reading, f: fn(&Reading) -> f64| {
@@ -138,12 +138,12 @@ impl Record {
             ),
             None => (0.0, 0.0),
         };
-        let step = step.map(|s| StepSummary {
+        let step = step.map(|s| StepEnforcement {
             factor: s.factor,
             at_s: s.at.as_secs_f64(),
             enforcement_delay_s: self.enforcement_delay(s, limit_rps),
         });
-        Summary {
+        FleetSummary {
             hosts,
             buckets,
             tls,
@@ -163,7 +163,7 @@ impl Record {
     }
 
     /// From the step until the admitted rate over the trailing window is within 5% of the limit.
-    fn enforcement_delay(&self, step: Step, limit_rps: f64) -> Option<f64> {
+    fn enforcement_delay(&self, step: LoadStep, limit_rps: f64) -> Option<f64> {
         let at = step.at.as_secs_f64();
         let r = &self.readings;
         let first = r.iter().position(|x| x.t >= at)?;
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn the_summary_gives_rates_per_second_and_the_enforcement_delay() {
-        let step = Step {
+        let step = LoadStep {
             factor: 2.0,
             at: Duration::from_secs(3),
         };
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn a_step_never_enforced_has_no_delay() {
-        let step = Step {
+        let step = LoadStep {
             factor: 2.0,
             at: Duration::from_secs(3),
         };

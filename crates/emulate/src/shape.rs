@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// A step of the offered load: from `at` into the run, `factor` times the base rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Step {
+pub struct LoadStep {
     pub factor: f64,
     pub at: Duration,
 }
@@ -16,15 +16,15 @@ pub struct Step {
 #[error(
     "\"{text}\" is not a step: {why}; write FACTOR@SECONDS, like 15@10s (15 times the rate from the tenth second)"
 )]
-pub struct StepError {
+pub struct LoadStepError {
     pub text: String,
     pub why: String,
 }
 
-impl Step {
+impl LoadStep {
     /// Reads `FACTOR@SECONDS`, the seconds with or without an `s`: `15@10s`, `0.5@30`.
-    pub fn parse(text: &str) -> Result<Step, StepError> {
-        let bad = |why: &str| StepError {
+    pub fn parse(text: &str) -> Result<LoadStep, LoadStepError> {
+        let bad = |why: &str| LoadStepError {
             text: text.to_owned(),
             why: why.to_owned(),
         };
@@ -47,14 +47,14 @@ impl Step {
                 "the moment must be a finite number of seconds of at least 0",
             ));
         }
-        Ok(Step {
+        Ok(LoadStep {
             factor,
             at: Duration::from_secs_f64(at),
         })
     }
 }
 
-impl fmt::Display for Step {
+impl fmt::Display for LoadStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}s", self.factor, self.at.as_secs_f64())
     }
@@ -62,11 +62,11 @@ impl fmt::Display for Step {
 
 /// How the offered load moves: the multiple of the base rate at each moment of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Shape {
-    pub step: Option<Step>,
+pub struct LoadShape {
+    pub step: Option<LoadStep>,
 }
 
-impl Shape {
+impl LoadShape {
     /// The multiple of the base rate `t` seconds into the run.
     pub fn factor(&self, t: f64) -> f64 {
         match self.step {
@@ -99,25 +99,25 @@ mod tests {
 
     #[test]
     fn a_step_reads_factor_at_seconds_and_says_how_to_write_one() {
-        let step = Step::parse("15@10s").unwrap();
+        let step = LoadStep::parse("15@10s").unwrap();
         assert_eq!(step.factor, 15.0);
         assert_eq!(step.at, Duration::from_secs(10));
         assert_eq!(
-            Step::parse("0.5@2.5").unwrap().at,
+            LoadStep::parse("0.5@2.5").unwrap().at,
             Duration::from_millis(2500)
         );
         for wrong in ["15", "x@10s", "15@ten", "-1@3s", "inf@3s", "2@-1s"] {
-            let err = Step::parse(wrong).unwrap_err().to_string();
+            let err = LoadStep::parse(wrong).unwrap_err().to_string();
             assert!(err.contains("FACTOR@SECONDS"), "{wrong}: {err}");
         }
     }
 
     #[test]
     fn the_integral_splits_at_the_step() {
-        let flat = Shape::default();
+        let flat = LoadShape::default();
         assert_eq!(flat.integral(1.0, 3.0), 2.0);
-        let shape = Shape {
-            step: Some(Step::parse("15@10s").unwrap()),
+        let shape = LoadShape {
+            step: Some(LoadStep::parse("15@10s").unwrap()),
         };
         assert_eq!(shape.factor(9.99), 1.0);
         assert_eq!(shape.factor(10.0), 15.0);

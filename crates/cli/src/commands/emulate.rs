@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway_emulate::{Backoff, FleetOptions, HostCerts, Shape, run};
+use spillway_emulate::{Backoff, FleetOptions, HostCerts, LoadShape, run};
 
 use crate::args::EmulateArgs;
 
@@ -64,7 +64,7 @@ fn start(args: EmulateArgs) -> Result<ExitCode, String> {
         host_prefix: args.host_prefix,
         seconds: Duration::from_secs_f64(args.seconds),
         rate: args.rate,
-        shape: Shape { step: args.step },
+        shape: LoadShape { step: args.step },
         tls: args.tls_dir.map(|dir| HostCerts {
             dir,
             trust_domain: args.trust_domain,
