@@ -127,50 +127,70 @@ wait_clients() {
   echo "$now - $start" | bc
 }
 
-emulate() { # $1: transport, $2: hosts, $3: seconds, then extra flags
+emulate() { # $1: transport, $2: hosts, $3: seconds, then extra flags; sets EMU_PID
   local mode=$1 hosts=$2 seconds=$3 tls=()
   shift 3
   [ "$mode" = tls ] && tls=(--tls-dir "$WORK/hosts")
-  RUST_LOG=error "$SPILLWAY" emulate -c "$WORK/rules.yaml" --hosts "$hosts" \
+  RUST_LOG=error setsid "$SPILLWAY" emulate -c "$WORK/rules.yaml" --hosts "$hosts" \
     --aggregator "$SCHEME://127.0.0.1:$AGG_PORT" --region r1 --zone z1 --seconds "$seconds" \
     "${tls[@]}" "$@" > "$WORK/summary.json" 2>>"$WORK/emulate.log" &
-  EMU_PID=$!
+  EMU_PID=$!; PIDS+=("$EMU_PID")
 }
 
 field() { python3 -c "import json,sys; d=json.load(open('$WORK/summary.json')); print(eval(sys.argv[1]))" "$1"; }
 
 cores() { echo "scale=3; ($2 - $1) / $TCK / $3" | bc; }
 
-printf '%-5s %-6s %6s %9s %8s %9s %8s %8s %8s %9s %9s %9s\n' round mode hosts linked_s agg_cores agg_rss_mb ctl_cores ctl_rss emu_cores adm/limit storm_s storm_cpu
+# The aggregator's count of late reports (arrived after their interval was forwarded).
+late() {
+  local url=http://127.0.0.1:$AGG_ADMIN/metrics tls=()
+  [ "$SCHEME" = https ] && url=https://127.0.0.1:$AGG_ADMIN/metrics && tls=(--cacert "$WORK/ca/ca.pem")
+  curl -s -m 1 "${tls[@]}" "$url" | awk '/^spillway_aggregator_late_reports_total / { print $2 }'
+}
+
+# Over the emulator's seconds from $1 to $2 (seconds since it started): reports sent and the
+# median of admitted / limit.
+window_figures() {
+  python3 - "$WORK/summary.json" "$1" "$2" <<'PY'
+import json, statistics, sys
+d = json.load(open(sys.argv[1]))
+lo, hi = float(sys.argv[2]), float(sys.argv[3])
+w = [s for s in d["per_second"] if lo < s["t"] <= hi]
+print(sum(s["reports"] for s in w), round(statistics.median(s["admitted_to_limit"] for s in w), 3) if w else 0)
+PY
+}
+
+now() { date +%s.%N; }
+
+printf '%-5s %-6s %6s %9s %9s %10s %9s %8s %9s %6s %9s %8s %9s\n' round mode hosts linked_s agg_cores agg_rss_mb ctl_cores ctl_rss emu_cores late% adm/limit storm_s storm_cpu
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
     for hosts in $SIZES; do
       start_control "$mode"
       wait_clients 0 20 >/dev/null
-      storm=""
-      run=$((WARMUP + WINDOW + 5))
-      [ "$hosts" = "$LARGEST" ] && run=$((run + 40))
-      emulate "$mode" "$hosts" "$run"
+      # Runs until stopped (SIGTERM), when it prints its summary.
+      emulate "$mode" "$hosts" 3600
+      t0=$(now)
       linked=$(wait_clients "$hosts" 120)
       sleep "$WARMUP"
-      a0=$(ticks "$AGG_PID"); c0=$(ticks "$CTL_PID"); e0=$(ticks "$EMU_PID")
+      a0=$(ticks "$AGG_PID"); c0=$(ticks "$CTL_PID"); e0=$(ticks "$EMU_PID"); l0=$(late); w0=$(now)
       sleep "$WINDOW"
-      a1=$(ticks "$AGG_PID"); c1=$(ticks "$CTL_PID"); e1=$(ticks "$EMU_PID")
+      a1=$(ticks "$AGG_PID"); c1=$(ticks "$CTL_PID"); e1=$(ticks "$EMU_PID"); l1=$(late); w1=$(now)
       agg_rss=$(rss_mb "$AGG_PID"); ctl_rss=$(rss_mb "$CTL_PID")
       storm_s=-; storm_cpu=-
       if [ "$hosts" = "$LARGEST" ]; then
         # The storm: every host loses its stream at once and dials the restarted aggregator.
         kill -9 "$AGG_PID"; wait "$AGG_PID" 2>/dev/null || true
         start_aggregator
-        s0=$(date +%s.%N)
         storm_s=$(wait_clients "$hosts" 60)
         storm_cpu=$(echo "scale=2; $(ticks "$AGG_PID") / $TCK" | bc)
       fi
-      wait "$EMU_PID" || true
-      printf '%-5s %-6s %6s %9.2f %8s %9s %8s %8s %8s %9.3f %9s %9s\n' "$round" "$mode" "$hosts" "$linked" \
+      kill -TERM "$EMU_PID"; wait "$EMU_PID" || true
+      read -r reports ratio < <(window_figures "$(echo "$w0 - $t0" | bc)" "$(echo "$w1 - $t0" | bc)")
+      late_pct=$(echo "scale=1; 100 * ($l1 - $l0) / ($reports + 1)" | bc)
+      printf '%-5s %-6s %6s %9.2f %9s %10s %9s %8s %9s %6s %9s %8s %9s\n' "$round" "$mode" "$hosts" "$linked" \
         "$(cores "$a0" "$a1" "$WINDOW")" "$agg_rss" "$(cores "$c0" "$c1" "$WINDOW")" "$ctl_rss" \
-        "$(cores "$e0" "$e1" "$WINDOW")" "$(field 'd["per_second"][-1]["admitted_to_limit"]' 2>/dev/null || echo 0)" \
-        "$storm_s" "$storm_cpu"
+        "$(cores "$e0" "$e1" "$WINDOW")" "$late_pct" "$ratio" "$storm_s" "$storm_cpu"
       stop_started
     done
   done

@@ -58,7 +58,9 @@ fn secs(t: Nanos) -> f64 {
 struct State {
     config: Arc<Config>,
     rules_version: u64,
-    loads: HashMap<BucketKey, Load>,
+    /// Found by key on every call of the link (a few hundred a second per host: counters at
+    /// every guard tick and a surge step per bucket), so hashed by foldhash, not SipHash.
+    loads: HashMap<BucketKey, Load, foldhash::fast::RandomState>,
 }
 
 /// One emulated host (see the module's documentation).
@@ -86,7 +88,7 @@ impl EmulatedHost {
             state: Mutex::new(State {
                 config,
                 rules_version: 0,
-                loads: HashMap::new(),
+                loads: HashMap::default(),
             }),
         }
     }
@@ -97,13 +99,19 @@ impl EmulatedHost {
 
     /// `key`'s load, integrated up to `now`.
     fn load<'a>(&self, state: &'a mut State, key: &BucketKey, now: Nanos) -> &'a mut Load {
-        let load = state.loads.entry(key.clone()).or_insert_with(|| Load {
-            rate: self.rates.get(key).copied().unwrap_or(0.0),
-            offered: 0.0,
-            admitted: 0.0,
-            since: now,
-            limiter: DropRatio::new(Duration::from_secs(1)),
-        });
+        // The key is cloned only the first time: every later call finds its load in place.
+        if !state.loads.contains_key(key) {
+            let load = Load {
+                rate: self.rates.get(key).copied().unwrap_or(0.0),
+                offered: 0.0,
+                admitted: 0.0,
+                since: now,
+                // No request is decided here, only the ratio read: no drop schedule to keep.
+                limiter: DropRatio::with_coin(Duration::from_secs(1)),
+            };
+            state.loads.insert(key.clone(), load);
+        }
+        let load = state.loads.get_mut(key).expect("inserted above");
         load.advance(now, &self.common.shape);
         load
     }
