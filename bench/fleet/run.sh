@@ -65,6 +65,16 @@ ticks() {
   echo "$total"
 }
 
+# stime alone: the kernel's part.
+sys_ticks() {
+  local task total=0
+  for task in /proc/"$1"/task/*; do
+    read -r -a stat < <(sed 's/^.*) //' "$task/stat" 2>/dev/null) || continue
+    total=$((total + stat[12]))
+  done
+  echo "$total"
+}
+
 rss_mb() { awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 
 # Ten global drop-ratio buckets of LIMIT/s, one per procedure, reports every second.
@@ -162,7 +172,7 @@ PY
 
 now() { date +%s.%N; }
 
-printf '%-5s %-6s %6s %9s %9s %10s %9s %8s %9s %6s %9s %8s %9s\n' round mode hosts linked_s agg_cores agg_rss_mb ctl_cores ctl_rss emu_cores late% adm/limit storm_s storm_cpu
+printf '%-5s %-6s %6s %9s %9s %8s %10s %9s %8s %9s %6s %9s %8s %9s\n' round mode hosts linked_s agg_cores agg_sys% agg_rss_mb ctl_cores ctl_rss emu_cores late% adm/limit storm_s storm_cpu
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
     for hosts in $SIZES; do
@@ -173,23 +183,23 @@ for round in $(seq "$ROUNDS"); do
       t0=$(now)
       linked=$(wait_clients "$hosts" 120)
       sleep "$WARMUP"
-      a0=$(ticks "$AGG_PID"); c0=$(ticks "$CTL_PID"); e0=$(ticks "$EMU_PID"); l0=$(late); w0=$(now)
+      as0=$(sys_ticks "$AGG_PID"); a0=$(ticks "$AGG_PID"); c0=$(ticks "$CTL_PID"); e0=$(ticks "$EMU_PID"); l0=$(late); w0=$(now)
       sleep "$WINDOW"
-      a1=$(ticks "$AGG_PID"); c1=$(ticks "$CTL_PID"); e1=$(ticks "$EMU_PID"); l1=$(late); w1=$(now)
+      as1=$(sys_ticks "$AGG_PID"); a1=$(ticks "$AGG_PID"); c1=$(ticks "$CTL_PID"); e1=$(ticks "$EMU_PID"); l1=$(late); w1=$(now)
       agg_rss=$(rss_mb "$AGG_PID"); ctl_rss=$(rss_mb "$CTL_PID")
       storm_s=-; storm_cpu=-
       if [ "$hosts" = "$LARGEST" ]; then
         # The storm: every host loses its stream at once and dials the restarted aggregator.
         kill -9 "$AGG_PID"; wait "$AGG_PID" 2>/dev/null || true
         start_aggregator
-        storm_s=$(wait_clients "$hosts" 60)
+        storm_s=$(printf '%.1f' "$(wait_clients "$hosts" 60)")
         storm_cpu=$(echo "scale=2; $(ticks "$AGG_PID") / $TCK" | bc)
       fi
       kill -TERM "$EMU_PID"; wait "$EMU_PID" || true
       read -r reports ratio < <(window_figures "$(echo "$w0 - $t0" | bc)" "$(echo "$w1 - $t0" | bc)")
       late_pct=$(echo "scale=1; 100 * ($l1 - $l0) / ($reports + 1)" | bc)
-      printf '%-5s %-6s %6s %9.2f %9s %10s %9s %8s %9s %6s %9s %8s %9s\n' "$round" "$mode" "$hosts" "$linked" \
-        "$(cores "$a0" "$a1" "$WINDOW")" "$agg_rss" "$(cores "$c0" "$c1" "$WINDOW")" "$ctl_rss" \
+      printf '%-5s %-6s %6s %9.1f %9s %8s %10s %9s %8s %9s %6s %9s %8s %9s\n' "$round" "$mode" "$hosts" "$linked" \
+        "$(cores "$a0" "$a1" "$WINDOW")" "$(echo "100 * ($as1 - $as0) / ($a1 - $a0 + 1)" | bc)" "$agg_rss" "$(cores "$c0" "$c1" "$WINDOW")" "$ctl_rss" \
         "$(cores "$e0" "$e1" "$WINDOW")" "$late_pct" "$ratio" "$storm_s" "$storm_cpu"
       stop_started
     done
