@@ -73,6 +73,9 @@ pub enum Command {
     },
     /// The fleet simulator: the real decision and control code in simulated time.
     Sim(SimArgs),
+    /// A fleet of emulated hosts in one process, each a real host core on its own link stream
+    /// to a real aggregator, offering load by a shape; prints a JSON summary.
+    Emulate(EmulateArgs),
     /// Envoy's rate limit service (RLS v3) without the proxy: a drop-in for envoyproxy/ratelimit
     /// behind Envoy or Istio, decided by the same engine as the sidecar.
     Rls(RlsArgs),
@@ -148,7 +151,14 @@ pub enum CertsCommand {
         /// How long the leaf is valid, in days.
         #[arg(long, default_value_t = 90)]
         days: i64,
-        /// Where the leaf goes.
+        /// Issue this many proxy leaves at once, one per host `PREFIX-0` ... `PREFIX-(N-1)`,
+        /// each into OUT/HOST/ (what `spillway emulate --tls-dir OUT` reads).
+        #[arg(long, value_name = "N", conflicts_with = "host")]
+        hosts: Option<std::num::NonZeroUsize>,
+        /// The host ids' prefix with --hosts.
+        #[arg(long, value_name = "PREFIX", default_value = "emu", requires = "hosts")]
+        host_prefix: String,
+        /// Where the leaf goes (with --hosts, the folder of one folder per host).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Replace a leaf already there (a rotation: running processes pick it up).
@@ -828,4 +838,50 @@ pub struct SimArgs {
     /// between instructions (`control.surge_guard: false`).
     #[arg(long)]
     pub no_surge_guard: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EmulateArgs {
+    /// The hosts' rules until the control plane sends its own: the controller's file.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// How many hosts, each with its own link stream (and a file descriptor).
+    #[arg(long)]
+    pub hosts: std::num::NonZeroUsize,
+    /// Offer load to the first B control-plane buckets of the rules (default: all of them).
+    #[arg(long, value_name = "B")]
+    pub buckets: Option<usize>,
+    /// The zone's aggregator (`http://`, or `https://` with --tls-dir).
+    #[arg(long)]
+    pub aggregator: String,
+    /// The hosts' region.
+    #[arg(long)]
+    pub region: String,
+    /// The hosts' zone.
+    #[arg(long)]
+    pub zone: String,
+    /// Host ids are PREFIX-0, PREFIX-1, ...
+    #[arg(long, value_name = "PREFIX", default_value = "emu")]
+    pub host_prefix: String,
+    /// How long the run lasts, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub seconds: f64,
+    /// The fleet's offered rate per bucket, requests per second (default: 1.5 times each
+    /// bucket's limit), spread evenly over the hosts.
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Multiply the offered rate by FACTOR from SECONDS into the run, like 15@10s.
+    #[arg(long, value_name = "FACTOR@SECONDS", value_parser = parse_step)]
+    pub step: Option<spillway_emulate::LoadStep>,
+    /// Mutual TLS with a certificate per host: DIR/HOST/cert.pem, key.pem and ca.pem, as
+    /// `spillway certs issue --role proxy --hosts N --out DIR` writes them.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// The trust domain of the identities.
+    #[arg(long, value_name = "DOMAIN", default_value = spillway_tls::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+}
+
+fn parse_step(text: &str) -> Result<spillway_emulate::LoadStep, String> {
+    spillway_emulate::LoadStep::parse(text).map_err(|e| e.to_string())
 }

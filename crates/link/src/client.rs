@@ -115,6 +115,7 @@ pub struct LinkStatus {
     last_instructions_ms: AtomicU64,
     connects: AtomicU64,
     reports: AtomicU64,
+    instructions: AtomicU64,
 }
 
 impl LinkStatus {
@@ -146,6 +147,11 @@ impl LinkStatus {
     /// Reports sent so far.
     pub fn reports(&self) -> u64 {
         self.reports.load(Ordering::Relaxed)
+    }
+
+    /// Instruction sets received so far.
+    pub fn instructions(&self) -> u64 {
+        self.instructions.load(Ordering::Relaxed)
     }
 
     /// Copies what the core knows, after it changed.
@@ -377,6 +383,7 @@ impl Driver {
                 }
                 message = inbound.message() => match message {
                     Ok(Some(instructions)) => {
+                        self.status.instructions.fetch_add(1, Ordering::Relaxed);
                         let now = self.now();
                         let mut state = self.lock();
                         let steps = state.core.on_instructions(now, instructions);

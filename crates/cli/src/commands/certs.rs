@@ -45,6 +45,8 @@ fn run(command: CertsCommand) -> Result<(), String> {
             host,
             names,
             days,
+            hosts,
+            host_prefix,
             out,
             force,
         } => {
@@ -53,6 +55,27 @@ fn run(command: CertsCommand) -> Result<(), String> {
                 .unwrap_or_else(|| spillway_tls::DEFAULT_TRUST_DOMAIN.to_owned());
             if days < 1 {
                 return Err(format!("--days {days}: a leaf is valid for at least a day"));
+            }
+            if let Some(hosts) = hosts {
+                if role != CertRole::Proxy {
+                    return Err(
+                        "--hosts issues proxy leaves, one per host: give --role proxy".into(),
+                    );
+                }
+                return issue_hosts(
+                    &ca,
+                    &trust_domain,
+                    HostLeaves {
+                        region,
+                        zone,
+                        names,
+                        days,
+                        hosts: hosts.get(),
+                        prefix: host_prefix,
+                    },
+                    &out,
+                    force,
+                );
             }
             let leaf = Leaf {
                 role: match role {
@@ -79,4 +102,47 @@ fn run(command: CertsCommand) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// What `certs issue --hosts N` issues: proxy leaves of one region and zone.
+struct HostLeaves {
+    region: Option<String>,
+    zone: Option<String>,
+    names: Vec<String>,
+    days: i64,
+    hosts: usize,
+    prefix: String,
+}
+
+/// One proxy leaf per host `PREFIX-i` into `out/PREFIX-i/`.
+fn issue_hosts(
+    ca: &std::path::Path,
+    trust_domain: &str,
+    leaves: HostLeaves,
+    out: &std::path::Path,
+    force: bool,
+) -> Result<(), String> {
+    for i in 0..leaves.hosts {
+        let host = format!("{}-{i}", leaves.prefix);
+        let leaf = Leaf {
+            role: LeafRole::Proxy,
+            region: leaves.region.clone(),
+            zone: leaves.zone.clone(),
+            host: Some(host.clone()),
+            names: leaves.names.clone(),
+            days: leaves.days,
+        };
+        certs::issue(ca, trust_domain, &leaf, &out.join(&host), force)
+            .map_err(|e| format!("host {host}: {e}"))?;
+    }
+    println!(
+        "{} proxy leaves, {}-0 to {}-{}: {}/HOST/cert.pem, key.pem and ca.pem (spillway emulate --tls-dir {})",
+        leaves.hosts,
+        leaves.prefix,
+        leaves.prefix,
+        leaves.hosts - 1,
+        out.display(),
+        out.display()
+    );
+    Ok(())
 }

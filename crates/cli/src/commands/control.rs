@@ -24,6 +24,7 @@ use crate::args::{AggregatorArgs, ControllerArgs};
 /// Runs a zone's aggregator until SIGTERM or SIGINT.
 pub fn aggregator(args: AggregatorArgs) -> ExitCode {
     on_runtime("aggregator", async move {
+        fd_limit(args.grpc.grpc_max_connections.get());
         let place = Place {
             region: args.region,
             zone: args.zone,
@@ -280,5 +281,31 @@ fn on_runtime(name: &str, work: impl Future<Output = Result<(), Failure>>) -> Ex
             eprintln!("spillway {name}: {message}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Descriptors an aggregator keeps for everything but its hosts' connections.
+const FD_RESERVE: u64 = 256;
+
+/// Raises the soft descriptor limit to the hard one: each host holds a connection open, and the
+/// distributions' default soft limit of 1,024 stops a zone far below --grpc-max-connections.
+/// What is still short of `connections` is said at the start rather than found as EMFILE.
+fn fd_limit(connections: usize) {
+    match spillway_proxy::raise_fd_limit() {
+        Ok(limit) => {
+            tracing::info!("file descriptor limit: {limit}");
+            let needed = connections as u64 + FD_RESERVE;
+            if let Some(soft) = limit.soft
+                && soft < needed
+            {
+                tracing::warn!(
+                    "the file descriptor limit ({limit}) is below the {needed} that --grpc-max-connections {connections} needs: connections beyond about {} will fail to be accepted; raise the hard limit (ulimit -Hn, systemd's LimitNOFILE=) or lower --grpc-max-connections",
+                    soft.saturating_sub(FD_RESERVE)
+                );
+            }
+        }
+        Err(err) => tracing::warn!(
+            "cannot raise the file descriptor limit to its hard limit ({err}); the soft limit stays"
+        ),
     }
 }

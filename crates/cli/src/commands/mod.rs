@@ -9,6 +9,7 @@ pub mod configure_command;
 pub mod configure_run;
 mod control;
 mod demo;
+mod emulate;
 pub mod import;
 mod proxy;
 #[cfg(feature = "rls")]
@@ -89,10 +90,11 @@ pub fn service_name(command: &Command) -> &'static str {
 }
 
 /// The default log level of a command: the demo draws a live view on the terminal, which info
-/// lines from its many components would scroll away; every other command logs at `info`.
+/// lines from its many components would scroll away, and the emulator's thousands of links
+/// would log a line each; every other command logs at `info`.
 pub fn default_log_level(command: &Command) -> &'static str {
     match command {
-        Command::Demo(_) => "warn",
+        Command::Demo(_) | Command::Emulate(_) => "warn",
         _ => "info",
     }
 }
@@ -109,6 +111,7 @@ pub fn run(command: Command) -> ExitCode {
         Command::Controller(args) => control::controller(args),
         Command::Rules { command } => rules::rules(command),
         Command::Sim(args) => sim::sim(args),
+        Command::Emulate(args) => emulate::emulate(args),
         #[cfg(feature = "rls")]
         Command::Rls(args) => rls::rls(args),
         #[cfg(not(feature = "rls"))]

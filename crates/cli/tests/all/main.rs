@@ -13,6 +13,7 @@ mod dashboard_browser;
 mod demo;
 mod deploy;
 mod drain;
+mod emulate;
 mod failover;
 mod grpc_bounds;
 mod import;

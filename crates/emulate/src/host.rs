@@ -1,0 +1,220 @@
+//! One emulated host: the [`HostLimiters`] a real client plugs into its link, with a fluid load
+//! instead of requests. Each loaded bucket is offered its share of the fleet's rate times the
+//! shape's multiple, and admits `offered x (1 - ratio)` at the drop ratio its limiter holds,
+//! which the link sets from the control plane's instructions and the host core's surge guard
+//! exactly as it sets a sidecar's. Counting a fluid rather than deciding requests keeps ten
+//! thousand hosts in one process cheap, so what the run measures is the control plane.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use spillway_core::algo::DropRatio;
+use spillway_core::clock::{Clock, Nanos, SystemClock};
+use spillway_core::config::Config;
+use spillway_core::counters::Snapshot;
+use spillway_link::HostLimiters;
+use spillway_loop::{BucketKey, DecodeRules, HostStep, LinkRules, SteeredLimiter};
+use spillway_proto::v1;
+
+use crate::shape::LoadShape;
+
+/// What every host of the fleet shares: the clock (zero at the start of the run) and the shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Common {
+    pub clock: SystemClock,
+    pub shape: LoadShape,
+}
+
+/// One bucket of a host: its base rate, what it offered and admitted so far (fractions of a
+/// request included), since when, and its limiter.
+struct Load {
+    rate: f64,
+    offered: f64,
+    admitted: f64,
+    since: Nanos,
+    limiter: DropRatio,
+}
+
+impl Load {
+    /// Integrates offered and admitted load up to `now` at the ratio in force at the start of
+    /// the stretch (the link touches the limiter every 50 ms, so stretches are short).
+    fn advance(&mut self, now: Nanos, shape: &LoadShape) {
+        if now <= self.since {
+            return;
+        }
+        let offered = self.rate * shape.integral(secs(self.since), secs(now));
+        let ratio = self.limiter.current(self.since).map_or(0.0, |r| r.as_f64());
+        self.offered += offered;
+        self.admitted += offered * (1.0 - ratio);
+        self.since = now;
+    }
+}
+
+fn secs(t: Nanos) -> f64 {
+    t as f64 / 1e9
+}
+
+struct State {
+    config: Arc<Config>,
+    rules_version: u64,
+    /// Found by key on every call of the link (a few hundred a second per host: counters at
+    /// every guard tick and a surge step per bucket), so hashed by foldhash, not SipHash.
+    loads: HashMap<BucketKey, Load, foldhash::fast::RandomState>,
+}
+
+/// One emulated host (see the module's documentation).
+pub struct EmulatedHost {
+    common: Common,
+    /// The base rate of each loaded bucket on this host.
+    rates: Arc<HashMap<BucketKey, f64>>,
+    state: Mutex<State>,
+}
+
+/// What a host offered and admitted so far over its loaded buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    pub offered: f64,
+    pub admitted: f64,
+}
+
+impl EmulatedHost {
+    /// A host running `config` until the control plane sends rules, offering each bucket of
+    /// `rates` its base rate (requests per second, before the shape's multiple).
+    pub fn new(common: Common, config: Arc<Config>, rates: Arc<HashMap<BucketKey, f64>>) -> Self {
+        Self {
+            common,
+            rates,
+            state: Mutex::new(State {
+                config,
+                rules_version: 0,
+                loads: HashMap::default(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `key`'s load, integrated up to `now`.
+    fn load<'a>(&self, state: &'a mut State, key: &BucketKey, now: Nanos) -> &'a mut Load {
+        // The key is cloned only the first time: every later call finds its load in place.
+        if !state.loads.contains_key(key) {
+            let load = Load {
+                rate: self.rates.get(key).copied().unwrap_or(0.0),
+                offered: 0.0,
+                admitted: 0.0,
+                since: now,
+                // No request is decided here, only the ratio read: no drop schedule to keep.
+                limiter: DropRatio::with_coin(Duration::from_secs(1)),
+            };
+            state.loads.insert(key.clone(), load);
+        }
+        let load = state.loads.get_mut(key).expect("inserted above");
+        load.advance(now, &self.common.shape);
+        load
+    }
+
+    /// Offered and admitted so far, over the loaded buckets, integrated up to now.
+    pub fn totals(&self) -> Totals {
+        let now = self.common.clock.now();
+        let mut state = self.lock();
+        let mut totals = Totals::default();
+        for key in self.rates.keys() {
+            let load = self.load(&mut state, key, now);
+            totals.offered += load.offered;
+            totals.admitted += load.admitted;
+        }
+        totals
+    }
+
+    /// The rules version it runs (0: its own file still).
+    pub fn rules_version(&self) -> u64 {
+        self.lock().rules_version
+    }
+}
+
+impl HostLimiters for EmulatedHost {
+    fn now(&self) -> Nanos {
+        self.common.clock.now()
+    }
+
+    fn config(&self) -> Arc<Config> {
+        self.lock().config.clone()
+    }
+
+    fn counters(&self, key: &BucketKey) -> Snapshot {
+        let now = self.common.clock.now();
+        let mut state = self.lock();
+        let load = self.load(&mut state, key, now);
+        // Whole requests only, as real counters hold.
+        let allowed = load.admitted.floor() as u64;
+        Snapshot {
+            allowed,
+            dropped: (load.offered.floor() as u64).saturating_sub(allowed),
+            ..Snapshot::default()
+        }
+    }
+
+    fn apply(&self, key: &BucketKey, step: &HostStep) {
+        let now = self.common.clock.now();
+        let mut state = self.lock();
+        let load = self.load(&mut state, key, now);
+        step.apply_to(SteeredLimiter::DropRatio(&load.limiter), now);
+    }
+
+    fn apply_rules(
+        &self,
+        version: u64,
+        rules: &v1::Rules,
+    ) -> Result<Arc<Config>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut state = self.lock();
+        let config = Arc::new(LinkRules::decode(rules)?.with_own(&state.config, "control-plane")?);
+        state.config = config.clone();
+        state.rules_version = version;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_core::algo::Ratio;
+    use spillway_core::config;
+
+    fn host(rate: f64) -> (EmulatedHost, BucketKey) {
+        let yaml = "version: 1\nservices:\n  api:\n    buckets:\n      - { name: b0, limit: 100/s, scope: global }\n";
+        let key = BucketKey::new("api", "b0");
+        let rates = Arc::new(HashMap::from([(key.clone(), rate)]));
+        let common = Common {
+            clock: SystemClock::new(),
+            shape: LoadShape::default(),
+        };
+        let config = Arc::new(config::load_str(yaml, "rules.yaml").unwrap());
+        (EmulatedHost::new(common, config, rates), key)
+    }
+
+    #[test]
+    fn a_host_admits_what_its_limiter_keeps() {
+        let (host, key) = host(1000.0);
+        let first = host.counters(&key);
+        host.apply(
+            &key,
+            &HostStep::DropRatio {
+                bucket: 0,
+                ratio: Ratio::from_f64(0.75),
+                tiers: spillway_core::algo::uniform(Ratio::from_f64(0.75)),
+                ttl: Duration::from_secs(60),
+            },
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let later = host.counters(&key) - first;
+        // About 200 offered (1,000/s for at least 200 ms), a quarter of them admitted.
+        assert!(later.offered() >= 190, "{later:?}");
+        let admitted = later.allowed as f64 / later.offered() as f64;
+        assert!((admitted - 0.25).abs() < 0.02, "{later:?}");
+        let totals = host.totals();
+        assert!(totals.offered >= later.offered() as f64, "{totals:?}");
+    }
+}
