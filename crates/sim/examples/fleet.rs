@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = args.next().filter(|o| o != "-");
     let mut scenario = Scenario::named(&name, Some(seconds))?;
     if let Some(hosts) = args.next() {
-        scenario = scenario.with_hosts(hosts.parse()?)?;
+        scenario.set_hosts(hosts.parse()?)?;
     }
     let started = Instant::now();
     let results = run_all(&scenario, &Algorithm::ALL, seed, false)?;

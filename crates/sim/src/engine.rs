@@ -499,6 +499,7 @@ impl<'a> Engine<'a> {
                     (b.host, Lanes::arrivals(w, weights, total, b.extra_rps))
                 });
             let slot = (tick as usize) % self.in_flight.len();
+            #[allow(clippy::needless_range_loop)] // the loop body borrows self mutably
             for i in 0..self.hosts.len() {
                 let arrivals = match burst {
                     Some((host, arrivals)) if host == i => arrivals,
