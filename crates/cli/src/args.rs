@@ -834,6 +834,10 @@ pub struct SimArgs {
     /// Simulated seconds to run (default: the scenario's own length).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Hosts to split the scenario's load over (default: the scenario's own fleet); every
+    /// scenario but sidecar-leaves, the demo's four sidecars, takes one.
+    #[arg(long)]
+    pub hosts: Option<usize>,
     /// Drop-ratio hosts wait for the control plane instead of correcting a surge of their own
     /// between instructions (`control.surge_guard: false`).
     #[arg(long)]

@@ -487,6 +487,12 @@ impl HostCore {
         steps
     }
 
+    /// The earliest instant a share expires, when any is held: [`HostCore::expire_shares`] has
+    /// nothing to do before it.
+    pub fn shares_expire_at(&self) -> Option<Nanos> {
+        self.buckets.iter().filter_map(|b| b.share_until).min()
+    }
+
     /// Puts adaptive buckets whose share expired at `now` back on their whole limit, as a host
     /// alone would (fail-open).
     pub fn expire_shares(&mut self, now: Nanos) -> Vec<HostStep> {

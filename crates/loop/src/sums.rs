@@ -346,16 +346,29 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         }
         let mut closed = Vec::new();
         while let Some((&sequence, (_, reported))) = self.pending.first_key_value() {
+            // Saturating: a host may claim an interval that ends past the end of time.
+            let end = interval.end_of(sequence);
+            let overdue = now_ms >= end.saturating_add(wait_ms);
+            let past_quorum_wait = now_ms >= end.saturating_add(quorum.wait_ms);
+            // Before its wait, an interval fewer members reported than could close it stays
+            // open without a look at who they were: at least `members - reported` are missing.
+            // An aggregator of 10,000 hosts polls every 10 ms, and looking up every host's name
+            // each time was most of its work (and of the simulator's at 100,000 hosts).
+            if !overdue
+                && let (least, Some(most)) = members.size_hint()
+                && least == most
+            {
+                let fewest_missing = most.saturating_sub(reported.len());
+                let allowed = if past_quorum_wait { quorum.missing } else { 0 };
+                if fewest_missing > allowed {
+                    break;
+                }
+            }
             let (count, missing) = members.clone().fold((0usize, 0usize), |(n, m), k| {
                 (n + 1, m + usize::from(!reported.contains(k)))
             });
             let complete = count > 0 && missing == 0;
-            // Saturating: a host may claim an interval that ends past the end of time.
-            let end = interval.end_of(sequence);
-            let overdue = now_ms >= end.saturating_add(wait_ms);
-            let quorate = count > 0
-                && missing <= quorum.missing
-                && now_ms >= end.saturating_add(quorum.wait_ms);
+            let quorate = count > 0 && missing <= quorum.missing && past_quorum_wait;
             if !(complete || overdue || quorate) {
                 break;
             }

@@ -1,6 +1,6 @@
 //! Times one scenario with every algorithm: `cargo run --release -p spillway-sim --example fleet
-//! -- SCENARIO SECONDS [SEED [OUT]]`, for example `surge-15x 600` (1,000 hosts for 600 simulated
-//! seconds), and prints the table and the wall time.
+//! -- SCENARIO SECONDS [SEED [OUT [HOSTS]]]`, for example `surge-15x 600` (1,000 hosts for 600
+//! simulated seconds) or `surge-15x 60 1 - 100000`, and prints the table and the wall time.
 
 use std::time::Instant;
 
@@ -11,8 +11,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = args.next().unwrap_or_else(|| "surge-15x".into());
     let seconds: f64 = args.next().map_or(Ok(60.0), |s| s.parse())?;
     let seed: u64 = args.next().map_or(Ok(1), |s| s.parse())?;
-    let out = args.next();
-    let scenario = Scenario::named(&name, Some(seconds))?;
+    let out = args.next().filter(|o| o != "-");
+    let mut scenario = Scenario::named(&name, Some(seconds))?;
+    if let Some(hosts) = args.next() {
+        scenario.set_hosts(hosts.parse()?)?;
+    }
     let started = Instant::now();
     let results = run_all(&scenario, &Algorithm::ALL, seed, false)?;
     let took = started.elapsed();

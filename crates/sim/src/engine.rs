@@ -123,11 +123,8 @@ enum Limiter {
 struct Host {
     zone: usize,
     region: usize,
-    /// Part of the fleet's load.
-    weight: f64,
     /// The part of its requests that is `sheddable` (the rest is `critical`).
     sheddable: f64,
-    alive: bool,
     limiter: Limiter,
     /// The bucket's counters since the start, as the client's striped counters total them.
     totals: Snapshot,
@@ -135,6 +132,54 @@ struct Host {
     core: HostCore,
     rtt_ms: f64,
     delay_ticks: usize,
+}
+
+/// What every tick reads of every host, apart from the hosts themselves: at 100,000 hosts a
+/// tick that walked each host's whole state (its core's tables, its limiter) spent its time on
+/// cache misses, where most hosts have no arrival in a tick and nothing due.
+struct Lanes {
+    alive: Vec<bool>,
+    /// Part of the fleet's load.
+    weight: Vec<f64>,
+    /// The sum of the live hosts' weights, when it is known.
+    weights: Option<f64>,
+    /// Each live host's arrivals per tick at the fleet's load `arrivals_at` (without the burst),
+    /// `None` where it offers nothing.
+    arrivals: Vec<Option<Poisson<f64>>>,
+    arrivals_at: Option<(f64, f64)>,
+    /// When each host's core next has a report or tail due, in ms (its `deadline`).
+    due_ms: Vec<u64>,
+    /// When each host's core next has a share to expire, or `Nanos::MAX`.
+    expires: Vec<Nanos>,
+}
+
+impl Lanes {
+    /// Host `i` is gone: it draws no more arrivals and the live hosts take its load.
+    fn leave(&mut self, i: usize) {
+        self.alive[i] = false;
+        self.weights = None;
+        self.arrivals_at = None;
+    }
+
+    /// The sum of the live hosts' weights, in host order.
+    fn weights(&mut self) -> f64 {
+        *self.weights.get_or_insert_with(|| {
+            self.alive
+                .iter()
+                .zip(&self.weight)
+                .filter(|(alive, _)| **alive)
+                .map(|(_, w)| w)
+                .sum()
+        })
+    }
+
+    /// Host `i`'s arrivals per tick when the fleet offers `total` requests per second (plus
+    /// `extra` of its own).
+    fn arrivals(weight: f64, weights: f64, total: f64, extra: f64) -> Option<Poisson<f64>> {
+        let rps = total * weight / weights + extra;
+        let lambda = rps * (TICK_NS as f64 / 1e9);
+        (lambda > 0.0).then(|| Poisson::new(lambda).ok()).flatten()
+    }
 }
 
 struct Zone {
@@ -217,6 +262,7 @@ pub struct Engine<'a> {
     network: Network,
     rules: Arc<RulesSnapshot>,
     hosts: Vec<Host>,
+    lanes: Lanes,
     /// Host names to their position in `hosts`.
     host_index: HashMap<String, u32>,
     zones: Vec<Zone>,
@@ -228,8 +274,10 @@ pub struct Engine<'a> {
     /// The coin of drop-ratio decisions.
     coin: fastrand::Rng,
     store: Option<TokenBucket>,
-    /// Arrivals on their way to the store, by tick of arrival there.
+    /// Arrivals on their way to the store, by tick of arrival there, and the hosts that have
+    /// some in each slot.
     in_flight: Vec<Vec<u64>>,
+    in_flight_hosts: Vec<Vec<usize>>,
     control_bytes: u64,
 }
 
@@ -272,6 +320,7 @@ impl<'a> Engine<'a> {
             })
             .collect();
         let mut hosts = Vec::with_capacity(scenario.hosts);
+        let mut weights = Vec::with_capacity(scenario.hosts);
         let mut host_index = HashMap::with_capacity(scenario.hosts);
         for i in 0..scenario.hosts {
             let zone = i % zones_n;
@@ -322,12 +371,11 @@ impl<'a> Engine<'a> {
             } else {
                 (2.0 * scenario.sheddable_share - 1.0).max(0.0)
             };
+            weights.push(weight);
             hosts.push(Host {
                 zone,
                 region,
-                weight,
                 sheddable,
-                alive: true,
                 limiter,
                 totals: Snapshot::default(),
                 core,
@@ -349,13 +397,33 @@ impl<'a> Engine<'a> {
             .transpose()
             .map_err(|e| SimError::Rules(e.to_string()))?;
         let max_delay = hosts.iter().map(|h| h.delay_ticks).max().unwrap_or(0);
+        let lanes = Lanes {
+            alive: vec![true; hosts.len()],
+            weight: weights,
+            weights: None,
+            arrivals: vec![None; hosts.len()],
+            arrivals_at: None,
+            due_ms: hosts
+                .iter()
+                .map(|h| match h.limiter {
+                    Limiter::Central => u64::MAX,
+                    _ => h.core.deadline(),
+                })
+                .collect(),
+            expires: hosts
+                .iter()
+                .map(|h| h.core.shares_expire_at().unwrap_or(Nanos::MAX))
+                .collect(),
+        };
         Ok(Self {
             scenario,
             algorithm,
             network,
             rules,
             in_flight: vec![vec![0; hosts.len()]; max_delay + 1],
+            in_flight_hosts: vec![Vec::new(); max_delay + 1],
             hosts,
+            lanes,
             host_index,
             zones,
             regions,
@@ -413,32 +481,31 @@ impl<'a> Engine<'a> {
             let down = s.control_down.is_some_and(|(a, b)| (a..b).contains(&t_s));
             let in_window = (s.measure.0..s.measure.1).contains(&t_s);
             let total = s.offered_rps(t_s);
-            let weights: f64 = self
-                .hosts
-                .iter()
-                .filter(|h| h.alive)
-                .map(|h| h.weight)
-                .sum();
+            let weights = self.lanes.weights();
+            if self.lanes.arrivals_at != Some((total, weights)) {
+                let lanes = &mut self.lanes;
+                for (i, arrivals) in lanes.arrivals.iter_mut().enumerate() {
+                    *arrivals = lanes.alive[i]
+                        .then(|| Lanes::arrivals(lanes.weight[i], weights, total, 0.0))
+                        .flatten();
+                }
+                lanes.arrivals_at = Some((total, weights));
+            }
+            let burst = s
+                .burst
+                .filter(|b| self.lanes.alive[b.host] && (b.from_s..b.to_s).contains(&t_s))
+                .map(|b| {
+                    let w = self.lanes.weight[b.host];
+                    (b.host, Lanes::arrivals(w, weights, total, b.extra_rps))
+                });
             let slot = (tick as usize) % self.in_flight.len();
             #[allow(clippy::needless_range_loop)] // the loop body borrows self mutably
             for i in 0..self.hosts.len() {
-                let host = &self.hosts[i];
-                if !host.alive {
-                    continue;
-                }
-                let mut rps = total * host.weight / weights;
-                if let Some(b) = s.burst
-                    && b.host == i
-                    && (b.from_s..b.to_s).contains(&t_s)
-                {
-                    rps += b.extra_rps;
-                }
-                let lambda = rps * tick_s;
-                let n = if lambda > 0.0 {
-                    Poisson::new(lambda).map_or(0, |p| p.sample(&mut self.rng) as u64)
-                } else {
-                    0
+                let arrivals = match burst {
+                    Some((host, arrivals)) if host == i => arrivals,
+                    _ => self.lanes.arrivals[i],
                 };
+                let n = arrivals.map_or(0, |p| p.sample(&mut self.rng) as u64);
                 if n == 0 {
                     continue;
                 }
@@ -480,6 +547,9 @@ impl<'a> Engine<'a> {
                         .count() as u64,
                     Limiter::Central => {
                         let at = (tick as usize + self.hosts[i].delay_ticks) % self.in_flight.len();
+                        if self.in_flight[at][i] == 0 {
+                            self.in_flight_hosts[at].push(i);
+                        }
                         self.in_flight[at][i] += n;
                         let rtt = self.hosts[i].rtt_ms;
                         let entry = round_trips.entry(i).or_insert((rtt, 0));
@@ -519,9 +589,8 @@ impl<'a> Engine<'a> {
             if let Some(store) = &self.store {
                 // The store decides what reaches it this tick, callers in a fresh random order
                 // (they race for the same tokens).
-                let mut order: Vec<usize> = (0..self.hosts.len())
-                    .filter(|i| self.in_flight[slot][*i] > 0)
-                    .collect();
+                let mut order = std::mem::take(&mut self.in_flight_hosts[slot]);
+                order.sort_unstable();
                 order.shuffle(&mut self.rng);
                 for i in order {
                     let n = std::mem::take(&mut self.in_flight[slot][i]);
@@ -604,13 +673,17 @@ impl<'a> Engine<'a> {
     /// A host whose guard engaged says so at once: its surge report goes to its aggregator.
     fn guard_surges(&mut self, now: Nanos) {
         let mut reports = Vec::new();
-        for host in self.hosts.iter_mut().filter(|h| h.alive) {
+        for (i, host) in self.hosts.iter_mut().enumerate() {
+            if !self.lanes.alive[i] {
+                continue;
+            }
             if let Limiter::Drop(_) = host.limiter {
                 let steps = host.core.guard_tick(now, &[host.totals]);
                 apply(host, now, steps);
                 if let Some(report) = host.core.take_surge_report() {
                     reports.push((host.zone, report));
                 }
+                self.lanes.due_ms[i] = host.core.deadline();
             }
         }
         for (zone, report) in reports {
@@ -639,11 +712,13 @@ impl<'a> Engine<'a> {
             unix_ns: now,
         };
         for i in 0..self.hosts.len() {
-            let host = &mut self.hosts[i];
-            if !host.alive || now / 1_000_000 < host.core.deadline() {
+            if !self.lanes.alive[i] || now / 1_000_000 < self.lanes.due_ms[i] {
                 continue;
             }
-            let Some(report) = host.core.on_deadline(at, &[host.totals]) else {
+            let host = &mut self.hosts[i];
+            let report = host.core.on_deadline(at, &[host.totals]);
+            self.lanes.due_ms[i] = host.core.deadline();
+            let Some(report) = report else {
                 continue;
             };
             let zone = host.zone;
@@ -669,9 +744,12 @@ impl<'a> Engine<'a> {
                 self.region_steps(r, now, steps);
             }
         }
-        for host in self.hosts.iter_mut().filter(|h| h.alive) {
-            let steps = host.core.expire_shares(now);
-            apply(host, now, steps);
+        for (i, host) in self.hosts.iter_mut().enumerate() {
+            if self.lanes.alive[i] && now >= self.lanes.expires[i] {
+                let steps = host.core.expire_shares(now);
+                apply(host, now, steps);
+                self.lanes.expires[i] = host.core.shares_expire_at().unwrap_or(Nanos::MAX);
+            }
         }
     }
 
@@ -718,9 +796,13 @@ impl<'a> Engine<'a> {
                 let steps = self.zones[zone].core.on_instructions(now_ms, instructions);
                 self.zone_steps(zone, now, steps);
             }
-            Event::HostInstructions { host, instructions } => {
-                let host = &mut self.hosts[host as usize];
-                if !host.alive {
+            Event::HostInstructions {
+                host: i,
+                instructions,
+            } => {
+                let i = i as usize;
+                let host = &mut self.hosts[i];
+                if !self.lanes.alive[i] {
                     return;
                 }
                 let at = HostTime {
@@ -733,6 +815,10 @@ impl<'a> Engine<'a> {
                     steps = host.core.rules_applied(at, *version, &self.rules.config);
                 }
                 apply(host, now, steps);
+                if !matches!(host.limiter, Limiter::Central) {
+                    self.lanes.due_ms[i] = host.core.deadline();
+                }
+                self.lanes.expires[i] = host.core.shares_expire_at().unwrap_or(Nanos::MAX);
             }
         }
     }
@@ -812,7 +898,7 @@ impl<'a> Engine<'a> {
         let Some(host) = self.hosts.get_mut(i) else {
             return;
         };
-        host.alive = false;
+        self.lanes.leave(i);
         let zone = host.zone;
         let now_ms = now / 1_000_000;
         let mut steps = Vec::new();
@@ -836,9 +922,9 @@ impl<'a> Engine<'a> {
     /// load they carried moves to the other regions (the weights of the live hosts).
     fn lose_region(&mut self, r: usize) {
         self.regions[r].alive = false;
-        for host in &mut self.hosts {
+        for (i, host) in self.hosts.iter().enumerate() {
             if host.region == r {
-                host.alive = false;
+                self.lanes.leave(i);
             }
         }
     }

@@ -36,6 +36,10 @@ pub enum SimError {
     UnknownAlgorithm { name: String },
     #[error("a duration of {0} s is too short; simulate at least 5 s")]
     Duration(f64),
+    #[error("`{name}` is the demo's fleet of four sidecars and takes no host count")]
+    FixedFleet { name: &'static str },
+    #[error("{hosts} hosts are too few for this scenario; give it at least {least}, one per zone")]
+    Hosts { hosts: usize, least: usize },
     #[error("the simulated rules are invalid: {0}")]
     Rules(String),
     #[error("cannot write {path}: {message}")]

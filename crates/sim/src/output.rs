@@ -16,9 +16,14 @@ pub fn table(results: &[RunResult]) -> String {
     let mut out = String::new();
     if let Some(first) = results.first() {
         let s = &first.scenario;
+        // A host count of its own (`--hosts`) splits the same load over another fleet.
+        let hosts = match crate::Scenario::named(s.name, None) {
+            Ok(named) if named.hosts != s.hosts => format!(", here over {} hosts", s.hosts),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{}: {} ({} s, seed {})\n",
+            "{}: {}{hosts} ({} s, seed {})\n",
             s.name, s.about, s.duration_s, first.seed
         );
     }

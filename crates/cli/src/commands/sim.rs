@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use spillway_sim::{Algorithm, Scenario, output, run_all, scenario};
+use spillway_sim::{Algorithm, Scenario, SimError, output, run_all, scenario};
 
 use crate::args::SimArgs;
 
@@ -29,13 +29,22 @@ pub fn sim(args: SimArgs) -> ExitCode {
     };
     let mut scenarios = Vec::new();
     for name in names {
-        match Scenario::named(name, args.duration) {
-            Ok(mut s) => {
-                s.surge_guard = !args.no_surge_guard;
-                scenarios.push(s);
-            }
+        let mut s = match Scenario::named(name, args.duration) {
+            Ok(s) => s,
             Err(err) => return usage(&err),
+        };
+        s.surge_guard = !args.no_surge_guard;
+        if let Some(hosts) = args.hosts {
+            match s.set_hosts(hosts) {
+                Ok(()) => {}
+                // `all` runs the fixed fleets as they are; one named alone is a mistake.
+                Err(SimError::FixedFleet { name }) if args.scenario == "all" => {
+                    eprintln!("spillway sim: {name} keeps its own fleet, not {hosts} hosts");
+                }
+                Err(err) => return usage(&err),
+            }
         }
+        scenarios.push(s);
     }
     let progress = std::io::stderr().is_terminal();
     for scenario in &scenarios {
