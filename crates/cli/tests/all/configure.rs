@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-
 /// A fixed end of the lookback, so the synthetic history is the same at every run.
 const UNTIL: &str = "2026-01-01T00:00:00Z";
 

@@ -6,14 +6,13 @@
 //! that bucket is tried as a candidate, held, retuned and promoted in one change. Bad input is
 //! refused.
 
-
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
 use crate::support::fleet::{Load, Proc, wait_for};
 use crate::support::up::{up, user};
 use crate::support::{SPILLWAY, free_port};
+use serde_json::Value;
 
 /// `spillway configure ARGS...`: (exit code, stdout, stderr).
 pub fn configure(args: &[&str]) -> (i32, String, String) {
@@ -428,7 +427,11 @@ fn run_promotes_when_the_window_ends_wakes_on_rules_changes_and_counts_on_its_ad
         &dir.path().join("run.log"),
     );
     let metric = |name: &str, with: &str| {
-        crate::support::fleet::metric(&crate::support::fleet::admin_get(admin, "/metrics"), name, with)
+        crate::support::fleet::metric(
+            &crate::support::fleet::admin_get(admin, "/metrics"),
+            name,
+            with,
+        )
     };
     let steps = |action: &str| {
         metric(

@@ -2,7 +2,6 @@
 //! aggregator and two linked proxies as processes on loopback, a real upstream, and paced load
 //! whose 429s are counted at the proxies.
 
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

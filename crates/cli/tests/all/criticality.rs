@@ -4,7 +4,6 @@
 //! traffic, named by the client in `rpc-criticality`. The sheddable requests absorb the drops,
 //! on every proxy, and critical traffic loses under 1%.
 
-
 use std::time::Duration;
 
 use crate::support::fleet::{

@@ -12,7 +12,6 @@
 //! `SPILLWAY_DASHBOARD_SCREENSHOT=FILE` the screenshot is also copied to FILE (how
 //! docs/dashboard.png is made).
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -5,17 +5,16 @@
 //! The promtool parts need Debian's `prometheus` package; without `promtool` on `PATH` they are
 //! skipped with a message, unless `SPILLWAY_REQUIRE_PROMTOOL` is set, when they fail.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use spillway_testkit::RedisServer;
 use crate::support::fleet::{Proc, admin_get, wait_for};
 use crate::support::{Proxy, free_port, get, upstream};
+use serde_json::Value;
+use spillway_testkit::RedisServer;
 
 const ALERTS: &str = "deploy/prometheus/alerts.yml";
 const ALERTS_TEST: &str = "deploy/prometheus/alerts_test.yml";

@@ -2,7 +2,6 @@
 //! upstream; a request still waiting on the upstream at the deadline gets `503` with
 //! `connection: close`, is logged and counted, and the proxy still exits 0.
 
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};

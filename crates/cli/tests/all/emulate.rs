@@ -3,7 +3,6 @@
 //! 15x step of the load, and over mutual TLS with a certificate per host from `spillway certs
 //! issue --hosts`; and the usage errors of a run that cannot start.
 
-
 use std::path::Path;
 use std::process::{Command, Output};
 

@@ -4,7 +4,6 @@
 //! The leader is killed (-9), stopped for 10 s (SIGSTOP, then SIGCONT), or the database
 //! restarted under the lease; every second's admitted requests are the upstream's own count.
 
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::Command;
@@ -12,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_testkit::Postgres;
 use crate::support::fleet::{Load, Proc, admin_get, linked_proxy, metric, wait_for};
 use crate::support::free_port;
+use spillway_testkit::Postgres;
 
 const LIMIT: u32 = 200;
 /// Reports every 500 ms: the lease lasts three of them (1.5 s) unless renewed.

@@ -13,16 +13,15 @@
 //! The interpreter is `SPILLWAY_PYTHON` (scripts/test makes a virtual environment with `h2`),
 //! else `python3`.
 
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
 use crate::support::fleet::{aggregator, controller, wait_for};
 use crate::support::{Proxy, SPILLWAY, free_port, get, upstream};
+use serde_json::Value;
 
 const RLQS_METHOD: &str =
     "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";

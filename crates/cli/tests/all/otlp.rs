@@ -5,7 +5,6 @@
 //! server on a loopback port. Without the flag nothing is sent, and a URL the exporter cannot
 //! use is refused before the start.
 
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,6 +12,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::SPILLWAY;
+use crate::support::fleet::{Load, wait_for};
+use crate::support::up::{up_with, user};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -20,9 +22,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use crate::support::SPILLWAY;
-use crate::support::fleet::{Load, wait_for};
-use crate::support::up::{up_with, user};
 
 /// A span as the collector received it.
 #[derive(Debug, Clone)]

@@ -6,7 +6,6 @@
 //! reconnected instance is assigned again; bad usage reports end the stream with
 //! INVALID_ARGUMENT; and the listener's loopback rule holds.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -150,9 +149,11 @@ fn envoy_instances_over_the_limit_are_assigned_the_limit_and_follow_the_rules() 
                 Duration::from_secs(5),
                 "three RLQS streams attached",
                 || {
-                    let (_, metrics) =
-                        crate::support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics")
-                            .unwrap();
+                    let (_, metrics) = crate::support::get(
+                        ([127, 0, 0, 1], zone.aggregator_admin).into(),
+                        "/metrics",
+                    )
+                    .unwrap();
                     metric(&metrics, "spillway_aggregator_local_clients", "") == Some(3.0)
                 },
             );
@@ -237,7 +238,8 @@ fn envoy_instances_over_the_limit_are_assigned_the_limit_and_follow_the_rules() 
     // The streams ended with the client: none attached now. The aggregator stops cleanly.
     wait_for(Duration::from_secs(5), "no RLQS stream attached", || {
         let (_, metrics) =
-            crate::support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics").unwrap();
+            crate::support::get(([127, 0, 0, 1], zone.aggregator_admin).into(), "/metrics")
+                .unwrap();
         metric(&metrics, "spillway_aggregator_local_clients", "") == Some(0.0)
     });
     let mut aggregator = zone.aggregator;

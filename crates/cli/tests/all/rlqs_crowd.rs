@@ -4,7 +4,6 @@
 //! streams beyond a host's cap are refused with RESOURCE_EXHAUSTED; and 30 streams of 10,000
 //! bucket ids of 200 bytes each stay within the aggregator's caps and give their memory back.
 
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,7 +55,8 @@ impl Zone {
     }
 
     fn metric(&self, name: &str, with: &str) -> Option<f64> {
-        let (_, metrics) = crate::support::get(([127, 0, 0, 1], self.admin).into(), "/metrics").ok()?;
+        let (_, metrics) =
+            crate::support::get(([127, 0, 0, 1], self.admin).into(), "/metrics").ok()?;
         metric(&metrics, name, with)
     }
 

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use spillway_rls::pb::{self, Code, RateLimitServiceClient, Unit, request};
 use crate::support::{Proxy, SPILLWAY, free_port, get, upstream};
+use spillway_rls::pb::{self, Code, RateLimitServiceClient, Unit, request};
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/envoy-ratelimit.yaml")

@@ -4,15 +4,14 @@
 //! aggregator, a host of its zone whose drop-ratio descriptor bucket follows the fleet; and its
 //! listener's loopback rule.
 
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_rls::pb::{self, Code, RateLimitServiceClient, request};
 use crate::support::fleet::{admin_get, aggregator, controller, metric, wait_for};
 use crate::support::{SPILLWAY, free_port, get};
+use spillway_rls::pb::{self, Code, RateLimitServiceClient, request};
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/envoy-ratelimit.yaml")

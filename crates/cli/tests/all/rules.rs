@@ -314,7 +314,11 @@ fn a_proxy_following_postgres_enforces_a_rule_change_made_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("spillway.yaml");
     std::fs::write(&file, "version: 1\n").unwrap();
-    let proxy = crate::support::Proxy::start_with(&file, crate::support::upstream(), &["--database", &database]);
+    let proxy = crate::support::Proxy::start_with(
+        &file,
+        crate::support::upstream(),
+        &["--database", &database],
+    );
     let status = |path: &str| {
         crate::support::get(proxy.listen, path)
             .expect("the proxy answers")

@@ -4,7 +4,6 @@
 //! limit, impostors played by a Python grpcio client built from the project's own proto, and a
 //! certificate rotation mid-run.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;

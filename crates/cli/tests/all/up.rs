@@ -1,7 +1,6 @@
 //! `spillway up -c FILE` as a process: one node (rules service, controller, aggregator, linked
 //! sidecar) forwards to a real upstream, answers on every admin endpoint, and stops on SIGTERM.
 
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
