@@ -41,7 +41,7 @@
 //! adds 16 bytes per request in its window) a subject holds at most [`SUBJECT_BYTES_MAX`] (512)
 //! bytes of heap, allocator overhead and table slack included, and at most
 //! [`SUBJECT_BYTES_BOUND`] (256) when its key is at most 64 bytes (hashed values included); a
-//! bucket holds at most [`DEFAULT_MAX_SUBJECTS`] subjects. `tests/subjects_long.rs` measures one
+//! bucket holds at most [`DEFAULT_MAX_SUBJECTS`] subjects. `tests/all/subjects_long.rs` measures one
 //! million subjects of 256 bytes (about 425 bytes each) and of 1 KiB (about 235). A subject is
 //! evicted only when idle long enough that its limiter is as good as new (twice the limit's
 //! period, or its burst's refill time if longer), so eviction never changes a decision.

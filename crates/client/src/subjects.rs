@@ -13,8 +13,8 @@
 //! algorithm but sliding-window-log a subject holds at most [`SUBJECT_BYTES_BOUND`] (256) bytes of
 //! heap with a key of up to 64 bytes, hashed ones included, and at most [`SUBJECT_BYTES_MAX`]
 //! (512) whatever its value, allocator overhead and hash-table slack included: about 170 bytes
-//! plus the key rounded up to a 16-byte allocator chunk. `tests/subjects_memory.rs` measures
-//! about 150 bytes for 1,000,000 subjects with 12-byte ids, `tests/subjects_long.rs` about 425
+//! plus the key rounded up to a 16-byte allocator chunk. `tests/all/subjects_memory.rs` measures
+//! about 150 bytes for 1,000,000 subjects with 12-byte ids, `tests/all/subjects_long.rs` about 425
 //! for 1,000,000 of 256 bytes and about 235 for 1,000,000 of 1 KiB. A sliding-window-log subject
 //! adds 16 bytes per request in its window. A bucket holds at most
 //! [`DEFAULT_MAX_SUBJECTS`] (1,048,576) subjects, so one bucket with a million active users stays

@@ -106,6 +106,9 @@ pub struct ZoneCore {
     noticed: HashMap<String, (u64, u64)>,
     /// The zone's sums of the last closed interval, to split shares among hosts.
     last_sums: Sums,
+    /// The interval length and sequence of the last forwarded interval: should the length
+    /// change and come back, intervals it already forwarded are not forwarded again.
+    last_forwarded: Option<(u64, u64)>,
     /// Hosts and rules versions the controller knows from this zone, while a stream to it is
     /// open (`None`: no stream).
     told: Option<HashMap<String, u64>>,
@@ -142,6 +145,7 @@ impl ZoneCore {
             notices: Vec::new(),
             noticed: HashMap::new(),
             last_sums: Sums::default(),
+            last_forwarded: None,
             told: None,
             late_reports: 0,
             forwarded: 0,
@@ -583,12 +587,19 @@ impl ZoneCore {
         steps
     }
 
-    /// A new interval length: the open intervals meant something else, start afresh.
+    /// A new interval length: the open intervals meant something else, start afresh, after
+    /// the last interval of this length already forwarded (a host ahead of the clock may have
+    /// closed one the clock has not reached).
     fn adopt(&mut self, interval: Interval, now_ms: u64) {
         if interval != self.interval {
             self.interval = interval;
-            self.window
-                .reset(interval.sequence_at(now_ms).saturating_sub(1));
+            let mut start = interval.sequence_at(now_ms).saturating_sub(1);
+            if let Some((ms, sequence)) = self.last_forwarded
+                && ms == interval.ms()
+            {
+                start = start.max(sequence);
+            }
+            self.window.reset(start);
         }
     }
 
@@ -605,6 +616,7 @@ impl ZoneCore {
             surge: false,
         };
         self.last_sums = sums;
+        self.last_forwarded = Some((self.interval.ms(), sequence));
         if let Some(told) = &mut self.told {
             for (name, host) in &self.hosts {
                 if told.get(name) != Some(&host.rules_version) {

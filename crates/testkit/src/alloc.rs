@@ -1,7 +1,7 @@
-//! Global allocators for tests: [`MeasuringAllocator`], the heap a test binary holds as glibc
-//! would hold it, for memory bounds; and [`CountingAllocator`], the allocations of one thread, for
-//! tests that prove a path allocates nothing (DESIGN.md: identify, match and decide allocate nothing). A test binary
-//! installs it and measures a closure:
+//! The global allocator for tests, [`CountingAllocator`]: the allocations of one thread, for
+//! tests that prove a path allocates nothing (identify, match and decide allocate nothing), and
+//! the heap the process holds as glibc would hold it, for memory bounds. A test binary installs
+//! it and measures a closure:
 //!
 //! ```no_run
 //! use spillway_testkit::alloc::{CountingAllocator, allocations_in};
@@ -12,8 +12,10 @@
 //! assert_eq!(allocations_in(|| 1 + 1), 0);
 //! ```
 //!
-//! Both the switch and the count are per thread, so the harness and the other tests, which run
-//! on their own threads at the same time, cannot add to a measurement.
+//! The switch and the count of [`allocations_in`] are per thread, so the harness and the other
+//! tests, which run on their own threads at the same time, cannot add to a measurement. The
+//! process-wide figures ([`live_bytes`], [`allocations`]) suit a test that runs alone in its
+//! process, as every test does under nextest.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -21,8 +23,9 @@ use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
-/// Counts allocations made while the calling thread has switched counting on
-/// ([`allocations_in`]); forwards everything to the system allocator.
+/// Counts the allocations made while the calling thread has switched counting on
+/// ([`allocations_in`]), and the process's live heap bytes and allocations ([`live_bytes`],
+/// [`allocations`]); forwards everything to the system allocator.
 pub struct CountingAllocator;
 
 thread_local! {
@@ -31,32 +34,35 @@ thread_local! {
     static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
 }
 
-fn note_allocation() {
+fn note_allocation(bytes: isize) {
+    LIVE.fetch_add(bytes, Ordering::Relaxed);
+    MADE.fetch_add(1, Ordering::Relaxed);
     if COUNTING.try_with(Cell::get).unwrap_or(false) {
         let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
     }
 }
 
-// SAFETY (with `MeasuringAllocator`'s, the only unsafe in spillway-testkit): every method forwards its arguments unchanged to
+// SAFETY (the only unsafe in spillway-testkit): every method forwards its arguments unchanged to
 // the system allocator, which upholds the `GlobalAlloc` contract; counting touches only const
-// thread-locals.
+// thread-locals and atomics.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
+        note_allocation(chunk(layout.size()));
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
+        note_allocation(chunk(layout.size()));
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
+        note_allocation(chunk(new_size) - chunk(layout.size()));
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
 }
@@ -81,44 +87,12 @@ fn chunk(size: usize) -> isize {
     ((size + 8 + 15) & !15).max(32) as isize
 }
 
-/// Keeps the live heap bytes of the whole process ([`live_bytes`]) and the allocations made
-/// ([`allocations`]); forwards everything to the system allocator. For a binary whose one test
-/// measures, so no other test allocates meanwhile.
-pub struct MeasuringAllocator;
-
-// SAFETY: as for `CountingAllocator`: every method forwards unchanged to the system allocator;
-// measuring only adds to atomics.
-unsafe impl GlobalAlloc for MeasuringAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(chunk(layout.size()), Ordering::Relaxed);
-        MADE.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(chunk(layout.size()), Ordering::Relaxed);
-        MADE.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(chunk(new_size) - chunk(layout.size()), Ordering::Relaxed);
-        MADE.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-/// The process's live heap bytes, glibc chunks included, with [`MeasuringAllocator`] installed.
+/// The process's live heap bytes, glibc chunks included, with [`CountingAllocator`] installed.
 pub fn live_bytes() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// Allocations made so far by every thread, with [`MeasuringAllocator`] installed.
+/// Allocations made so far by every thread, with [`CountingAllocator`] installed.
 pub fn allocations() -> usize {
     MADE.load(Ordering::Relaxed)
 }

@@ -763,7 +763,7 @@ fn prometheus_binary() -> Option<PathBuf> {
 
 /// A real Prometheus without any history: a query it refuses is bad input (2), a query that
 /// finds no series a failure at run time (1), each with Prometheus's own words or the reason.
-/// (crates/configure/tests/prometheus.rs plans over a real Prometheus loaded with history.)
+/// (crates/configure/tests/all/prometheus.rs plans over a real Prometheus loaded with history.)
 #[test]
 fn a_prometheus_without_the_series_or_refusing_the_query_is_a_clear_error() {
     let Some(prometheus) = prometheus_binary() else {

@@ -13,5 +13,6 @@ mod limits;
 mod outage;
 mod tls;
 mod tokens;
+mod typed_client;
 mod watch;
 mod whoami;

@@ -2,9 +2,7 @@
 //! its service, replaced at the version it was read at and refused at an older one, and the
 //! JSON the service answers read as the same rule the untyped call shows.
 
-mod common;
-
-use common::{Db, start};
+use crate::common::{Db, start};
 use spillway_core::config::BucketFile;
 use spillway_core::decision::Mode;
 use spillway_core::limit::Limit;
@@ -32,7 +30,9 @@ fn typed_calls_create_list_and_replace_rules() {
     let service = start(Db::sqlite());
     let client = service.client(&service.robot);
 
-    let created = client.create_rule(&body("api.v2", "gw-a", "100/s")).unwrap();
+    let created = client
+        .create_rule(&body("api.v2", "gw-a", "100/s"))
+        .unwrap();
     assert_eq!(created.service, "api.v2");
     assert_eq!(created.bucket.name, "gw-a");
     assert_eq!(created.created_by, "configurator");

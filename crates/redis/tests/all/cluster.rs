@@ -1,8 +1,6 @@
 //! Every script on a private three-master Redis Cluster: one bucket in one slot, buckets spread
 //! over the nodes, exact under concurrent clients, and `EVAL` after `SCRIPT FLUSH` on every node.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -10,7 +8,7 @@ use spillway_core::algo::{Kind, Rate};
 use spillway_redis::{ExactAlgo, RedisKey};
 use spillway_testkit::RedisCluster;
 
-use common::{admitted_concurrently, cluster_limiter, command_calls, raw};
+use crate::common::{admitted_concurrently, cluster_limiter, command_calls, raw};
 
 const CLIENTS: usize = 8;
 const REQUESTS_PER_CLIENT: usize = 30;

@@ -7,9 +7,7 @@
 //! same outcome to come true over real streams and servers, so a busy machine makes a test
 //! slower, never red.
 
-mod support;
-
-use support::{Fleet, close, get, rewrite, rules, wait_for, wait_get, wait_json};
+use crate::support::{Fleet, close, get, rewrite, rules, wait_for, wait_get, wait_json};
 
 const L: f64 = 1000.0;
 

@@ -3,12 +3,10 @@
 //! sums over a simulated network. Every run is the same run, so where
 //! a test bounds a time it bounds simulated time, with no slack for a busy machine.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Fleet, Network, SERVICE, close, config};
 use spillway_loop::{BucketKey, Interval, Tally};
-use support::{Fleet, Network, SERVICE, close, config};
 
 const INTERVAL: Duration = Duration::from_millis(200);
 const L: f64 = 1000.0;

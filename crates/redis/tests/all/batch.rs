@@ -1,7 +1,5 @@
 //! Hot-key batching against a real redis-server: fewer calls, bounded admission.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +10,7 @@ use spillway_redis::{
 };
 use spillway_testkit::RedisServer;
 
-use common::{command_calls, limiter, raw};
+use crate::common::{command_calls, limiter, raw};
 
 const PROXIES: u64 = 4;
 const REQUESTS_PER_PROXY: u64 = 250;

@@ -1,11 +1,9 @@
 //! A client that stops mid-interval, over real gRPC on loopback: its link's last report, of what
 //! it counted so far, reaches the aggregator before the stream ends, and counts as counted.
 
-mod support;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::{Fleet, close, wait_for};
+use crate::support::{Fleet, close, wait_for};
 
 const YAML: &str = "version: 1\ncontrol:\n  report_interval: 1s\n  instruction_ttl: 3s\nservices:\n  api:\n    buckets:\n      - { name: all, limit: 1000000/s, scope: region }\n";
 

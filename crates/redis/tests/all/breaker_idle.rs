@@ -6,7 +6,7 @@
 //! thread that reaches it when only one subscriber is registered; another test running beside
 //! it in the same process, with none, would turn the prober's lines off.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use spillway_core::decision::Verdict;
 use spillway_redis::{CircuitState, Fallback, RedisKey};
 use spillway_testkit::RedisServer;
 
-use common::outage::{BOUND, algo, guarded, ramped_in_order, restart, until_closed};
+use crate::common::outage::{BOUND, algo, guarded, ramped_in_order, restart, until_closed};
 
 /// An idle half minute: after the circuit opens, no request for 30 s, Redis down for the first 28
 /// and back for the last 2. The prober alone closes the circuit, before the next request; one log

@@ -2,7 +2,7 @@
 //! several connections under one certificate are one host, held to its cap on streams, while
 //! another certificate is another host.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

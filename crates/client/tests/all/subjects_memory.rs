@@ -7,14 +7,11 @@ use spillway_client::{Client, NoHeaders, SUBJECT_BYTES_BOUND};
 use spillway_core::clock::FakeClock;
 use spillway_core::config::load_str;
 use spillway_core::pattern::{RequestAttrs, SubjectKind};
-use spillway_testkit::alloc::{MeasuringAllocator, live_bytes};
-
-#[global_allocator]
-static ALLOCATOR: MeasuringAllocator = MeasuringAllocator;
+use spillway_testkit::alloc::live_bytes;
 
 const SUBJECTS: usize = 1_000_000;
 
-// The only test of this binary, so no other test allocates while it measures.
+// nextest runs it in a process of its own, so no other test allocates while it measures.
 #[test]
 fn one_million_subjects_stay_within_the_bound_and_are_evicted_when_idle() {
     let clock = Arc::new(FakeClock::new(1));

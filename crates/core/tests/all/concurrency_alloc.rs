@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use spillway_core::concurrency::{AlgorithmName, ConcurrencySettings, Gate};
 use spillway_core::criticality::Criticality;
-use spillway_testkit::alloc::{CountingAllocator, allocations_in};
-
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+use spillway_testkit::alloc::allocations_in;
 
 #[test]
 fn concurrency_gate_admits_refuses_and_releases_without_allocating() {

@@ -1,7 +1,5 @@
 //! Exact decisions through Sentinel while the primary is killed under load.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,8 +1,6 @@
 //! The Lua scripts against a real redis-server: exactness under concurrency, window
 //! boundaries, a lost script cache, retry-after and memory per logged request.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +9,7 @@ use spillway_core::decision::{NEVER, Verdict};
 use spillway_redis::{ExactAlgo, RedisKey, RedisLimiter};
 use spillway_testkit::RedisServer;
 
-use common::{admitted_concurrently, command_calls, limiter, raw, server_micros};
+use crate::common::{admitted_concurrently, command_calls, limiter, raw, server_micros};
 
 const CLIENTS: usize = 8;
 const REQUESTS_PER_CLIENT: usize = 60;

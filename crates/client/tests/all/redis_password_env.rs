@@ -2,11 +2,9 @@
 //! gives the Redis password. One test in this binary: it sets the variable for its process.
 #![cfg(feature = "redis")]
 
-mod redis_auth;
-
 use std::sync::Arc;
 
-use redis_auth::{PASSWORD, admitted, failures, per_user_in, server};
+use crate::redis_auth::{PASSWORD, admitted, failures, per_user_in, server};
 use spillway_client::Client;
 
 #[tokio::test]

@@ -2,11 +2,9 @@
 //! process's own file, and the password never appears in an error or a printed configuration.
 #![cfg(feature = "redis")]
 
-mod redis_auth;
-
 use std::sync::Arc;
 
-use redis_auth::{PASSWORD, admitted, failures, per_user_in, server};
+use crate::redis_auth::{PASSWORD, admitted, failures, per_user_in, server};
 use spillway_client::Client;
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 const SEC: u64 = 1_000_000_000;
-const EXAMPLE: &str = include_str!("../../../examples/envoy-ratelimit.yaml");
+const EXAMPLE: &str = include_str!("../../../../examples/envoy-ratelimit.yaml");
 
 struct Server {
     rls: RateLimitServiceClient<Channel>,

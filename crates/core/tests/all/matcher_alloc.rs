@@ -1,15 +1,12 @@
 //! Proves that `Matcher::find` allocates nothing once its buffer has warmed up (DESIGN.md: no
 //! allocation per decision), with a global allocator that counts the allocations of one thread.
 
-use spillway_testkit::alloc::{CountingAllocator, allocations_in};
+use spillway_testkit::alloc::allocations_in;
 
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{
     MatchSpec, Pattern, RequestAttrs, Subject, SubjectKind, SubjectValue,
 };
-
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn spec(caller: Option<&str>, procedure: Option<&str>) -> MatchSpec {
     MatchSpec {

@@ -2,7 +2,7 @@
 //! required, and `--allow-client-san` patterns decide which certificates' URI SANs may call;
 //! the others are answered PERMISSION_DENIED, naming their SANs.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,8 +1,6 @@
 //! The circuit breaker against a real redis-server that dies and comes back under load:
 //! recovery is bounded in time whatever the rate. The idle case is `breaker_idle.rs`.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,7 +10,9 @@ use spillway_core::decision::Verdict;
 use spillway_redis::{CircuitState, GuardedLimiter, RedisKey};
 use spillway_testkit::RedisServer;
 
-use common::outage::{BOUND, algo, guarded, ramped_in_order, restart, until_closed, wait_for};
+use crate::common::outage::{
+    BOUND, algo, guarded, ramped_in_order, restart, until_closed, wait_for,
+};
 
 #[derive(Default)]
 struct Counts {

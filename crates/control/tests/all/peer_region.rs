@@ -4,7 +4,7 @@
 //! stream dropped and redialled, and never heard as a peer. The lying peer is a gRPC server of
 //! the project's proto with a real certificate from a development CA.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::pin::Pin;

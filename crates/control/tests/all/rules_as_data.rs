@@ -2,18 +2,16 @@
 //! controller's services and control section, never its file's text, its comments or its
 //! `redis` section; and a linked host runs those services with its own identity and Redis.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{SimClient, quick_backoff, wait_for};
 use prost::Message;
 use spillway_control::{Aggregator, AggregatorOptions, Controller, ControllerOptions, FileRules};
 use spillway_core::config;
 use spillway_link::{ClientLink, LinkOptions};
 use spillway_proto::v1;
 use spillway_proto::v1::aggregator_client::AggregatorClient;
-use support::{SimClient, quick_backoff, wait_for};
 
 /// The controller's file: a comment, a password in its Redis URL, and a `store: redis` bucket
 /// beside a drop-ratio one.

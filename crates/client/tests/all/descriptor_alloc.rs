@@ -5,10 +5,7 @@
 
 use spillway_client::{Client, DescriptorStep};
 use spillway_core::config::load_str;
-use spillway_testkit::alloc::{CountingAllocator, allocations_in};
-
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+use spillway_testkit::alloc::allocations_in;
 
 #[test]
 fn descriptor_decisions_allocate_nothing_after_warm_up() {

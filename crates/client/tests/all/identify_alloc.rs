@@ -4,14 +4,11 @@
 //! stack buffer that needs normalising, and a refused identity (whose 400 allocates anyway), may
 //! allocate. A global allocator counts the allocations of one thread.
 
-use spillway_testkit::alloc::{CountingAllocator, allocations_in};
+use spillway_testkit::alloc::allocations_in;
 
 use http::HeaderMap;
 use spillway_client::{IdentityExtractor, PathBuffer};
 use spillway_core::config;
-
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn extractor(identity: &str) -> IdentityExtractor {
     let text = format!("version: 1\nidentity: {identity}\n");

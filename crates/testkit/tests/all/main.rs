@@ -1,0 +1,6 @@
+//! spillway-testkit's integration tests, one binary: one test crate to compile and link instead of
+//! one per file.
+
+mod cluster;
+mod postgres;
+mod redis;
