@@ -433,6 +433,9 @@ impl Driver {
             let mut state = self.lock();
             let totals = self.totals(&state.core);
             state.core.start(self.now(), &totals);
+            // Named to the aggregator at once, so the interval in progress waits for this host.
+            tx.try_send(state.core.hello())
+                .map_err(|_| SessionError::Closed)?;
         }
         let mut heard = tokio::time::Instant::now();
         loop {

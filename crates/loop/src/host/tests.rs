@@ -268,3 +268,15 @@ fn instructions_of_an_older_epoch_give_no_step() {
     assert!(!core.on_instructions(at(9_010), newer).is_empty());
     assert_eq!(core.fence().epoch(), 5);
 }
+
+#[test]
+fn a_hello_names_the_host_and_counts_nothing_of_the_interval_in_progress() {
+    let mut core = core(DROP);
+    core.start(at(8_300), &[offered(40)]);
+    let hello = core.hello();
+    assert_eq!((hello.host_id.as_str(), hello.sequence), ("h1", 7));
+    assert!(hello.buckets.is_empty());
+    assert_eq!(core.on_deadline(at(8_750), &[offered(85)]), None);
+    let report = core.on_deadline(at(9_000), &[offered(110)]).unwrap();
+    assert_eq!(report.sequence, 8);
+}
