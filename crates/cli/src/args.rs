@@ -250,9 +250,12 @@ pub struct UpArgs {
 #[derive(Debug, Clone, Args)]
 pub struct LinkArgs {
     /// The zone's aggregator (`http://`, or `https://` with the TLS flags); without it the
-    /// process runs standalone from its file.
-    #[arg(long)]
-    pub aggregator: Option<String>,
+    /// process runs standalone from its file. Repeat it for each aggregator of the zone: the
+    /// host starts at one picked by its host id and moves to the next when its stream is lost,
+    /// refused or silent for three report intervals, without sending the new one an interval
+    /// the old one had.
+    #[arg(long = "aggregator", value_name = "URL", action = clap::ArgAction::Append)]
+    pub aggregators: Vec<String>,
     /// This host's region (default: its certificate's).
     #[arg(long)]
     pub region: Option<String>,
@@ -265,7 +268,7 @@ pub struct LinkArgs {
     pub host_id: Option<String>,
     /// Keep the last good rules from the control plane here, so a restart enforces them
     /// before the control plane answers.
-    #[arg(long, requires = "aggregator")]
+    #[arg(long, requires = "aggregators")]
     pub state_dir: Option<PathBuf>,
 }
 

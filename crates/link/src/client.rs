@@ -6,7 +6,11 @@
 //! reports it returns, hands it every instruction set, and every 50 ms ticks its surge guards
 //! and expires its shares (also while disconnected, so a host whose control plane is gone fails
 //! open). What the core asks for is applied to the [`HostLimiters`] of the client. When the
-//! aggregator is gone it reconnects with capped, jittered backoff ([`crate::reconnect`]).
+//! aggregator is gone it reconnects with capped, jittered backoff; given several aggregators of
+//! its zone, it moves to the next when its stream is lost or silent ([`crate::reconnect_any`]).
+//! A report goes out once, on the stream open at its deadline: a host that moves never sends
+//! the new aggregator an interval the old one had, so each interval of a host is in one
+//! aggregator's sums.
 //!
 //! How a `spillway-client` embedder plugs in:
 //! ```text
@@ -16,7 +20,8 @@
 //! LinkStatus::connected     -> spillway_control_plane_connected
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,7 +38,9 @@ use tonic::transport::Channel;
 
 use crate::backoff::Backoff;
 use crate::clock::now_unix_ns;
-use crate::session::{SessionError, Stop, Target, UrlError, reconnect};
+use crate::session::{
+    SessionError, Stop, Target, UrlError, open_stream, reconnect_any, silence_limit,
+};
 use spillway_tls::{Expect, TlsSource, WorkloadRole};
 
 /// How long a stopping host waits for its aggregator to end the stream after its last report,
@@ -72,8 +79,11 @@ pub trait HostLimiters: Send + Sync + 'static {
 /// Who the client is and where it reports.
 #[derive(Debug, Clone)]
 pub struct LinkOptions {
-    /// The zone's aggregator, for example `http://127.0.0.1:7101`.
-    pub aggregator: String,
+    /// The zone's aggregators, for example `http://127.0.0.1:7101`: one, or several of the same
+    /// zone. With several, a host starts at one chosen by its host id (so a zone's hosts spread
+    /// over them) and moves to the next when its stream is lost, refused or silent for
+    /// [`crate::SILENT_INTERVALS`] intervals.
+    pub aggregators: Vec<String>,
     pub host_id: String,
     pub region: String,
     pub zone: String,
@@ -87,7 +97,7 @@ pub struct LinkOptions {
 }
 
 impl LinkOptions {
-    /// Options with no rules version yet and the default backoff.
+    /// Options with one aggregator, no rules version yet and the default backoff.
     pub fn new(
         aggregator: impl Into<String>,
         host_id: impl Into<String>,
@@ -95,7 +105,7 @@ impl LinkOptions {
         zone: impl Into<String>,
     ) -> Self {
         Self {
-            aggregator: aggregator.into(),
+            aggregators: vec![aggregator.into()],
             host_id: host_id.into(),
             region: region.into(),
             zone: zone.into(),
@@ -114,8 +124,13 @@ pub struct LinkStatus {
     interval_ms: AtomicU64,
     last_instructions_ms: AtomicU64,
     connects: AtomicU64,
+    failovers: AtomicU64,
     reports: AtomicU64,
     instructions: AtomicU64,
+    /// The aggregator of the open stream, or of the last one.
+    aggregator: Mutex<String>,
+    /// Streams in a row that ended for silence with nothing heard on them.
+    silent_streak: AtomicU32,
 }
 
 impl LinkStatus {
@@ -142,6 +157,19 @@ impl LinkStatus {
     /// Streams opened so far (the first connection included).
     pub fn connects(&self) -> u64 {
         self.connects.load(Ordering::Relaxed)
+    }
+
+    /// Streams opened to another aggregator than the stream before (given several).
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
+    /// The aggregator of the open stream, or of the last one (empty before the first).
+    pub fn aggregator(&self) -> String {
+        self.aggregator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Reports sent so far.
@@ -181,8 +209,8 @@ impl std::fmt::Debug for ClientLink {
 }
 
 impl ClientLink {
-    /// Starts the link on the current tokio runtime. Fails only on an unusable URL; an
-    /// unreachable aggregator is retried forever.
+    /// Starts the link on the current tokio runtime. Fails only on an unusable URL (or none);
+    /// an unreachable aggregator is retried forever.
     pub fn spawn(options: LinkOptions, host: Arc<dyn HostLimiters>) -> Result<Self, UrlError> {
         let tls = options.tls.clone().map(|source| {
             let (region, zone) = (options.region.clone(), options.zone.clone());
@@ -199,7 +227,23 @@ impl ClientLink {
             );
             (source, expect)
         });
-        let target = Target::new(&options.aggregator, tls)?;
+        let mut targets = options
+            .aggregators
+            .iter()
+            .map(|url| Target::new(url, tls.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(UrlError {
+                url: String::new(),
+                reason: "no aggregator given".into(),
+            });
+        }
+        // Each host starts at its own aggregator of the zone, the same one every run.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        options.host_id.hash(&mut hasher);
+        let first = (hasher.finish() % targets.len() as u64) as usize;
+        targets.rotate_left(first);
+        let several = targets.len() > 1;
         let config = host.config();
         let core = HostCore::new(
             HostId {
@@ -221,15 +265,17 @@ impl ClientLink {
         let (stop, stop_rx) = watch::channel(false);
         let housekeeping = tokio::spawn(housekeeping(driver.clone(), stop_rx.clone()));
         let link = tokio::spawn(async move {
-            reconnect(
+            reconnect_any(
                 "control-plane",
-                &target,
+                &targets,
+                |_| None,
                 options.backoff,
                 stop_rx,
-                |channel, stop| {
+                |channel, stop, target| {
                     let driver = driver.clone();
+                    let url = target.url().to_owned();
                     async move {
-                        let result = driver.session(channel, stop).await;
+                        let result = driver.session(channel, stop, url, several).await;
                         *driver.surges.lock().unwrap_or_else(|p| p.into_inner()) = None;
                         driver.status.connected.store(false, Ordering::Relaxed);
                         result
@@ -347,29 +393,64 @@ impl Driver {
         self.status.update(&state.core);
     }
 
-    /// One stream, from its opening to its end: `Ok` when stopped, an error when lost.
-    async fn session(&self, channel: Channel, mut stop: Stop) -> Result<(), SessionError> {
+    /// One stream to aggregator `url`, from its opening to its end: `Ok` when stopped, an
+    /// error when lost (or, with `several` aggregators, silent).
+    async fn session(
+        &self,
+        channel: Channel,
+        mut stop: Stop,
+        url: String,
+        several: bool,
+    ) -> Result<(), SessionError> {
         let mut client = v1::aggregator_client::AggregatorClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::channel::<v1::Report>(4);
-        let mut inbound = client
-            .link(ReceiverStream::new(rx))
-            .await
-            .map_err(SessionError::Refused)?
+        let mut inbound = open_stream(several, client.link(ReceiverStream::new(rx)))
+            .await?
             .into_inner();
         *self.surges.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
         self.status.connected.store(true, Ordering::Relaxed);
         self.status.connects.fetch_add(1, Ordering::Relaxed);
-        tracing::info!("control-plane link up");
+        let before = std::mem::replace(
+            &mut *self
+                .status
+                .aggregator
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+            url.clone(),
+        );
+        if before.is_empty() || before == url {
+            tracing::info!(aggregator = %url, "control-plane link up");
+        } else {
+            self.status.failovers.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                from = %before,
+                aggregator = %url,
+                "control-plane link up on another aggregator of the zone (spillway_control_plane_failovers_total)"
+            );
+        }
         {
             let mut state = self.lock();
             let totals = self.totals(&state.core);
             state.core.start(self.now(), &totals);
+            // Named to the aggregator at once, so the interval in progress waits for this host.
+            tx.try_send(state.core.hello())
+                .map_err(|_| SessionError::Closed)?;
         }
+        let mut heard = tokio::time::Instant::now();
         loop {
-            let deadline = self.lock().core.deadline();
+            let (deadline, interval) = {
+                let state = self.lock();
+                (state.core.deadline(), state.core.interval().duration())
+            };
             let wait = deadline.saturating_sub(now_unix_ns() / 1_000_000);
+            let streak = self.status.silent_streak.load(Ordering::Relaxed);
+            let quiet = silence_limit(several, interval, streak);
             tokio::select! {
+                _ = tokio::time::sleep_until(heard + quiet) => {
+                    self.status.silent_streak.fetch_add(1, Ordering::Relaxed);
+                    return Err(SessionError::Silent(quiet));
+                }
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {
                     let report = {
                         let mut state = self.lock();
@@ -383,6 +464,8 @@ impl Driver {
                 }
                 message = inbound.message() => match message {
                     Ok(Some(instructions)) => {
+                        heard = tokio::time::Instant::now();
+                        self.status.silent_streak.store(0, Ordering::Relaxed);
                         self.status.instructions.fetch_add(1, Ordering::Relaxed);
                         let now = self.now();
                         let mut state = self.lock();

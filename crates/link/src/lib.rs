@@ -17,6 +17,7 @@ pub use client::{ClientLink, HostLimiters, LinkOptions, LinkStatus, rules_handsh
 pub use clock::{now_ms, now_unix_ns};
 pub use local::{InstructionsRx, LocalRefusal, ZoneClient, ZoneClients};
 pub use session::{
-    CONNECT_TIMEOUT, FAILOVER_MAX_WAIT, LEADER_HINT, SessionError, Stop, Target, UrlError,
-    endpoint, reconnect, reconnect_any, sleep_or_stop, stopped,
+    CONNECT_TIMEOUT, FAILOVER_MAX_WAIT, LEADER_HINT, OPEN_TIMEOUT, SILENT_INTERVALS, SessionError,
+    Stop, Target, UrlError, endpoint, open_stream, reconnect, reconnect_any, silence_limit,
+    sleep_or_stop, stopped,
 };

@@ -160,7 +160,7 @@ pub async fn reconnect<S, F>(
     target: &Target,
     backoff: Backoff,
     stop: Stop,
-    session: S,
+    mut session: S,
 ) where
     S: FnMut(Channel, Stop) -> F,
     F: Future<Output = Result<(), SessionError>>,
@@ -171,7 +171,7 @@ pub async fn reconnect<S, F>(
         |_| None,
         backoff,
         stop,
-        session,
+        |channel, stop, _| session(channel, stop),
     )
     .await;
 }
@@ -185,8 +185,51 @@ pub const LEADER_HINT: &str = "spillway-leader";
 /// waiting for the backoff's cap.
 pub const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(500);
 
+/// With several addresses, how long a server may take to accept a stream: one that was paused
+/// (SIGSTOP) keeps its socket's backlog but answers nothing, and the link should move on.
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// With several addresses, how many report intervals without a message from the server make
+/// the link move to the next one: a controller instructs every zone, and an aggregator every
+/// host, each interval, so three silent ones mean it stalled without ending the stream.
+pub const SILENT_INTERVALS: u32 = 3;
+
+/// Opens a stream with `open`: with `several` addresses to try, within [`OPEN_TIMEOUT`].
+pub async fn open_stream<T>(
+    several: bool,
+    open: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, SessionError> {
+    let opened = if several {
+        tokio::time::timeout(OPEN_TIMEOUT, open)
+            .await
+            .unwrap_or_else(|_| {
+                Err(tonic::Status::deadline_exceeded(
+                    "the server did not accept the stream in time",
+                ))
+            })
+    } else {
+        open.await
+    };
+    opened.map_err(SessionError::Refused)
+}
+
+/// How long a stream of a link with `several` addresses may stay silent before it counts as
+/// lost, at report interval `interval`: [`SILENT_INTERVALS`] of them, doubled for each time in
+/// a row (`streak`, at most 4) the link already moved on for silence without hearing anything
+/// since, so a zone whose every aggregator is silent (its controller is gone) is not dialled
+/// round and round each few intervals. With one address, never: it is waited for however
+/// long it is silent.
+pub fn silence_limit(several: bool, interval: Duration, streak: u32) -> Duration {
+    if several {
+        interval * SILENT_INTERVALS * (1 << streak.min(4))
+    } else {
+        Duration::from_secs(86_400 * 365)
+    }
+}
+
 /// [`reconnect`] over several addresses of the same service, in order: a session that ends or
-/// fails moves on to the next address at once; a refusal that names another address in
+/// fails moves on to the next address at once (a session is given the target it runs on); a
+/// refusal that names another address in
 /// [`LEADER_HINT`] dials that one next (made into a target by `hinted`, which may refuse it),
 /// and a whole round of failures waits for the backoff's next delay, at most
 /// [`FAILOVER_MAX_WAIT`]. With one address it is [`reconnect`] exactly.
@@ -199,7 +242,7 @@ pub async fn reconnect_any<H, S, F>(
     mut session: S,
 ) where
     H: Fn(&str) -> Option<Target>,
-    S: FnMut(Channel, Stop) -> F,
+    S: FnMut(Channel, Stop, &Target) -> F,
     F: Future<Output = Result<(), SessionError>>,
 {
     let Some(first) = targets.first() else {
@@ -218,7 +261,7 @@ pub async fn reconnect_any<H, S, F>(
             .unwrap_or_else(|| targets.get(next).unwrap_or(first).clone());
         let result = tokio::select! {
             connected = target.connect() => match connected {
-                Ok(channel) => session(channel, stop.clone()).await,
+                Ok(channel) => session(channel, stop.clone(), &target).await,
                 Err(err) => Err(SessionError::Connect(err)),
             },
             _ = stop.changed() => return,
@@ -239,6 +282,13 @@ pub async fn reconnect_any<H, S, F>(
         }
         if !followed_hint {
             next = (next + 1) % targets.len();
+            if err.was_open() {
+                tracing::info!(
+                    from = %target.url(),
+                    to = %targets.get(next).unwrap_or(first).url(),
+                    "{what} link: moving to the next address"
+                );
+            }
         }
         // A hint is followed once per refusal, so two standbys naming each other cannot keep
         // the link from waiting.

@@ -359,6 +359,19 @@ impl HostCore {
         self.schedule(now_ms);
     }
 
+    /// A report of nothing, of the interval before the one in progress, for the owner to send
+    /// the moment a stream opens after [`HostCore::start`]: it names the host to an
+    /// aggregator that has not heard of it (one it moved to), which then waits for its report
+    /// of the interval in progress instead of closing that interval without it a few
+    /// milliseconds before it comes. It counts nothing: the interval it names was reported
+    /// (or lost) where the host was before.
+    pub fn hello(&self) -> v1::Report {
+        v1::Report {
+            sequence: self.due.saturating_sub(1),
+            ..self.report_of(Vec::new())
+        }
+    }
+
     /// When [`HostCore::on_deadline`] is due next, Unix milliseconds.
     pub fn deadline(&self) -> u64 {
         if self.tail_due {

@@ -79,7 +79,9 @@ struct Peer {
     sums: BTreeMap<u64, Sums>,
 }
 
-/// An aggregator with an open stream.
+/// An aggregator with an open stream. A zone may have several (its hosts split between them,
+/// or moving from one to another): each is a part of its zone's sums, and the zone's sums of an
+/// interval are its parts' sum.
 #[derive(Debug, Clone, Default)]
 struct Zone {
     /// Its zone's name, once it reported (or as the owner knew it when it joined).
@@ -88,8 +90,9 @@ struct Zone {
     hosts: HashMap<String, u64>,
     /// The rules version last sent to it.
     sent_rules: u64,
-    /// Its sums of the last interval it reported, and that interval: they stand in for the
-    /// next one should it be missing when the interval closes.
+    /// Its own part of the last interval it reported, and that interval: it stands in for the
+    /// next one should it be missing when the interval closes, unless a host of it has since
+    /// moved to another aggregator (whose part counts that host now).
     last: Option<(u64, Sums)>,
     /// Its estimate of the open interval from its hosts' surge reports (`ZoneReport.surge`),
     /// and that interval.
@@ -99,6 +102,11 @@ struct Zone {
 /// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
 /// time, [`RegionStep`]s come out. The gRPC server drives it with Unix milliseconds, the
 /// simulator with simulated ones, so both run the same closing rules and the same drop-ratio math.
+///
+/// Each aggregator's sums are a part of its zone's, kept apart per stream ([`Parts`]) and summed
+/// per zone when an interval closes, so two aggregators of one zone add up, and a host
+/// reports each interval to one aggregator only (`spillway_loop::HostCore`), so a host that
+/// moved between them counts once.
 ///
 /// An interval closes when every zone reported it or two graces after its end (aggregators wait
 /// up to one grace for their clients); its global sums are then announced to the peers, and it
@@ -110,9 +118,9 @@ pub struct RegionCore {
     rules: Arc<RulesSnapshot>,
     /// The aggregators by stream, in the order they joined.
     zones: BTreeMap<u64, Zone>,
-    window: Intervals<u64, HashMap<String, Sums>>,
+    window: Intervals<u64, Parts>,
     /// Closed intervals waiting for the peers' sums, with their deadline (ms).
-    awaiting: BTreeMap<u64, (HashMap<String, Sums>, u64)>,
+    awaiting: BTreeMap<u64, (Parts, u64)>,
     peers: HashMap<String, Peer>,
     smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
     view: HashMap<BucketKey, BucketView>,
@@ -122,6 +130,20 @@ pub struct RegionCore {
     surge_at: Option<u64>,
     /// The controller lease's epoch its instructions carry (0: no lease).
     epoch: u64,
+    /// Hosts that one aggregator reported and another had reported before.
+    moved: u64,
+}
+
+/// Each aggregator's part of one interval, by stream: its zone and its sums.
+pub(crate) type Parts = BTreeMap<u64, (String, Sums)>;
+
+/// The zones' sums of `parts`: each zone's parts added up.
+pub(crate) fn by_zone(parts: &Parts) -> HashMap<String, Sums> {
+    let mut zones: HashMap<String, Sums> = HashMap::new();
+    for (zone, sums) in parts.values() {
+        zones.entry(zone.clone()).or_default().add(sums);
+    }
+    zones
 }
 
 impl RegionCore {
@@ -141,6 +163,7 @@ impl RegionCore {
             provisional: 0,
             surge_at: None,
             epoch: 0,
+            moved: 0,
         }
     }
 
@@ -265,6 +288,17 @@ impl RegionCore {
             }
             return self.poll(now_ms);
         }
+        // A host this aggregator reports for the first time that another one had: it moved, and
+        // is counted here from now on. The other's last part counted it, so it no longer stands
+        // in for a missing interval of the other (the host would count twice).
+        for h in &report.hosts {
+            for (&other, zone) in &mut self.zones {
+                if other != member && zone.hosts.remove(&h.host_id).is_some() {
+                    zone.last = None;
+                    self.moved += 1;
+                }
+            }
+        }
         let zone = self.zones.entry(member).or_default();
         zone.name.clone_from(&report.zone);
         for h in &report.hosts {
@@ -274,11 +308,12 @@ impl RegionCore {
             zone.hosts.remove(h);
         }
         if report.interval_ms == self.interval().ms()
-            && let Some(zones) = self.window.accept(report.sequence, member)
+            && let Some(parts) = self.window.accept(report.sequence, member)
         {
-            zones
-                .entry(report.zone)
-                .or_default()
+            parts
+                .entry(member)
+                .or_insert_with(|| (report.zone, Sums::default()))
+                .1
                 .add_wire(&report.buckets);
         }
         self.poll(now_ms)
@@ -321,7 +356,7 @@ impl RegionCore {
         let grace = interval.grace_ms();
         let mut steps = Vec::new();
         let ttl = config.control.instruction_ttl;
-        for (sequence, mut zone_sums, _) in
+        for (sequence, mut parts, _) in
             self.window
                 .close_ready(now_ms, interval, 2 * grace, self.zones.keys())
         {
@@ -331,7 +366,8 @@ impl RegionCore {
                 }
             }
             let before = self.zones_before(sequence);
-            self.estimate_missing(sequence, &mut zone_sums);
+            self.estimate_missing(sequence, &mut parts);
+            let zone_sums = by_zone(&parts);
             steps.push(RegionStep::Announce(v1::RegionSums {
                 region: self.region.clone(),
                 sequence,
@@ -347,14 +383,18 @@ impl RegionCore {
                     self.provisional(config, sequence, &zone_sums, &before, now_ms, interval)
             {
                 self.provisional += 1;
-                self.instruct(&mut steps, sequence, per_zone, now_ms, Sent::Provisional);
+                self.instruct(
+                    &mut steps,
+                    sequence,
+                    per_zone,
+                    &parts,
+                    now_ms,
+                    Sent::Provisional,
+                );
             }
             self.awaiting.insert(
                 sequence,
-                (
-                    zone_sums,
-                    interval.end_of(sequence).saturating_add(3 * grace),
-                ),
+                (parts, interval.end_of(sequence).saturating_add(3 * grace)),
             );
         }
         while let Some((&sequence, &(_, deadline))) = self.awaiting.first_key_value() {
@@ -366,18 +406,32 @@ impl RegionCore {
             if !(all_in || now_ms >= deadline) {
                 break;
             }
-            let Some((sequence, (mut zone_sums, _))) = self.awaiting.pop_first() else {
+            let Some((sequence, (parts, _))) = self.awaiting.pop_first() else {
                 break;
             };
+            let mut zone_sums = by_zone(&parts);
             for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
                 zone_sums.entry(zone.name.clone()).or_default();
             }
             let peers = self.peer_sums(sequence, now_ms, ttl, &HashMap::new());
             let per_zone = self.compute(config, &zone_sums, &peers, interval);
-            self.instruct(&mut steps, sequence, per_zone, now_ms, Sent::Computed);
+            self.instruct(
+                &mut steps,
+                sequence,
+                per_zone,
+                &parts,
+                now_ms,
+                Sent::Computed,
+            );
         }
         self.answer_surges(config, &mut steps, now_ms, interval);
         steps
+    }
+
+    /// Hosts that moved from one aggregator to another so far (a zone's hosts failing over to
+    /// its other aggregator).
+    pub fn moved_hosts(&self) -> u64 {
+        self.moved
     }
 
     /// Provisional instructions sent so far ([`RegionCore::provisional`]).

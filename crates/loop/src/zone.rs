@@ -271,7 +271,11 @@ impl ZoneCore {
                 .is_some()
         };
         if !accepted {
-            self.late_reports += 1;
+            // A report of nothing for a closed interval is a host's hello
+            // (`HostCore::hello`): it joined, and was late for nothing.
+            if !report.buckets.is_empty() {
+                self.late_reports += 1;
+            }
             return steps;
         }
         steps.extend(self.poll(now_ms));

@@ -260,6 +260,13 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
             "Streams opened to the aggregator, the first included (more: the link was lost and reopened)",
             connects,
         );
+        let failovers = Counter::<u64>::default();
+        failovers.inc_by(link.failovers());
+        registry.register(
+            "spillway_control_plane_failovers",
+            "Streams opened to another of the zone's aggregators than the stream before (given several --aggregator): the one before was lost, refused or silent",
+            failovers,
+        );
     }
     let expired = Counter::<u64>::default();
     expired.inc_by(client.instructions_expired());

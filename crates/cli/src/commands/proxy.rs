@@ -21,13 +21,13 @@ use crate::args::{ForwardedArg, LinkArgs, ProxyArgs};
 /// Runs the proxy until SIGTERM or SIGINT, then drains the requests in flight and exits 0.
 /// Bad configuration or usage exits 2, any other failure 1.
 pub fn proxy(args: ProxyArgs) -> ExitCode {
-    if args.database.is_some() && args.link.aggregator.is_some() {
+    if args.database.is_some() && !args.link.aggregators.is_empty() {
         eprintln!(
             "spillway proxy: give either --aggregator or --database: linked, the rules come down from the controller, so give --database to the controller instead"
         );
         return ExitCode::from(2);
     }
-    if args.link.aggregator.is_none()
+    if args.link.aggregators.is_empty()
         && args.tls.tls_cert.is_some()
         && args.admin.is_none()
         && args.rls_listen.is_none()
@@ -217,7 +217,7 @@ async fn apply_store_rules(
 /// Where a host stands before its certificate is read (`--region`, `--zone`, `--host-id`),
 /// which only matters linked.
 pub(super) fn place_of(link: &LinkArgs) -> Place {
-    if link.aggregator.is_none()
+    if link.aggregators.is_empty()
         && (link.region.is_some() || link.zone.is_some() || link.host_id.is_some())
     {
         tracing::info!("--region, --zone and --host-id only matter with --aggregator; ignored");
@@ -238,7 +238,7 @@ pub(super) fn control_options(
     tls: Option<Arc<spillway_tls::TlsSource>>,
     port: u16,
 ) -> Result<Option<ControlOptions>, String> {
-    let Some(aggregator) = link.aggregator else {
+    let Some(aggregator) = link.aggregators.first().cloned() else {
         return Ok(None);
     };
     let (Some(region), Some(zone)) = (place.region, place.zone) else {
@@ -250,6 +250,7 @@ pub(super) fn control_options(
         .host
         .unwrap_or_else(|| format!("{}:{port}", hostname()));
     let mut options = LinkOptions::new(aggregator, host_id, region, zone);
+    options.aggregators = link.aggregators;
     options.tls = tls;
     let mut control = ControlOptions::new(options);
     control.state_dir = link.state_dir;

@@ -3,6 +3,8 @@
 //! proxies at 1.5 times a global limit in front of an upstream that counts what it receives.
 //! The leader is killed (-9), stopped for 10 s (SIGSTOP, then SIGCONT), or the database
 //! restarted under the lease; every second's admitted requests are the upstream's own count.
+//! And a zone's two aggregators under one controller, four proxies given both: one aggregator
+//! is killed (-9) and its hosts move to the other.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -385,5 +387,243 @@ fn restarting_postgres_under_the_lease_keeps_the_leader() {
     assert!(
         mean >= f64::from(LIMIT) * 0.8,
         "admitted {mean:.0}/s ({seconds:?})"
+    );
+}
+
+/// The longest wait of a link with several addresses between two rounds of failed attempts
+/// (`spillway_link::FAILOVER_MAX_WAIT`).
+const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(500);
+
+/// A `spillway proxy` of zone z1 given every aggregator of `aggregators` (in that order), as
+/// host `host`, in front of `upstream`: (process, listen port, admin port).
+fn proxy_of_pair(
+    dir: &std::path::Path,
+    upstream: u16,
+    aggregators: &[u16],
+    host: &str,
+) -> (Proc, u16, u16) {
+    let (listen, admin) = (free_port(), free_port());
+    let file = dir.join(format!("{host}.yaml"));
+    std::fs::write(&file, rules(1_000_000)).unwrap();
+    let (file, listen_at, admin_at) = (
+        file.display().to_string(),
+        format!("127.0.0.1:{listen}"),
+        format!("127.0.0.1:{admin}"),
+    );
+    let upstream = format!("http://127.0.0.1:{upstream}");
+    let urls: Vec<String> = aggregators
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let mut args = vec![
+        "proxy",
+        "-c",
+        &file,
+        "--listen",
+        &listen_at,
+        "--upstream",
+        &upstream,
+        "--region",
+        "r1",
+        "--zone",
+        "z1",
+        "--host-id",
+        host,
+        "--admin",
+        &admin_at,
+    ];
+    for url in &urls {
+        args.extend(["--aggregator", url.as_str()]);
+    }
+    let proc = Proc::spawn_logged(&args, &dir.join(format!("{host}.log")));
+    (proc, listen, admin)
+}
+
+/// The aggregator a host of id `host` given two starts at: the link rotates its list by the
+/// host id's hash (`spillway_link::ClientLink`), so a test can pick hosts that spread.
+fn first_of_two(host: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    host.hash(&mut hasher);
+    (hasher.finish() % 2) as usize
+}
+
+#[test]
+fn killing_one_of_a_zones_two_aggregators_moves_its_hosts_to_the_other_at_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules_file = dir.path().join("rules.yaml");
+    std::fs::write(&rules_file, rules(LIMIT)).unwrap();
+    let (controller_port, controller_admin) = (free_port(), free_port());
+    let _controller = Proc::spawn_logged(
+        &[
+            "controller",
+            "--listen",
+            &format!("127.0.0.1:{controller_port}"),
+            "--region",
+            "r1",
+            "-c",
+            &rules_file.display().to_string(),
+            "--admin",
+            &format!("127.0.0.1:{controller_admin}"),
+        ],
+        &dir.path().join("controller.log"),
+    );
+    let mut aggregators: Vec<(Option<Proc>, u16, u16)> = (0..2)
+        .map(|i| {
+            let (port, admin) = (free_port(), free_port());
+            let proc = Proc::spawn_logged(
+                &[
+                    "aggregator",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--region",
+                    "r1",
+                    "--zone",
+                    "z1",
+                    "--controller",
+                    &format!("http://127.0.0.1:{controller_port}"),
+                    "--admin",
+                    &format!("127.0.0.1:{admin}"),
+                ],
+                &dir.path().join(format!("aggregator-{i}.log")),
+            );
+            (Some(proc), port, admin)
+        })
+        .collect();
+    // Four hosts, two starting at each aggregator: the controller sums the zone from both.
+    let mut hosts: Vec<String> = Vec::new();
+    for side in 0..2 {
+        hosts.extend(
+            (1..100)
+                .map(|n| format!("h{n}"))
+                .filter(|h| first_of_two(h) == side)
+                .take(2),
+        );
+    }
+    // Both listening before the proxies start, or a proxy whose first aggregator is not up
+    // yet starts at the other.
+    wait_for(
+        Duration::from_secs(30),
+        "both aggregators linked to the controller",
+        || {
+            aggregators.iter().all(|a| {
+                metric(
+                    &admin_get(a.2, "/metrics"),
+                    "spillway_control_plane_connected",
+                    "",
+                ) == Some(1.0)
+            })
+        },
+    );
+    let upstream = Counted::start();
+    let ports = [aggregators[0].1, aggregators[1].1];
+    let proxies: Vec<(Proc, u16, u16)> = hosts
+        .iter()
+        .map(|h| proxy_of_pair(dir.path(), upstream.port, &ports, h))
+        .collect();
+    let clients = |admin: u16| {
+        metric(
+            &admin_get(admin, "/metrics"),
+            "spillway_aggregator_clients",
+            "",
+        )
+        .unwrap_or(-1.0)
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "every proxy linked and running the controller's rules, two at each aggregator",
+        || {
+            proxies.iter().all(|p| {
+                let m = admin_get(p.2, "/metrics");
+                metric(&m, "spillway_control_plane_connected", "") == Some(1.0)
+                    && metric(&m, "spillway_bucket_limit_rps", "bucket=\"all\"")
+                        == Some(f64::from(LIMIT))
+            }) && aggregators.iter().all(|a| clients(a.2) == 2.0)
+        },
+    );
+    let each = f64::from(LIMIT) * 1.5 / proxies.len() as f64;
+    let loads: Vec<Load> = proxies.iter().map(|p| Load::start(p.1, each)).collect();
+    // Settled: the controller sees the zone's 1.5x from both parts and drops a third.
+    let controller_view = || {
+        let m = admin_get(controller_admin, "/metrics");
+        (
+            metric(&m, "spillway_bucket_observed_rps", "bucket=\"all\"").unwrap_or(0.0),
+            metric(&m, "spillway_drop_ratio", "bucket=\"all\"").unwrap_or(0.0),
+        )
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the controller sums both aggregators' parts: 1.5x offered, a third dropped",
+        || {
+            let (observed, ratio) = controller_view();
+            (observed - 300.0).abs() < 30.0 && (ratio - 1.0 / 3.0).abs() < 0.03
+        },
+    );
+    let failovers = || -> f64 {
+        proxies
+            .iter()
+            .map(|p| {
+                metric(
+                    &admin_get(p.2, "/metrics"),
+                    "spillway_control_plane_failovers",
+                    "",
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    assert_eq!(failovers(), 0.0, "no host moved before the kill");
+    // The kill lands anywhere in an interval, not just after the controller's view changed.
+    let phase = {
+        use std::hash::BuildHasher;
+        let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+        Duration::from_millis(random % INTERVAL.as_millis() as u64)
+    };
+    std::thread::sleep(phase);
+    let killed = Instant::now();
+    aggregators[0].0.take().unwrap().kill();
+    let survivor = aggregators[1].2;
+    let moved = wait_for(
+        Duration::from_secs(10),
+        "the killed aggregator's two hosts reconnect to the other",
+        || failovers() == 2.0,
+    );
+    let counted = wait_for(
+        Duration::from_secs(10),
+        "the other aggregator counts every host",
+        || clients(survivor) == 4.0,
+    ) + moved;
+    // The window after the kill: eight intervals, the upstream's own count.
+    let window = INTERVAL * 8;
+    std::thread::sleep(window.saturating_sub(killed.elapsed()));
+    let end = Instant::now();
+    drop(loads);
+    let seconds = upstream.per_second(killed, end);
+    let mean = seconds.iter().sum::<u64>() as f64 / seconds.len() as f64;
+    let (observed, ratio) = controller_view();
+    eprintln!(
+        "aggregator kill -9 after a random pause of {} ms: its hosts reconnected {} ms after the kill, all four counted at the other {} ms after it; admitted per second after the kill {seconds:?}, mean {mean:.1}/s (limit {LIMIT}); controller sees {observed:.0}/s, drops {ratio:.3}",
+        phase.as_millis(),
+        moved.as_millis(),
+        counted.as_millis(),
+    );
+    // An open stream lost moves to the next address at once; a failed first attempt waits at
+    // most the failover backoff; the host's first report on the new stream comes at the end of
+    // the interval in progress.
+    let bound = INTERVAL + FAILOVER_MAX_WAIT;
+    assert!(
+        moved <= bound,
+        "reconnected after {moved:?}, over {bound:?}; logs in {}",
+        dir.path().display()
+    );
+    assert!(
+        counted <= bound + INTERVAL,
+        "counted at the other aggregator after {counted:?}; logs in {}",
+        dir.path().display()
+    );
+    assert!(
+        (mean - f64::from(LIMIT)).abs() <= f64::from(LIMIT) * 0.05,
+        "admitted {mean:.1}/s after the kill, not within 5% of {LIMIT} ({seconds:?}); logs in {}",
+        dir.path().display()
     );
 }

@@ -205,3 +205,35 @@ fn a_renamed_flag_is_caught() {
     assert_eq!(lists.len(), 1);
     assert_eq!(lists[0].items, ["proxy", "--listen"]);
 }
+
+/// The control plane's manifests run no single point of failure: two controllers under the
+/// lease with a disruption budget that keeps one, two aggregators of the zone, and a sidecar
+/// that names both aggregators.
+#[test]
+fn the_controller_and_the_zones_aggregator_run_in_pairs() {
+    let read = |name: &str| {
+        std::fs::read_to_string(root().join(MANIFESTS).join(name))
+            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+    };
+    let controller = read("30-controller.yaml");
+    assert!(controller.contains("replicas: 2"), "two controllers");
+    assert!(
+        controller.contains("- --lease-store\n            - $(DATABASE_URL)"),
+        "the controllers hold the lease in the rules service's database"
+    );
+    assert!(controller.contains("kind: PodDisruptionBudget"));
+    assert!(controller.contains("minAvailable: 1"));
+    let aggregator = read("40-aggregator-eu-west-1a.yaml");
+    assert!(aggregator.contains("replicas: 2"), "two aggregators");
+    assert_eq!(
+        aggregator.matches("- --controller").count(),
+        2,
+        "each aggregator names both controllers"
+    );
+    let sidecar = read("50-app-with-sidecar.yaml");
+    assert_eq!(
+        sidecar.matches("- --aggregator").count(),
+        2,
+        "the sidecar names both aggregators of its zone"
+    );
+}

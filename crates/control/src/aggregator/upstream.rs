@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use spillway_link::{Backoff, SessionError, Stop, Target, now_ms, reconnect_any};
+use spillway_link::{
+    Backoff, SessionError, Stop, Target, now_ms, open_stream, reconnect_any, silence_limit,
+};
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -14,15 +15,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::Zone;
-
-/// How long a controller may take to accept the stream: one that was paused (SIGSTOP) keeps
-/// its socket's backlog but answers nothing, and the link should move on.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// With several controllers, how many intervals without instructions make the link move to the
-/// next one: a controller instructs every zone every interval, so three silent ones mean it
-/// stalled or lost its lease without ending the stream.
-const SILENT_INTERVALS: u32 = 3;
 
 pub(super) async fn run(
     zone: Arc<Zone>,
@@ -38,7 +30,7 @@ pub(super) async fn run(
         hinted,
         backoff,
         stop,
-        |channel, stop| {
+        |channel, stop, _| {
             let zone = zone.clone();
             async move {
                 let result = session(&zone, channel, stop, watch_silence).await;
@@ -62,18 +54,9 @@ async fn session(
     let mut client = v1::controller_client::ControllerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel(16);
-    let opened = if watch_silence {
-        tokio::time::timeout(OPEN_TIMEOUT, client.link_zone(ReceiverStream::new(rx)))
-            .await
-            .unwrap_or_else(|_| {
-                Err(tonic::Status::deadline_exceeded(
-                    "the controller did not accept the stream in time",
-                ))
-            })
-    } else {
-        client.link_zone(ReceiverStream::new(rx)).await
-    };
-    let mut inbound = opened.map_err(SessionError::Refused)?.into_inner();
+    let mut inbound = open_stream(watch_silence, client.link_zone(ReceiverStream::new(rx)))
+        .await?
+        .into_inner();
     {
         let mut state = zone.lock();
         state.upstream = Some(tx);
@@ -81,15 +64,9 @@ async fn session(
     }
     zone.connected.store(true, Ordering::Relaxed);
     tracing::info!(zone = %zone.lock().core.zone(), "controller link up");
-    let silence = || {
-        let interval = zone.lock().core.interval().duration();
-        if watch_silence {
-            interval * SILENT_INTERVALS
-        } else {
-            // Never, in effect: one controller is waited for however long it is silent.
-            Duration::from_secs(86_400 * 365)
-        }
-    };
+    // A controller instructs every zone every interval, so three silent ones mean it stalled or
+    // lost its lease without ending the stream.
+    let silence = || silence_limit(watch_silence, zone.lock().core.interval().duration(), 0);
     let mut last = Instant::now();
     loop {
         let quiet = silence();

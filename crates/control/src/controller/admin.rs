@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -82,6 +83,13 @@ impl AdminView for Region {
             "spillway_controller_zones",
             "Aggregators with an open stream",
             zones,
+        );
+        let moved = Counter::<u64>::default();
+        moved.inc_by(state.core.moved_hosts());
+        registry.register(
+            "spillway_controller_hosts_moved",
+            "Hosts an aggregator reported that another aggregator had reported before (a zone's hosts failing over to its other aggregator): each counts at the new one only",
+            moved,
         );
         let leader = Gauge::<i64>::default();
         leader.set(i64::from(

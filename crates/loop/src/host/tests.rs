@@ -89,6 +89,29 @@ fn a_stream_opened_mid_interval_reports_at_the_boundary_with_its_tail() {
 }
 
 #[test]
+fn a_host_that_moves_to_another_aggregator_never_reports_an_interval_twice() {
+    let mut core = core(DROP);
+    core.start(at(7_000), &[offered(0)]);
+    assert_eq!(core.on_deadline(at(7_750), &[offered(75)]), None);
+    let to_old = core
+        .on_deadline(at(8_000), &[offered(100)])
+        .expect("interval 7, delivered to the first aggregator");
+    assert_eq!(to_old.sequence, 7);
+    assert_eq!(to_old.buckets[0].offered, 100);
+    // Its stream is lost at 8.200 s with 20 more counted; a stream to the zone's other
+    // aggregator opens at 8.500 s with 50 counted: neither interval 7 nor the 50 requests
+    // counted before the stream opened go to the new one.
+    core.start(at(8_500), &[offered(150)]);
+    assert_eq!(core.on_deadline(at(8_750), &[offered(175)]), None);
+    let to_new = core
+        .on_deadline(at(9_000), &[offered(200)])
+        .expect("interval 8, to the new aggregator");
+    assert_eq!(to_new.sequence, 8, "the next interval, never 7 again");
+    // 50 requests in the 500 ms the stream was open: 100 per interval.
+    assert_eq!(to_new.buckets[0].offered, 100);
+}
+
+#[test]
 fn a_drop_ratio_goes_to_the_limiter_with_its_ttl_and_unknown_buckets_are_skipped() {
     let mut core = core(DROP);
     let steps = core.on_instructions(
@@ -244,4 +267,16 @@ fn instructions_of_an_older_epoch_give_no_step() {
     assert!(core.on_instructions(at(8_030), older_rules).is_empty());
     assert!(!core.on_instructions(at(9_010), newer).is_empty());
     assert_eq!(core.fence().epoch(), 5);
+}
+
+#[test]
+fn a_hello_names_the_host_and_counts_nothing_of_the_interval_in_progress() {
+    let mut core = core(DROP);
+    core.start(at(8_300), &[offered(40)]);
+    let hello = core.hello();
+    assert_eq!((hello.host_id.as_str(), hello.sequence), ("h1", 7));
+    assert!(hello.buckets.is_empty());
+    assert_eq!(core.on_deadline(at(8_750), &[offered(85)]), None);
+    let report = core.on_deadline(at(9_000), &[offered(110)]).unwrap();
+    assert_eq!(report.sequence, 8);
 }

@@ -4,16 +4,24 @@
 use super::*;
 
 impl RegionCore {
-    /// One [`RegionStep::Send`] per zone with its part of `per_zone`, the rules to zones that
-    /// have not had them.
+    /// One [`RegionStep::Send`] per aggregator with its zone's part of `per_zone`, the rules to
+    /// aggregators that have not had them. Of a zone with several aggregators, each is given
+    /// the part of the zone's adaptive shares its own part of `parts` offered (an aggregator
+    /// splits what it is given among its own hosts).
     pub(super) fn instruct(
         &mut self,
         steps: &mut Vec<RegionStep>,
         sequence: u64,
         per_zone: HashMap<String, Vec<v1::BucketInstruction>>,
+        parts: &Parts,
         now_ms: u64,
         sent: Sent,
     ) {
+        let mut members: HashMap<String, u32> = HashMap::new();
+        for zone in self.zones.values() {
+            *members.entry(zone.name.clone()).or_default() += 1;
+        }
+        let zone_sums = by_zone(parts);
         let rules = &self.rules;
         let ttl_ms =
             u64::try_from(rules.config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
@@ -23,7 +31,21 @@ impl RegionCore {
             if send_rules {
                 zone.sent_rules = rules.version;
             }
-            let buckets = per_zone.get(&zone.name).cloned().unwrap_or_default();
+            let mut buckets = per_zone.get(&zone.name).cloned().unwrap_or_default();
+            let shared = members.get(&zone.name).copied().unwrap_or(1);
+            if shared > 1 {
+                let own = parts.get(&member).map(|(_, sums)| sums);
+                for b in &mut buckets {
+                    let Some(share) = b.share else { continue };
+                    let key = BucketKey::new(&b.service, &b.bucket);
+                    let whole = zone_sums.get(&zone.name).map_or(0, |s| s.offered(&key));
+                    let part = match own {
+                        Some(own) if whole > 0 => own.offered(&key) as f64 / whole as f64,
+                        _ => 1.0 / f64::from(shared),
+                    };
+                    b.share = Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
+                }
+            }
             steps.push(RegionStep::Send {
                 member,
                 instructions: v1::ZoneInstructions {

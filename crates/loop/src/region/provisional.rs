@@ -26,68 +26,72 @@ impl RegionCore {
         }
         self.surge_at = None;
         let sequence = self.window.closed_through();
-        let mut zone_sums = HashMap::new();
-        let mut before = HashMap::new();
-        for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
+        // Per aggregator, then summed per zone: a zone's aggregators are each a part of it.
+        let mut now = Parts::new();
+        let mut was = Parts::new();
+        for (&member, zone) in self.zones.iter().filter(|(_, z)| !z.name.is_empty()) {
             let last = zone.last.as_ref().filter(|(s, _)| *s == sequence);
             if let Some((_, sums)) = last {
-                before.insert(zone.name.clone(), sums.clone());
+                was.insert(member, (zone.name.clone(), sums.clone()));
             }
             match (&zone.surge, last) {
                 (Some((_, sums)), _) | (None, Some((_, sums))) => {
-                    zone_sums.insert(zone.name.clone(), sums.clone());
+                    now.insert(member, (zone.name.clone(), sums.clone()));
                 }
                 (None, None) => {}
             }
         }
-        if zone_sums.is_empty() {
+        if now.is_empty() {
             return;
         }
+        let (zone_sums, before) = (by_zone(&now), by_zone(&was));
         // The open interval's estimate: the peers' sums of the intervals before it, scaled.
         let rises = rising(config, &zone_sums, &before, None);
         let ttl = config.control.instruction_ttl;
         let peers = self.peer_sums(sequence + 1, now_ms, ttl, &rises);
         let (per_zone, _) = self.compute_aside(config, &zone_sums, &peers, interval);
         self.provisional += 1;
-        self.instruct(steps, sequence, per_zone, now_ms, Sent::FromRatesNow);
+        self.instruct(steps, sequence, per_zone, &now, now_ms, Sent::FromRatesNow);
     }
 
-    /// Puts in `zone_sums` (the zones' sums of interval `sequence`) the sums of every zone
-    /// that did not report it but did report the interval before, as that zone's estimate, and
-    /// keeps what the others reported for the next interval. A zone report lost or late would
-    /// otherwise count the zone's whole load as gone for an interval: at 1.5x the limit over 9
-    /// zones the ratio fell from 1/3 to 0.24 and the fleet admitted 14% over its limit until the
-    /// next interval. A zone silent for two intervals is left out.
-    pub(super) fn estimate_missing(
-        &mut self,
-        sequence: u64,
-        zone_sums: &mut HashMap<String, Sums>,
-    ) {
-        for zone in self.zones.values_mut().filter(|z| !z.name.is_empty()) {
-            match zone_sums.get(&zone.name) {
-                Some(sums) => zone.last = Some((sequence, sums.clone())),
+    /// Puts in `parts` (the aggregators' parts of interval `sequence`) the part of every
+    /// aggregator that did not report it but did report the interval before, as its estimate,
+    /// and keeps what the others reported for the next interval. A zone report lost or late
+    /// would otherwise count the aggregator's whole load as gone for an interval: at 1.5x the
+    /// limit over 9 zones the ratio fell from 1/3 to 0.24 and the fleet admitted 14% over its
+    /// limit until the next interval. An aggregator silent for two intervals is left out, and
+    /// so is one whose hosts (some of them) moved to another since its last part
+    /// ([`RegionCore::on_zone_report`]): they count in the other's part now. An aggregator that
+    /// is gone (its stream ended) stands in for nothing: its hosts report to another.
+    pub(super) fn estimate_missing(&mut self, sequence: u64, parts: &mut Parts) {
+        for (&member, zone) in self.zones.iter_mut().filter(|(_, z)| !z.name.is_empty()) {
+            match parts.get(&member) {
+                Some((_, sums)) => zone.last = Some((sequence, sums.clone())),
                 None => {
                     if let Some((last, sums)) = &zone.last
                         && last + 1 == sequence
                     {
-                        zone_sums.insert(zone.name.clone(), sums.clone());
+                        parts.insert(member, (zone.name.clone(), sums.clone()));
                     }
                 }
             }
         }
     }
 
-    /// The zones' sums of the interval before `sequence`, by zone, as they reported them.
+    /// The zones' sums of the interval before `sequence`, by zone, as their aggregators
+    /// reported them.
     pub(super) fn zones_before(&self, sequence: u64) -> HashMap<String, Sums> {
-        self.zones
-            .values()
-            .filter_map(|z| match &z.last {
+        let parts: Parts = self
+            .zones
+            .iter()
+            .filter_map(|(&member, z)| match &z.last {
                 Some((last, sums)) if last + 1 == sequence && !z.name.is_empty() => {
-                    Some((z.name.clone(), sums.clone()))
+                    Some((member, (z.name.clone(), sums.clone())))
                 }
                 _ => None,
             })
-            .collect()
+            .collect();
+        by_zone(&parts)
     }
 
     /// Instructions for interval `sequence` before the peers' sums are in, when this region's

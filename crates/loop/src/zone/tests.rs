@@ -292,3 +292,26 @@ fn instructions_of_an_older_epoch_are_not_relayed() {
     assert_eq!(zone.on_instructions(11_300, of_epoch(4, 0.3)).len(), 2);
     assert_eq!(zone.fence().epoch(), 4);
 }
+
+#[test]
+fn a_host_that_moved_here_mid_interval_is_waited_for_from_its_hello() {
+    let mut zone = zone();
+    zone.on_report(8_001, 1, report("a", 7, 300, 1));
+    zone.on_report(8_002, 2, report("b", 7, 100, 1));
+    // Host c, whose aggregator was lost, opens a stream here at 8.300 s and says hello: a
+    // report of nothing for interval 7, which closed here without it. Not late: it joined.
+    let hello = v1::Report {
+        buckets: Vec::new(),
+        ..report("c", 7, 0, 1)
+    };
+    zone.on_report(8_300, 3, hello);
+    assert_eq!(zone.late_reports(), 0);
+    assert_eq!(zone.hosts(), 3);
+    // Interval 8 waits for c's report, which comes a few milliseconds after a's and b's.
+    assert!(forwards(&zone.on_report(9_001, 1, report("a", 8, 300, 1))).is_empty());
+    assert!(forwards(&zone.on_report(9_002, 2, report("b", 8, 100, 1))).is_empty());
+    let steps = zone.on_report(9_004, 3, report("c", 8, 200, 1));
+    let sent = forwards(&steps);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].buckets[0].offered, 600, "c's load counted here");
+}
