@@ -3,6 +3,7 @@
 
 mod support;
 
+mod aggregator_pairs;
 mod feedback;
 mod fencing;
 mod plausibility;
