@@ -479,7 +479,9 @@ def analyse(args, data, marks):
             settled = k
             break
     res["reconverge_s"] = None if settled is None else round(settled * BIN_MS / 1000, 1)
-    res["after_x"] = round(rate(series(data, "admitted", everyone, end - 5, end)) / limit, 3)
+    # After the heal, from one second on (or the run's last five).
+    tail = max(healed + 1, end - 5)
+    res["after_x"] = round(rate(series(data, "admitted", everyone, tail, end)) / limit, 3)
     return res
 
 
@@ -487,7 +489,7 @@ def main_run(args):
     if not can_make_namespaces():
         print("skipped: needs root and network namespaces (ip netns, nft)")
         return SKIP
-    tag = f"sw{os.getpid() % 100000:05d}"
+    tag = args.tag or f"sw{os.getpid() % 100000:05d}"
     wan = Wan(args.regions, tag)
     work = tempfile.mkdtemp(prefix="spillway-wan-")
 
@@ -560,6 +562,8 @@ def main():
         s.add_argument("--loss-percent", type=int, default=1)
         s.add_argument("--json", action="store_true")
         s.add_argument("--keep", action="store_true", help="keep the logs' folder")
+        s.add_argument("--tag", help="the namespaces' prefix (at most 7 characters; default "
+                       "sw and the process id): TAG-hub, TAG-r1, ...")
     a = sub.add_parser("agent")
     a.add_argument("--relay")
     a.add_argument("--delay-ms", type=float, default=0)
