@@ -479,6 +479,8 @@ def analyse(args, data, marks):
             settled = k
             break
     res["reconverge_s"] = None if settled is None else round(settled * BIN_MS / 1000, 1)
+    back = marks.get("peers_back")
+    res["peers_back_s"] = None if back is None else round(back - healed, 1)
     # After the heal, from one second on (or the run's last five).
     tail = max(healed + 1, end - 5)
     res["after_x"] = round(rate(series(data, "admitted", everyone, tail, end)) / limit, 3)
@@ -519,6 +521,16 @@ def main_run(args):
             time.sleep(max(cut + args.partition_s - time.time(), 0))
             wan.heal()
             marks["healed"] = time.time()
+            # When the cut-off region's controller hears its peers again (its live peers gauge
+            # counts those heard within the TTL, which the partition outlasted).
+            ns = wan.regions[-1]
+            url = f"http://127.0.0.1:{CONTROLLER_ADMIN}/metrics"
+            while time.time() < end - 1:
+                body = in_ns(ns, url)
+                if metric(body, "spillway_controller_live_peers") == len(wan.regions) - 1:
+                    marks["peers_back"] = time.time()
+                    break
+                time.sleep(0.1)
         data = collect(wan, agents, work, end)
         with open(f"{work}/marks.json", "w") as f:
             json.dump(marks, f)
