@@ -38,7 +38,7 @@ mod partition;
 mod provisional;
 use self::compute::Sent;
 pub use self::compute::{global_sums, tier_drop_ratios};
-pub use self::partition::PARTITION_HOLD;
+pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
 
 /// One bucket as the controller last computed it.
