@@ -29,10 +29,10 @@ impl RegionCore {
     /// From the last interval every silent peer sent, `since`: the global load counted then,
     /// `G`, and the silent peers' part of it, `S`. What this controller still sees now, `V`,
     /// was `G - S` then. The global load is taken as `max(V, min(G, V + S))`, or `V` when it is
-    /// within [`HOLD_NOISE`] deviations of `G`: while `V` holds
-    /// still the silent peers count as they were (`V + S`: a partition, each side holding the
-    /// other's load); a rise of `V` is taken as their load come over (a region lost, its
-    /// callers failed over), up to all of it; a fall of `V` is this side's own. Worked
+    /// within [`HOLD_NOISE`] deviations of `G`: while `V` holds still the silent peers count as
+    /// they were (`V + S`: a partition, each side holding the other's load); a rise of `V` is
+    /// taken as their load come over (a region lost, its callers failed over), up to all of it;
+    /// a fall of `V` is this side's own. Worked
     /// example: three regions offering 150/s each against 300/s, one cut off: the two still
     /// together see 300/s and hold 150/s for the third, the third sees 150/s and holds 300/s
     /// for the others, and each drops a third: 300/s admitted in all, as before the partition.
