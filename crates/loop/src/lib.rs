@@ -31,7 +31,9 @@ pub use host::{HostCore, HostId, HostStep, HostTime, SteeredLimiter, StepApplied
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use ledger::{HistoryBatch, HistoryRow, Ledger};
 pub use plausible::{ClampCounts, ClampReason, CountClamp, Factors, PlausibleBounds};
-pub use region::{BucketView, HostView, RegionCore, RegionStep, global_sums};
+pub use region::{
+    BucketView, HOLD_NOISE, HostView, PARTITION_HOLD, RegionCore, RegionStep, global_sums,
+};
 pub use rules::{DecodeRules, LinkRules, RulesError, RulesMessage, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};
 pub use tally::{BucketReport, Tally};

@@ -6,8 +6,11 @@
 //! No controller leads: each sends its region's sums of global buckets to every peer each
 //! interval, waits (at most half an interval past the end) for the sums of every live peer, and
 //! computes from the same numbers with the same math as its peers, so all regions drop the same
-//! share. A peer that sent neither an interval's sums nor the one's before is neither waited for
-//! nor counted in it, until it sends again. Worked example: a global limit of 1,000/s, region A
+//! share. A peer that sent neither an interval's sums nor the one's before is not waited for,
+//! and once it missed three its last sums are held against the load this controller still sees
+//! (a partition leaves each side at its part of the limit, a lost region's load failed over is
+//! not counted twice: [`RegionCore::held`]) for at most [`PARTITION_HOLD`] intervals, until it
+//! sends again. Worked example: a global limit of 1,000/s, region A
 //! offering 900/s and region B 600/s: both controllers see 1,500/s and send a drop ratio of 1/3,
 //! so A admits 600/s and B 400/s.
 //!
@@ -31,9 +34,11 @@ use crate::rules::{RulesMessage, RulesSnapshot};
 use crate::sums::{BucketKey, Counts, Intervals, Sums};
 
 mod compute;
+mod partition;
 mod provisional;
 use self::compute::Sent;
 pub use self::compute::{global_sums, tier_drop_ratios};
+pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
 
 /// One bucket as the controller last computed it.
@@ -122,6 +127,10 @@ pub struct RegionCore {
     /// Closed intervals waiting for the peers' sums, with their deadline (ms).
     awaiting: BTreeMap<u64, (Parts, u64)>,
     peers: HashMap<String, Peer>,
+    /// The global sums each computed interval counted (this region's and its peers'), kept from
+    /// the last interval every peer heard within [`PARTITION_HOLD`] sent: what a partition
+    /// holds the silent peers' load against ([`RegionCore::held`]).
+    totals: BTreeMap<u64, Sums>,
     smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
     view: HashMap<BucketKey, BucketView>,
     computed: u64,
@@ -157,6 +166,7 @@ impl RegionCore {
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             awaiting: BTreeMap::new(),
             peers: HashMap::new(),
+            totals: BTreeMap::new(),
             smoothers: HashMap::new(),
             view: HashMap::new(),
             computed: 0,
@@ -413,7 +423,9 @@ impl RegionCore {
             for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
                 zone_sums.entry(zone.name.clone()).or_default();
             }
-            let peers = self.peer_sums(sequence, now_ms, ttl, &HashMap::new());
+            let own = global_sums(config, &zone_sums);
+            let peers = self.peer_sums(sequence, now_ms, ttl, &HashMap::new(), &own);
+            self.record_total(sequence, own, &peers);
             let per_zone = self.compute(config, &zone_sums, &peers, interval);
             self.instruct(
                 &mut steps,
@@ -446,10 +458,12 @@ fn is_live(peer: &Peer, now_ms: u64, ttl: Duration) -> bool {
 
 /// Whether interval `sequence` waits for `peer`'s sums: a live peer that sent the interval's
 /// sums or the one's before. A peer whose region was lost is not waited for once an interval's
-/// sums of it are missing, and not counted once two are (see [`RegionCore::poll`]), so its load,
-/// now failed over to the other regions, counts twice for one interval, not until the TTL
-/// (region-loss admitted 6,300-8,000/s of 10,000 for 3 s that way, and every interval waited
-/// three graces for the lost peer).
+/// sums of it are missing, and its own sums no longer count once two are (see
+/// [`RegionCore::poll`]): from then its last sums are held only as far as the load this
+/// controller still sees did not rise to take them over ([`RegionCore::held`]), so its load,
+/// failed over to the other regions, counts twice for one interval, not until the TTL
+/// (region-loss admitted 6,300-8,000/s of 10,000 for 3 s when its last sums stood in until the
+/// TTL, and every interval waited three graces for the lost peer).
 fn is_awaited(peer: &Peer, sequence: u64, now_ms: u64, ttl: Duration) -> bool {
     is_live(peer, now_ms, ttl)
         && peer

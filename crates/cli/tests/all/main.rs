@@ -35,3 +35,4 @@ mod security_headers;
 mod sim;
 mod tls;
 mod up;
+mod wan;

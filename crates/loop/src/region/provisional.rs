@@ -48,7 +48,8 @@ impl RegionCore {
         // The open interval's estimate: the peers' sums of the intervals before it, scaled.
         let rises = rising(config, &zone_sums, &before, None);
         let ttl = config.control.instruction_ttl;
-        let peers = self.peer_sums(sequence + 1, now_ms, ttl, &rises);
+        let own = global_sums(config, &zone_sums);
+        let peers = self.peer_sums(sequence + 1, now_ms, ttl, &rises, &own);
         let (per_zone, _) = self.compute_aside(config, &zone_sums, &peers, interval);
         self.provisional += 1;
         self.instruct(steps, sequence, per_zone, &now, now_ms, Sent::FromRatesNow);
@@ -120,7 +121,8 @@ impl RegionCore {
             return None;
         }
         let ttl = config.control.instruction_ttl;
-        let peers = self.peer_sums(sequence, now_ms, ttl, &rises);
+        let own = global_sums(config, zone_sums);
+        let peers = self.peer_sums(sequence, now_ms, ttl, &rises, &own);
         let (per_zone, computed) = self.compute_aside(config, zone_sums, &peers, interval);
         let raised = rises.keys().any(|k| {
             let old = self.view.get(k).map_or(0.0, |v| v.drop_ratio);
@@ -131,25 +133,30 @@ impl RegionCore {
         raised.then_some(per_zone)
     }
 
-    /// The live peers' sums for interval `target`: each peer's sums of it, or else the latest
+    /// The peers' sums for interval `target`: each live peer's sums of it, or else the latest
     /// of its two before (the peer was late, or one of its messages was lost), scaled by
-    /// `rises` per bucket (a rise this region's own zones saw since). A peer silent for longer,
-    /// whose region was lost and whose load has failed over to the others, counts for nothing.
+    /// `rises` per bucket (a rise this region's own zones saw since); and for the peers silent
+    /// longer, their last sums held as [`RegionCore::held`] says, given `own`, this region's
+    /// global sums of `target`.
     pub(super) fn peer_sums(
         &self,
         target: u64,
         now_ms: u64,
         ttl: Duration,
         rises: &HashMap<BucketKey, f64>,
+        own: &Sums,
     ) -> Sums {
         let mut peers = Sums::default();
-        for peer in self.peers.values().filter(|p| is_live(p, now_ms, ttl)) {
-            if let Some(sums) = peer.sums.get(&target) {
+        let mut silent = Vec::new();
+        for peer in self.peers.values() {
+            let live = is_live(peer, now_ms, ttl);
+            if let Some(sums) = peer.sums.get(&target).filter(|_| live) {
                 peers.add(sums);
             } else if let Some((_, sums)) = peer
                 .sums
                 .range(target.saturating_sub(2)..target)
                 .next_back()
+                .filter(|_| live)
             {
                 let mut scaled = sums.clone();
                 for (key, counts) in &mut scaled.0 {
@@ -158,8 +165,16 @@ impl RegionCore {
                     }
                 }
                 peers.add(&scaled);
+            } else if peer
+                .sums
+                .last_key_value()
+                .is_some_and(|(&last, _)| last < target && last + PARTITION_HOLD >= target)
+            {
+                silent.push(peer);
             }
         }
+        let held = self.held(&silent, own, &peers);
+        peers.add(&held);
         peers
     }
 

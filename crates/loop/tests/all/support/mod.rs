@@ -12,7 +12,7 @@
 //! takes its link's delay, plus a seeded jitter if asked, and never overtakes an earlier one on
 //! the same link, as on a stream.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -334,6 +334,8 @@ pub struct Fleet {
     zones: Vec<Zone>,
     regions: Vec<Region>,
     wire: Wire,
+    /// Regions cut off from the others: their controllers' sums go nowhere and none reach them.
+    partitioned: HashSet<usize>,
 }
 
 impl Fleet {
@@ -360,6 +362,7 @@ impl Fleet {
             clients: Vec::new(),
             zones: Vec::new(),
             regions: Vec::new(),
+            partitioned: HashSet::new(),
             wire: Wire {
                 network,
                 rng: fastrand::Rng::with_seed(network.seed),
@@ -464,6 +467,17 @@ impl Fleet {
         self.wire.cut(Node::Region(r));
         for &z in &self.regions[r].zones {
             self.zones[z].core.upstream_closed();
+        }
+    }
+
+    /// Region `r` is cut off from the other regions (`true`) or joins them again: the sums its
+    /// controller announces from now on reach no other region, and theirs do not reach it.
+    /// What is in flight arrives.
+    pub fn partition(&mut self, r: usize, cut: bool) {
+        if cut {
+            self.partitioned.insert(r);
+        } else {
+            self.partitioned.remove(&r);
         }
     }
 
@@ -669,8 +683,11 @@ impl Fleet {
         for step in steps {
             match step {
                 RegionStep::Announce(sums) => {
+                    let apart = |a: usize, b: usize| {
+                        self.partitioned.contains(&a) != self.partitioned.contains(&b)
+                    };
                     for peer in 0..self.regions.len() {
-                        if peer != r && self.regions[peer].core.is_some() {
+                        if peer != r && self.regions[peer].core.is_some() && !apart(r, peer) {
                             let message = Message::Sums(sums.clone());
                             self.wire
                                 .send(now, Node::Region(r), Node::Region(peer), message);
