@@ -192,26 +192,28 @@ struct Region {
     alive: bool,
 }
 
+/// A message on its way. Boxed or shared, so the queue moves a few words per event: a zone's
+/// instructions to its hosts are one message shared by all of them.
 enum Event {
     Report {
         zone: usize,
-        report: v1::Report,
+        report: Box<v1::Report>,
     },
     ZoneReport {
         zone: usize,
-        report: v1::ZoneReport,
+        report: Box<v1::ZoneReport>,
     },
     PeerSums {
         region: usize,
-        sums: v1::RegionSums,
+        sums: Arc<v1::RegionSums>,
     },
     ZoneInstructions {
         zone: usize,
-        instructions: v1::ZoneInstructions,
+        instructions: Box<v1::ZoneInstructions>,
     },
     HostInstructions {
         host: u32,
-        instructions: v1::Instructions,
+        instructions: Arc<v1::Instructions>,
     },
 }
 
@@ -263,8 +265,8 @@ pub struct Engine<'a> {
     rules: Arc<RulesSnapshot>,
     hosts: Vec<Host>,
     lanes: Lanes,
-    /// Host names to their position in `hosts`.
-    host_index: HashMap<String, u32>,
+    /// Steps of one host at a time, reused.
+    steps: Vec<HostStep>,
     zones: Vec<Zone>,
     regions: Vec<Region>,
     events: BinaryHeap<Scheduled>,
@@ -321,7 +323,6 @@ impl<'a> Engine<'a> {
             .collect();
         let mut hosts = Vec::with_capacity(scenario.hosts);
         let mut weights = Vec::with_capacity(scenario.hosts);
-        let mut host_index = HashMap::with_capacity(scenario.hosts);
         for i in 0..scenario.hosts {
             let zone = i % zones_n;
             let region = zones[zone].region;
@@ -353,7 +354,7 @@ impl<'a> Engine<'a> {
             zones[zone].core.join(&id, 0);
             let mut core = HostCore::new(
                 HostId {
-                    host_id: id.clone(),
+                    host_id: id,
                     region: format!("r{}", region + 1),
                     zone: zone_name(zone),
                 },
@@ -363,7 +364,6 @@ impl<'a> Engine<'a> {
             let none = [Snapshot::default()];
             core.start(start, &none);
             core.guard_tick(EPOCH_NS, &none);
-            host_index.insert(id, i as u32);
             // Half the hosts send twice the fleet's sheddable share, the others the rest, so the
             // split has to come from the whole scope's load, not each host's own.
             let sheddable = if i % 2 == 0 {
@@ -424,7 +424,7 @@ impl<'a> Engine<'a> {
             in_flight_hosts: vec![Vec::new(); max_delay + 1],
             hosts,
             lanes,
-            host_index,
+            steps: Vec::new(),
             zones,
             regions,
             events: BinaryHeap::new(),
@@ -673,12 +673,14 @@ impl<'a> Engine<'a> {
     /// A host whose guard engaged says so at once: its surge report goes to its aggregator.
     fn guard_surges(&mut self, now: Nanos) {
         let mut reports = Vec::new();
+        let steps = &mut self.steps;
         for (i, host) in self.hosts.iter_mut().enumerate() {
             if !self.lanes.alive[i] {
                 continue;
             }
             if let Limiter::Drop(_) = host.limiter {
-                let steps = host.core.guard_tick(now, &[host.totals]);
+                steps.clear();
+                host.core.guard_tick_into(now, &[host.totals], steps);
                 apply(host, now, steps);
                 if let Some(report) = host.core.take_surge_report() {
                     reports.push((host.zone, report));
@@ -698,7 +700,10 @@ impl<'a> Engine<'a> {
             now,
             self.network.host_aggregator_ms,
             bytes,
-            Event::Report { zone, report },
+            Event::Report {
+                zone,
+                report: Box::new(report),
+            },
         );
     }
 
@@ -747,7 +752,7 @@ impl<'a> Engine<'a> {
         for (i, host) in self.hosts.iter_mut().enumerate() {
             if self.lanes.alive[i] && now >= self.lanes.expires[i] {
                 let steps = host.core.expire_shares(now);
-                apply(host, now, steps);
+                apply(host, now, &steps);
                 self.lanes.expires[i] = host.core.shares_expire_at().unwrap_or(Nanos::MAX);
             }
         }
@@ -769,7 +774,7 @@ impl<'a> Engine<'a> {
                 if !self.regions[self.zones[zone].region].alive {
                     return;
                 }
-                let steps = self.zones[zone].core.on_report(now_ms, 0, report);
+                let steps = self.zones[zone].core.on_report(now_ms, 0, *report);
                 self.zone_steps(zone, now, steps);
             }
             Event::ZoneReport { zone, report } => {
@@ -779,13 +784,14 @@ impl<'a> Engine<'a> {
                 }
                 let steps = self.regions[r]
                     .core
-                    .on_zone_report(zone as u64, report, now_ms);
+                    .on_zone_report(zone as u64, *report, now_ms);
                 self.region_steps(r, now, steps);
             }
             Event::PeerSums { region, sums } => {
                 if !self.regions[region].alive || self.control_down(now) {
                     return;
                 }
+                let sums = Arc::unwrap_or_clone(sums);
                 let steps = self.regions[region].core.on_peer_sums(sums, now_ms);
                 self.region_steps(region, now, steps);
             }
@@ -793,8 +799,17 @@ impl<'a> Engine<'a> {
                 if !self.regions[self.zones[zone].region].alive || self.control_down(now) {
                     return;
                 }
-                let steps = self.zones[zone].core.on_instructions(now_ms, instructions);
-                self.zone_steps(zone, now, steps);
+                let mut sends = Vec::new();
+                self.zones[zone].core.on_instructions_with(
+                    now_ms,
+                    *instructions,
+                    |host, message| {
+                        if let Some(host) = host_index(host) {
+                            sends.push((host, message));
+                        }
+                    },
+                );
+                self.relay(now, sends);
             }
             Event::HostInstructions {
                 host: i,
@@ -809,10 +824,12 @@ impl<'a> Engine<'a> {
                     clock: now,
                     unix_ns: now,
                 };
-                let mut steps = host.core.on_instructions(at, instructions);
+                let steps = &mut self.steps;
+                steps.clear();
+                host.core.on_shared_instructions(at, &instructions, steps);
                 if let Some(HostStep::Rules { version, .. }) = steps.first() {
                     // The simulated hosts run the simulated rules, whatever their version.
-                    steps = host.core.rules_applied(at, *version, &self.rules.config);
+                    *steps = host.core.rules_applied(at, *version, &self.rules.config);
                 }
                 apply(host, now, steps);
                 if !matches!(host.limiter, Limiter::Central) {
@@ -833,22 +850,39 @@ impl<'a> Engine<'a> {
                         now,
                         self.network.aggregator_controller_ms,
                         bytes,
-                        Event::ZoneReport { zone: z, report },
+                        Event::ZoneReport {
+                            zone: z,
+                            report: Box::new(report),
+                        },
                     );
                 }
                 ZoneStep::Send { host, instructions } => {
-                    let Some(&host) = self.host_index.get(&host) else {
-                        continue;
-                    };
-                    let bytes = instructions.encoded_len() as u64;
-                    self.send(
-                        now,
-                        self.network.host_aggregator_ms,
-                        bytes,
-                        Event::HostInstructions { host, instructions },
-                    );
+                    if let Some(host) = host_index(&host) {
+                        self.relay(now, vec![(host, Arc::new(instructions))]);
+                    }
                 }
             }
+        }
+    }
+
+    /// Sends each host its instructions, in order; hosts that share a message share its size.
+    fn relay(&mut self, now: Nanos, sends: Vec<(u32, Arc<v1::Instructions>)>) {
+        let mut sized: Option<(*const v1::Instructions, u64)> = None;
+        for (host, instructions) in sends {
+            let bytes = match sized {
+                Some((at, bytes)) if std::ptr::eq(at, Arc::as_ptr(&instructions)) => bytes,
+                _ => {
+                    let bytes = instructions.encoded_len() as u64;
+                    sized = Some((Arc::as_ptr(&instructions), bytes));
+                    bytes
+                }
+            };
+            self.send(
+                now,
+                self.network.host_aggregator_ms,
+                bytes,
+                Event::HostInstructions { host, instructions },
+            );
         }
     }
 
@@ -858,6 +892,7 @@ impl<'a> Engine<'a> {
             match step {
                 RegionStep::Announce(sums) => {
                     let bytes = sums.encoded_len() as u64;
+                    let sums = Arc::new(sums);
                     for peer in 0..self.regions.len() {
                         if peer != r && self.regions[peer].alive {
                             self.send(
@@ -883,7 +918,7 @@ impl<'a> Engine<'a> {
                         bytes,
                         Event::ZoneInstructions {
                             zone: member as usize,
-                            instructions,
+                            instructions: Box::new(instructions),
                         },
                     );
                 }
@@ -935,8 +970,13 @@ fn host_name(i: usize) -> String {
     format!("host-{i:05}")
 }
 
+/// The host of a name from [`host_name`].
+fn host_index(name: &str) -> Option<u32> {
+    name.strip_prefix("host-")?.parse().ok()
+}
+
 /// Applies a host core's steps to the host's limiter at `now`, as a client's link does.
-fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
+fn apply(host: &mut Host, now: Nanos, steps: &[HostStep]) {
     let limiter = match &host.limiter {
         Limiter::Drop(d) => SteeredLimiter::DropRatio(d),
         Limiter::Adaptive(bucket) => SteeredLimiter::Adaptive(bucket),
