@@ -111,6 +111,23 @@ pub struct Trace {
     /// measured window, over the fleet; `None` for the central counter, whose store decides
     /// requests after they left the host.
     pub measured_tiers: Option<[(u64, u64); TIERS]>,
+    /// What a controller's failover took, when the scenario kills one (and the algorithm has a
+    /// control plane).
+    pub failover: Option<FailoverTrace>,
+}
+
+/// When a controller's failover happened, in seconds since the start of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FailoverTrace {
+    /// The leader died.
+    pub killed_s: f64,
+    /// The standby took the lease, at epoch `epoch`.
+    pub led_s: f64,
+    pub epoch: u64,
+    /// It sent its first instructions to a zone.
+    pub instructed_s: Option<f64>,
+    /// Its first instructions reached an aggregator.
+    pub reached_zone_s: Option<f64>,
 }
 
 enum Limiter {
@@ -190,6 +207,8 @@ struct Zone {
 struct Region {
     core: RegionCore,
     alive: bool,
+    /// Its controller is dead (its aggregators and peers lose it), while the region lives.
+    leader_dead: bool,
 }
 
 /// A message on its way. Boxed or shared, so the queue moves a few words per event: a zone's
@@ -281,6 +300,7 @@ pub struct Engine<'a> {
     in_flight: Vec<Vec<u64>>,
     in_flight_hosts: Vec<Vec<usize>>,
     control_bytes: u64,
+    failover: Option<FailoverTrace>,
 }
 
 impl<'a> Engine<'a> {
@@ -389,7 +409,15 @@ impl<'a> Engine<'a> {
                 for z in (0..zones_n).filter(|z| zones[*z].region == r) {
                     core.join(z as u64, &zone_name(z));
                 }
-                Region { core, alive: true }
+                if scenario.controller_failover.is_some() {
+                    // Controllers under a lease: the first leaders hold epoch 1.
+                    core.set_epoch(1);
+                }
+                Region {
+                    core,
+                    alive: true,
+                    leader_dead: false,
+                }
             })
             .collect();
         let store = (algorithm == Algorithm::CentralCounter)
@@ -433,6 +461,7 @@ impl<'a> Engine<'a> {
             coin,
             store,
             control_bytes: 0,
+            failover: None,
         })
     }
 
@@ -463,6 +492,15 @@ impl<'a> Engine<'a> {
             {
                 lost_region = true;
                 self.lose_region(region);
+            }
+            if let Some(f) = s.controller_failover
+                && self.algorithm != Algorithm::CentralCounter
+            {
+                if self.failover.is_none() && t_s >= f.at_s {
+                    self.kill_leader(f.region, t_s);
+                } else if self.regions[f.region].leader_dead && t_s >= f.at_s + f.lease_ttl_s {
+                    self.take_over(f.region, now, t_s);
+                }
             }
             if let Some((host, at)) = s.host_leave
                 && !host_left
@@ -638,6 +676,7 @@ impl<'a> Engine<'a> {
             control_bytes: self.control_bytes,
             round_trips,
             measured_tiers: (self.algorithm != Algorithm::CentralCounter).then_some(measured_tiers),
+            failover: self.failover,
         }
     }
 
@@ -744,7 +783,7 @@ impl<'a> Engine<'a> {
             }
         }
         for r in 0..self.regions.len() {
-            if self.regions[r].alive {
+            if self.regions[r].alive && !self.regions[r].leader_dead {
                 let steps = self.regions[r].core.poll(now_ms);
                 self.region_steps(r, now, steps);
             }
@@ -779,7 +818,7 @@ impl<'a> Engine<'a> {
             }
             Event::ZoneReport { zone, report } => {
                 let r = self.zones[zone].region;
-                if !self.regions[r].alive || self.control_down(now) {
+                if !self.regions[r].alive || self.regions[r].leader_dead || self.control_down(now) {
                     return;
                 }
                 let steps = self.regions[r]
@@ -788,7 +827,10 @@ impl<'a> Engine<'a> {
                 self.region_steps(r, now, steps);
             }
             Event::PeerSums { region, sums } => {
-                if !self.regions[region].alive || self.control_down(now) {
+                if !self.regions[region].alive
+                    || self.regions[region].leader_dead
+                    || self.control_down(now)
+                {
                     return;
                 }
                 let sums = Arc::unwrap_or_clone(sums);
@@ -798,6 +840,15 @@ impl<'a> Engine<'a> {
             Event::ZoneInstructions { zone, instructions } => {
                 if !self.regions[self.zones[zone].region].alive || self.control_down(now) {
                     return;
+                }
+                if let Some(f) = &mut self.failover
+                    && f.reached_zone_s.is_none()
+                    && instructions
+                        .instructions
+                        .as_ref()
+                        .is_some_and(|i| i.epoch == f.epoch)
+                {
+                    f.reached_zone_s = Some((now - EPOCH_NS) as f64 / 1e9);
                 }
                 let mut sends = Vec::new();
                 self.zones[zone].core.on_instructions_with(
@@ -911,6 +962,15 @@ impl<'a> Engine<'a> {
                     member,
                     instructions,
                 } => {
+                    if let Some(f) = &mut self.failover
+                        && f.instructed_s.is_none()
+                        && instructions
+                            .instructions
+                            .as_ref()
+                            .is_some_and(|i| i.epoch == f.epoch)
+                    {
+                        f.instructed_s = Some((now - EPOCH_NS) as f64 / 1e9);
+                    }
                     let bytes = instructions.encoded_len() as u64;
                     self.send(
                         now,
@@ -951,6 +1011,40 @@ impl<'a> Engine<'a> {
                 .on_stream_end(now_ms, &host_name(i), 0),
         );
         self.zone_steps(zone, now, steps);
+    }
+
+    /// The leading controller of region `r` dies: its aggregators' streams to it break, and its
+    /// peers hear no more from it.
+    fn kill_leader(&mut self, r: usize, t_s: f64) {
+        self.regions[r].leader_dead = true;
+        for zone in self.zones.iter_mut().filter(|z| z.region == r) {
+            zone.core.upstream_closed();
+        }
+        self.failover = Some(FailoverTrace {
+            killed_s: t_s,
+            epoch: self.regions[r].core.epoch() + 1,
+            ..FailoverTrace::default()
+        });
+    }
+
+    /// The standby of region `r` takes the lease at the next epoch: a controller that knows
+    /// nothing of the intervals before, to which the aggregators' streams open now.
+    fn take_over(&mut self, r: usize, now: Nanos, t_s: f64) {
+        let Some(failover) = &mut self.failover else {
+            return;
+        };
+        failover.led_s = t_s;
+        let now_ms = now / 1_000_000;
+        let mut core = RegionCore::new(format!("r{}", r + 1), self.rules.clone(), now_ms);
+        core.set_epoch(failover.epoch);
+        for (z, zone) in self.zones.iter_mut().enumerate() {
+            if zone.region == r {
+                core.join(z as u64, zone.core.zone());
+                zone.core.upstream_opened();
+            }
+        }
+        self.regions[r].core = core;
+        self.regions[r].leader_dead = false;
     }
 
     /// Region `r` is gone: its hosts stop, its aggregators and controller fall silent, and the

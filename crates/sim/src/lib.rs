@@ -22,7 +22,7 @@ pub mod shape;
 
 pub use engine::{FleetSample, Network, Trace};
 pub use metrics::{Metrics, TierDrops};
-pub use scenario::Scenario;
+pub use scenario::{Failover, Scenario};
 pub use shape::StepAndLeave;
 
 /// Why a simulation could not run.
