@@ -95,7 +95,8 @@ pub struct ZoneCore {
     /// its host with one hash of its name, and the open intervals hold no names). A slot stays
     /// taken while its host has a stream or counts in an open interval, and is then reused.
     names: Vec<String>,
-    slots: HashMap<String, u32>,
+    /// Hashed with foldhash: the names are the hosts' own, hashed once per report.
+    slots: HashMap<String, u32, foldhash::fast::RandomState>,
     /// The hosts with an open stream, by slot.
     hosts: Vec<Option<Host>>,
     /// Their slots in name order, so what is sent to them goes out in the same order every run.
@@ -146,7 +147,7 @@ impl ZoneCore {
             interval,
             interval_from_controller: false,
             names: Vec::new(),
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             hosts: Vec::new(),
             order: Vec::new(),
             leaving: Vec::new(),
