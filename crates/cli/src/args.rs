@@ -822,7 +822,7 @@ pub enum AdminCommand {
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// The scenario: surge-15x, overload-1.5x, many-callers, host-burst, control-plane-down,
-    /// region-loss, criticality, sidecar-leaves, or `all` of them.
+    /// region-loss, criticality, sidecar-leaves, controller-failover, or `all` of them.
     #[arg(long)]
     pub scenario: String,
     /// Seed of the simulation; the same seed gives the same run.

@@ -253,7 +253,9 @@ pub struct HostCore {
     interval: Interval,
     surge_guard: bool,
     buckets: Vec<Bucket>,
-    index: HashMap<BucketKey, usize>,
+    /// Each bucket's position by service, then bucket name: an instruction names its bucket by
+    /// both, and finds it without building a key.
+    index: HashMap<String, HashMap<String, usize>>,
     tally: Tally,
     /// The interval the next report is about, and whether its tail is still to be marked.
     due: u64,
@@ -337,7 +339,10 @@ impl HostCore {
                 .filter(|b| b.kind == bucket.algorithm)
                 .unwrap_or_else(|| Bucket::new(key.clone(), bucket.algorithm, limit));
             kept.limit_rps = limit;
-            self.index.insert(key, self.buckets.len());
+            self.index
+                .entry(key.service.clone())
+                .or_default()
+                .insert(key.bucket.clone(), self.buckets.len());
             self.buckets.push(kept);
         }
         self.surge_guard = config.control.surge_guard;
@@ -421,23 +426,46 @@ impl HostCore {
         now: HostTime,
         instructions: v1::Instructions,
     ) -> Vec<HostStep> {
+        if instructions
+            .rules
+            .as_ref()
+            .is_some_and(|rules| rules.version != self.rules_version)
+        {
+            let mut steps = Vec::new();
+            self.on_shared_instructions(now, &instructions, &mut steps);
+            return steps;
+        }
+        let mut steps = Vec::with_capacity(2 * instructions.buckets.len());
+        self.on_shared_instructions(now, &instructions, &mut steps);
+        steps
+    }
+
+    /// [`HostCore::on_instructions`] of an instruction set this host shares with others (the
+    /// simulator hands one to every host of a zone), its steps added to `steps`: nothing is
+    /// copied unless it carries rules to hold.
+    pub fn on_shared_instructions(
+        &mut self,
+        now: HostTime,
+        instructions: &v1::Instructions,
+        steps: &mut Vec<HostStep>,
+    ) {
         if !self
             .fence
             .admit(instructions.epoch, instructions.ttl_ms, now.unix_ms())
         {
-            return Vec::new();
+            return;
         }
         if let Some(rules) = &instructions.rules
             && rules.version != self.rules_version
         {
-            let step = HostStep::Rules {
+            steps.push(HostStep::Rules {
                 version: rules.version,
                 rules: rules.clone(),
-            };
-            self.pending = Some(instructions);
-            return vec![step];
+            });
+            self.pending = Some(instructions.clone());
+            return;
         }
-        self.instruct(now, instructions)
+        self.instruct(now, instructions, steps);
     }
 
     /// The owner applied the rules of [`HostStep::Rules`] as `config`: the host runs them, and
@@ -445,20 +473,22 @@ impl HostCore {
     pub fn rules_applied(&mut self, now: HostTime, version: u64, config: &Config) -> Vec<HostStep> {
         self.rules_version = version;
         self.set_rules(config);
-        match self.pending.take() {
-            Some(instructions) => self.instruct(now, instructions),
-            None => Vec::new(),
+        let mut steps = Vec::new();
+        if let Some(instructions) = self.pending.take() {
+            self.instruct(now, &instructions, &mut steps);
         }
+        steps
     }
 
     /// The owner refused the rules of [`HostStep::Rules`] (they do not validate here): the host
     /// keeps its rules and reports the old version, which the controller shows; the instructions
     /// that came with them apply to the buckets it has.
     pub fn rules_refused(&mut self, now: HostTime) -> Vec<HostStep> {
-        match self.pending.take() {
-            Some(instructions) => self.instruct(now, instructions),
-            None => Vec::new(),
+        let mut steps = Vec::new();
+        if let Some(instructions) = self.pending.take() {
+            self.instruct(now, &instructions, &mut steps);
         }
+        steps
     }
 
     /// One tick of every drop-ratio bucket's surge guard, every [`surge::TICK_NS`]: counts what
@@ -467,8 +497,15 @@ impl HostCore {
     /// behind (the instruction's applies again). The first tick only starts counting.
     pub fn guard_tick(&mut self, now: Nanos, totals: &[Snapshot]) -> Vec<HostStep> {
         let mut steps = Vec::new();
+        self.guard_tick_into(now, totals, &mut steps);
+        steps
+    }
+
+    /// [`HostCore::guard_tick`], its steps added to `steps`: an owner ticking many hosts (the
+    /// simulator, 100,000 of them every 50 ms) reuses one buffer.
+    pub fn guard_tick_into(&mut self, now: Nanos, totals: &[Snapshot], steps: &mut Vec<HostStep>) {
         if !self.surge_guard {
-            return steps;
+            return;
         }
         for (i, (b, total)) in self.buckets.iter_mut().zip(totals).enumerate() {
             if b.kind != Kind::DropRatio {
@@ -497,7 +534,6 @@ impl HostCore {
             b.guard_offered = offered;
             b.guard_at = Some(now);
         }
-        steps
     }
 
     /// The earliest instant a share expires, when any is held: [`HostCore::expire_shares`] has
@@ -519,14 +555,22 @@ impl HostCore {
         steps
     }
 
-    fn instruct(&mut self, now: HostTime, instructions: v1::Instructions) -> Vec<HostStep> {
+    fn instruct(
+        &mut self,
+        now: HostTime,
+        instructions: &v1::Instructions,
+        steps: &mut Vec<HostStep>,
+    ) {
         let ttl = Duration::from_millis(instructions.ttl_ms);
         let interval_end_ms =
             Interval::from_ms(instructions.interval_ms).end_of(instructions.sequence);
         let interval_ns = nanos(self.interval.duration());
-        let mut steps = Vec::with_capacity(instructions.buckets.len());
         for b in &instructions.buckets {
-            let Some(&i) = self.index.get(&BucketKey::new(&b.service, &b.bucket)) else {
+            let Some(&i) = self
+                .index
+                .get(b.service.as_str())
+                .and_then(|buckets| buckets.get(b.bucket.as_str()))
+            else {
                 continue;
             };
             let bucket = &mut self.buckets[i];
@@ -591,7 +635,6 @@ impl HostCore {
             }
         }
         self.last_instructions_ms = now.unix_ms();
-        steps
     }
 
     /// The first report due from `now_ms` on: the interval in progress, with its tail marked only

@@ -251,6 +251,16 @@ impl Factors {
         self.0.is_empty()
     }
 
+    /// Notes that `counted` of `host`'s load to `bucket` was counted.
+    pub(crate) fn insert(&mut self, host: String, bucket: BucketKey, counted: f64) {
+        self.0.entry(host).or_default().push((bucket, counted));
+    }
+
+    /// Whether `host` was clamped in any bucket.
+    pub fn holds(&self, host: &str) -> bool {
+        self.0.contains_key(host)
+    }
+
     /// The part of `host`'s load to `bucket` that was counted (1 when it was not clamped).
     pub fn counted(&self, host: &str, bucket: &BucketKey) -> f64 {
         self.0
@@ -319,23 +329,53 @@ pub fn bound_peers(
     mut clamped: impl FnMut(&str, &BucketKey, ClampReason, u64, u64),
     peer: impl Fn(&str) -> bool,
 ) -> Factors {
+    let mut list: Vec<(String, Sums)> = std::mem::take(hosts).into_iter().collect();
+    let held = bound_peers_by(
+        &mut list,
+        bounds,
+        interval,
+        |h: &String, key, reason, from, to| clamped(h, key, reason, from, to),
+        |h: &String| peer(h),
+    );
+    *hosts = list.into_iter().collect();
+    let mut factors = Factors::default();
+    for (host, key, counted) in held {
+        factors.insert(host, key, counted);
+    }
+    factors
+}
+
+/// [`bound_peers`] over hosts known by any key `K` (an aggregator's host slots), in the order
+/// given: returns, for each clamped host and bucket, the part of its load that was counted.
+pub fn bound_peers_by<K: Clone>(
+    hosts: &mut [(K, Sums)],
+    bounds: &PlausibleBounds,
+    interval: Interval,
+    mut clamped: impl FnMut(&K, &BucketKey, ClampReason, u64, u64),
+    peer: impl Fn(&K) -> bool,
+) -> Vec<(K, BucketKey, f64)> {
     let k = f64::from(bounds.plausibility.peer_multiple);
-    // Per bucket, the hosts that offered to it.
-    let mut buckets: HashMap<&BucketKey, Vec<(&String, Counts)>> = HashMap::new();
-    for (host, sums) in hosts.iter() {
+    // Per bucket, the hosts that offered to it, by their position in `hosts`.
+    let mut buckets: HashMap<&BucketKey, Vec<(usize, Counts)>> = HashMap::new();
+    for (at, (_, sums)) in hosts.iter().enumerate() {
         for (key, c) in &sums.0 {
             if c.offered > 0 {
-                buckets.entry(key).or_default().push((host, *c));
+                buckets.entry(key).or_default().push((at, *c));
             }
         }
     }
-    // Per host, the counts to lower: (bucket, offered, tail).
-    let mut lowered: Vec<(String, BucketKey, u64, u64)> = Vec::new();
-    let mut factors = Factors::default();
+    // Per host, the counts to lower: (host, bucket, offered, tail).
+    let mut lowered: Vec<(usize, BucketKey, u64, u64)> = Vec::new();
+    let mut factors = Vec::new();
     for (key, offered_by) in buckets {
         let limit = bounds.limit_rps(key);
         let early = limit.is_none() && !bounds.known;
-        let peers = || offered_by.iter().filter(|(h, _)| peer(h)).map(|(_, c)| c);
+        let peers = || {
+            offered_by
+                .iter()
+                .filter(|(h, _)| peer(&hosts[*h].0))
+                .map(|(_, c)| c)
+        };
         let mut offered: Vec<u64> = peers().map(|c| c.offered).collect();
         let mut tails: Vec<u64> = peers().map(|c| c.offered_tail).collect();
         if !(limit.is_some() || early && offered.len() >= 2) {
@@ -344,13 +384,14 @@ pub fn bound_peers(
         let floor = limit.map_or(0.0, |l| per_interval(l, interval) as f64);
         offered.sort_unstable();
         tails.sort_unstable();
-        for (host, c) in &offered_by {
+        for &(at, c) in &offered_by {
+            let host = &hosts[at].0;
             // Its own place in each order, when it is among the peers: any index holding its
             // value leaves the same others.
             let own = peer(host);
-            let at = own.then(|| offered.partition_point(|&v| v < c.offered));
+            let at_offered = own.then(|| offered.partition_point(|&v| v < c.offered));
             let at_tail = own.then(|| tails.partition_point(|&v| v < c.offered_tail));
-            let most = (k * median_without(&offered, at)).max(floor);
+            let most = (k * median_without(&offered, at_offered)).max(floor);
             let most_tail = (k * median_without(&tails, at_tail)).max(floor / TAIL_PARTS as f64);
             let over = c.offered as f64 > most;
             let over_tail = c.offered_tail as f64 > most_tail;
@@ -385,17 +426,13 @@ pub fn bound_peers(
             };
             let counted = part(offered_now, c.offered).min(part(tail_now, c.offered_tail));
             if !early {
-                factors
-                    .0
-                    .entry((*host).clone())
-                    .or_default()
-                    .push((key.clone(), counted));
+                factors.push((host.clone(), key.clone(), counted));
             }
-            lowered.push(((*host).clone(), key.clone(), offered_now, tail_now));
+            lowered.push((at, key.clone(), offered_now, tail_now));
         }
     }
-    for (host, key, offered, tail) in lowered {
-        if let Some(c) = hosts.get_mut(&host).and_then(|s| s.0.get_mut(&key)) {
+    for (at, key, offered, tail) in lowered {
+        if let Some(c) = hosts[at].1.0.get_mut(&key) {
             c.offered = offered;
             c.offered_tail = tail;
             c.allowed = c.allowed.min(offered);

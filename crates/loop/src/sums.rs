@@ -294,6 +294,11 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         self.pending.len()
     }
 
+    /// The payloads of the open intervals, oldest first.
+    pub fn pending(&self) -> impl Iterator<Item = &P> {
+        self.pending.values().map(|(payload, _)| payload)
+    }
+
     /// The payload of interval `sequence` for `member` to add into, or `None` when the interval
     /// is already closed (the report is late) or more than [`MAX_AHEAD`] past the last closed one
     /// (the report is bogus).

@@ -16,6 +16,7 @@
 //! bucket's limit (or a few times its zone's median host), and is held to what was counted.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_core::algo::Ratio;
@@ -90,10 +91,22 @@ pub struct ZoneCore {
     /// The controller's interval once it spoke; before that, the hosts'.
     interval: Interval,
     interval_from_controller: bool,
-    /// In name order, so what is sent to them goes out in the same order every run.
-    hosts: BTreeMap<String, Host>,
-    /// Each host's counts of the intervals still open, by reporting host.
-    window: Intervals<String, BTreeMap<String, Sums>>,
+    /// Every host's name by its slot, the number it goes by in the tables below (a report finds
+    /// its host with one hash of its name, and the open intervals hold no names). A slot stays
+    /// taken while its host has a stream or counts in an open interval, and is then reused.
+    names: Vec<String>,
+    /// Hashed with foldhash: the names are the hosts' own, hashed once per report.
+    slots: HashMap<String, u32, foldhash::fast::RandomState>,
+    /// The hosts with an open stream, by slot.
+    hosts: Vec<Option<Host>>,
+    /// Their slots in name order, so what is sent to them goes out in the same order every run.
+    order: Vec<u32>,
+    /// Slots whose host left, to free once no open interval holds counts of theirs; and free
+    /// slots.
+    leaving: Vec<u32>,
+    free: Vec<u32>,
+    /// Each host's counts of the intervals still open, by the reporting host's slot.
+    window: Intervals<u32, BTreeMap<u32, Sums>>,
     rules: Option<v1::Rules>,
     /// What a host's counts may say, from the controller's rules.
     bounds: PlausibleBounds,
@@ -136,7 +149,12 @@ impl ZoneCore {
             zone: zone.into(),
             interval,
             interval_from_controller: false,
-            hosts: BTreeMap::new(),
+            names: Vec::new(),
+            slots: HashMap::default(),
+            hosts: Vec::new(),
+            order: Vec::new(),
+            leaving: Vec::new(),
+            free: Vec::new(),
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             rules: None,
             bounds: PlausibleBounds::default(),
@@ -167,7 +185,76 @@ impl ZoneCore {
 
     /// Hosts with an open stream.
     pub fn hosts(&self) -> usize {
-        self.hosts.len()
+        self.order.len()
+    }
+
+    /// The slot of `host`, taken when it has none.
+    fn slot(&mut self, host: &str) -> u32 {
+        if let Some(&slot) = self.slots.get(host) {
+            return slot;
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.names[slot as usize] = host.to_owned();
+                slot
+            }
+            None => {
+                self.names.push(host.to_owned());
+                self.hosts.push(None);
+                u32::try_from(self.names.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.slots.insert(host.to_owned(), slot);
+        slot
+    }
+
+    /// Takes the host of `name` out: its stream ended.
+    fn remove(&mut self, name: &str) -> Option<Host> {
+        let slot = *self.slots.get(name)?;
+        let host = self.hosts[slot as usize].take()?;
+        self.order.retain(|&s| s != slot);
+        self.leaving.push(slot);
+        Some(host)
+    }
+
+    /// The host of `name` with an open stream.
+    fn host(&self, name: &str) -> Option<&Host> {
+        let slot = *self.slots.get(name)?;
+        self.hosts[slot as usize].as_ref()
+    }
+
+    fn host_mut(&mut self, name: &str) -> Option<&mut Host> {
+        let slot = *self.slots.get(name)?;
+        self.hosts[slot as usize].as_mut()
+    }
+
+    /// The hosts with an open stream, in name order, with their names.
+    fn named_hosts(&self) -> impl Iterator<Item = (&str, &Host)> + '_ {
+        self.order.iter().filter_map(|&slot| {
+            let host = self.hosts[slot as usize].as_ref()?;
+            Some((self.names[slot as usize].as_str(), host))
+        })
+    }
+
+    /// Frees the slots of hosts that left once no open interval holds counts of theirs.
+    fn free_slots(&mut self) {
+        if self.leaving.is_empty() {
+            return;
+        }
+        let leaving = std::mem::take(&mut self.leaving);
+        for slot in leaving {
+            let index = slot as usize;
+            if self.hosts[index].is_some() {
+                continue; // it came back
+            }
+            if self.window.pending().any(|p| p.contains_key(&slot)) {
+                self.leaving.push(slot);
+                continue;
+            }
+            let name = std::mem::take(&mut self.names[index]);
+            self.slots.remove(&name);
+            self.free.push(slot);
+        }
     }
 
     /// The rules the controller sent last, as they came: what a host that joins now runs.
@@ -213,18 +300,27 @@ impl ZoneCore {
     /// A host opened stream `conn` before reporting (the simulator's hosts are linked from the
     /// start); a server learns the host from its first report instead.
     pub fn join(&mut self, host: &str, conn: u64) {
-        if !self.hosts.contains_key(host) {
-            self.hosts.insert(
-                host.to_owned(),
-                Host {
-                    conn,
-                    rules_version: 0,
-                    last: Sums::default(),
-                    last_sequence: None,
-                    sent_rules: 0,
-                },
-            );
+        self.join_slot(host, conn);
+    }
+
+    /// [`ZoneCore::join`], returning the host's slot.
+    fn join_slot(&mut self, host: &str, conn: u64) -> u32 {
+        let slot = self.slot(host);
+        if self.hosts[slot as usize].is_none() {
+            self.hosts[slot as usize] = Some(Host {
+                conn,
+                rules_version: 0,
+                last: Sums::default(),
+                last_sequence: None,
+                sent_rules: 0,
+            });
+            let names = &self.names;
+            let at = self
+                .order
+                .partition_point(|&s| names[s as usize].as_str() < host);
+            self.order.insert(at, slot);
         }
+        slot
     }
 
     /// A report from `report.host_id` on stream `conn`, at `now_ms`.
@@ -238,8 +334,8 @@ impl ZoneCore {
             self.adopt(Interval::from_ms(report.interval_ms), now_ms);
         }
         let sums = self.bounded(now_ms, &report);
-        self.join(&report.host_id, conn);
-        let Some(host) = self.hosts.get_mut(&report.host_id) else {
+        let slot = self.join_slot(&report.host_id, conn);
+        let Some(host) = self.hosts[slot as usize].as_mut() else {
             return steps;
         };
         if host.conn != conn {
@@ -263,13 +359,12 @@ impl ZoneCore {
                 },
             });
         }
-        let accepted = report.interval_ms == self.interval.ms() && {
-            let name = report.host_id.clone();
-            self.window
-                .accept(report.sequence, report.host_id)
-                .map(|pending| pending.entry(name).or_default().add(&sums))
-                .is_some()
-        };
+        let accepted = report.interval_ms == self.interval.ms()
+            && self
+                .window
+                .accept(report.sequence, slot)
+                .map(|pending| pending.entry(slot).or_default().add(&sums))
+                .is_some();
         if !accepted {
             // A report of nothing for a closed interval is a host's hello
             // (`HostCore::hello`): it joined, and was late for nothing.
@@ -286,10 +381,7 @@ impl ZoneCore {
     /// report, for the zone's estimate of the open interval, which [`ZoneCore::poll`] forwards.
     fn on_surge_report(&mut self, now_ms: u64, conn: u64, report: v1::Report) {
         if report.interval_ms != self.interval.ms()
-            || self
-                .hosts
-                .get(&report.host_id)
-                .is_none_or(|h| h.conn != conn)
+            || self.host(&report.host_id).is_none_or(|h| h.conn != conn)
         {
             return;
         }
@@ -332,7 +424,7 @@ impl ZoneCore {
     fn surge_estimate(&self, now_ms: u64) -> v1::ZoneReport {
         let mut estimate = self.last_sums.clone();
         for (name, now) in &self.surging {
-            let before = self.hosts.get(name).map(|h| &h.last);
+            let before = self.host(name).map(|h| &h.last);
             for (key, counts) in &now.0 {
                 let was = before.map(|b| b.counts(key)).unwrap_or_default();
                 let entry = replace_counts(&mut estimate, key, was, *counts);
@@ -355,7 +447,7 @@ impl ZoneCore {
             sequence: self.interval.sequence_at(now_ms),
             interval_ms: self.interval.ms(),
             buckets: estimate.to_wire(),
-            clients: u32::try_from(self.hosts.len()).unwrap_or(u32::MAX),
+            clients: u32::try_from(self.order.len()).unwrap_or(u32::MAX),
             hosts: Vec::new(),
             gone: Vec::new(),
             surge: true,
@@ -365,8 +457,8 @@ impl ZoneCore {
     /// Stream `conn` of `host` ended at `now_ms`: the interval no longer waits for it (unless it
     /// already reports on a newer stream).
     pub fn on_stream_end(&mut self, now_ms: u64, host: &str, conn: u64) -> Vec<ZoneStep> {
-        if self.hosts.get(host).is_some_and(|h| h.conn == conn) {
-            if let Some(gone) = self.hosts.remove(host) {
+        if self.host(host).is_some_and(|h| h.conn == conn) {
+            if let Some(gone) = self.remove(host) {
                 self.surging.remove(host);
                 // Its counts are in the last closed interval's sums when it reported that
                 // interval, or the one before, which then stood in for it.
@@ -392,11 +484,11 @@ impl ZoneCore {
         let grace = self.interval.grace_ms();
         let quorum = Quorum {
             wait_ms: (self.interval.ms() / QUORUM_WAIT).max(1),
-            missing: self.hosts.len() / QUORUM_HOSTS,
+            missing: self.order.len() / QUORUM_HOSTS,
         };
         let closed =
             self.window
-                .close_ready_quorum(now_ms, self.interval, grace, self.hosts.keys(), quorum);
+                .close_ready_quorum(now_ms, self.interval, grace, self.order.iter(), quorum);
         if !closed.is_empty() {
             self.surging.clear();
             self.left.clear();
@@ -410,6 +502,9 @@ impl ZoneCore {
                 ZoneStep::Forward(self.forward(sequence, sums, reported))
             })
             .collect();
+        if !steps.is_empty() {
+            self.free_slots();
+        }
         if std::mem::take(&mut self.surge_due) && self.told.is_some() {
             steps.push(ZoneStep::Forward(self.surge_estimate(now_ms)));
         }
@@ -422,14 +517,17 @@ impl ZoneCore {
     /// the host out would count its whole load as gone (at 1.5x the limit, one silent host of
     /// 33 lowers the ratio enough to admit 5% over the limit for an interval). A host silent
     /// for two intervals is left out. Returns the hosts estimated.
-    fn estimate_missing(&self, sequence: u64, hosts: &mut BTreeMap<String, Sums>) -> Vec<String> {
+    fn estimate_missing(&self, sequence: u64, hosts: &mut BTreeMap<u32, Sums>) -> Vec<u32> {
         let mut estimated = Vec::new();
-        for (name, host) in &self.hosts {
-            if !hosts.contains_key(name)
+        for &slot in &self.order {
+            let Some(host) = &self.hosts[slot as usize] else {
+                continue;
+            };
+            if !hosts.contains_key(&slot)
                 && host.last_sequence.is_some_and(|last| last + 1 == sequence)
             {
-                hosts.insert(name.clone(), host.last.clone());
-                estimated.push(name.clone());
+                hosts.insert(slot, host.last.clone());
+                estimated.push(slot);
             }
         }
         estimated
@@ -443,35 +541,45 @@ impl ZoneCore {
         &mut self,
         now_ms: u64,
         sequence: u64,
-        mut hosts: BTreeMap<String, Sums>,
-        estimated: &[String],
+        hosts: BTreeMap<u32, Sums>,
+        estimated: &[u32],
     ) -> Sums {
         let mut lowered = Vec::new();
-        self.factors = plausible::bound_peers(
+        let mut hosts: Vec<(u32, Sums)> = hosts.into_iter().collect();
+        // In name order, as the clamps are noted.
+        hosts.sort_by(|a, b| self.names[a.0 as usize].cmp(&self.names[b.0 as usize]));
+        let names = &self.names;
+        let live = &self.hosts;
+        let held = plausible::bound_peers_by(
             &mut hosts,
             &self.bounds,
             self.interval,
-            |h, key, r, a, b| {
+            |&slot, key, r, a, b| {
                 lowered.push(CountClamp {
-                    host: h.to_owned(),
+                    host: names[slot as usize].clone(),
                     bucket: key.clone(),
                     reason: r,
                     reported: a,
                     counted: b,
                 });
             },
-            |h| self.hosts.contains_key(h),
+            |&slot| live[slot as usize].is_some(),
         );
+        self.factors = Factors::default();
+        for (slot, key, counted) in held {
+            self.factors
+                .insert(self.names[slot as usize].clone(), key, counted);
+        }
         for clamp in lowered {
             self.note(now_ms, clamp);
         }
         self.noticed
             .retain(|_, (at, _)| now_ms.saturating_sub(*at) < NOTICE_EVERY_MS);
         let mut zone = Sums::default();
-        for (name, sums) in hosts {
+        for (slot, sums) in hosts {
             zone.add(&sums);
-            match self.hosts.get_mut(&name) {
-                Some(host) if !estimated.contains(&name) => {
+            match self.hosts[slot as usize].as_mut() {
+                Some(host) if !estimated.contains(&slot) => {
                     host.last = sums;
                     host.last_sequence = Some(sequence);
                 }
@@ -479,7 +587,7 @@ impl ZoneCore {
                 // It left after its last report: what it counted is in these sums, and is to be
                 // taken out of an estimate of the interval now open.
                 None => {
-                    self.left.insert(name, sums);
+                    self.left.insert(self.names[slot as usize].clone(), sums);
                 }
             }
         }
@@ -533,7 +641,7 @@ impl ZoneCore {
 
     /// A [`ZoneStep::Send`] carrying rules could not be sent to `host`: send them again.
     pub fn send_failed(&mut self, host: &str) {
-        if let Some(h) = self.hosts.get_mut(host) {
+        if let Some(h) = self.host_mut(host) {
             h.sent_rules = 0;
         }
     }
@@ -547,14 +655,34 @@ impl ZoneCore {
         now_ms: u64,
         zone_instructions: v1::ZoneInstructions,
     ) -> Vec<ZoneStep> {
+        let mut steps = Vec::with_capacity(self.hosts.len());
+        self.on_instructions_with(now_ms, zone_instructions, |host, instructions| {
+            steps.push(ZoneStep::Send {
+                host: host.to_owned(),
+                instructions: Arc::unwrap_or_clone(instructions),
+            });
+        });
+        steps
+    }
+
+    /// [`ZoneCore::on_instructions`], each host's instructions handed to `send` in name order
+    /// instead of returned: hosts whose instructions are the zone's own (no share of their own,
+    /// no count held, no rules to send) share one message, so an owner that need not copy them
+    /// (the simulator's 100,000 hosts) does not.
+    pub fn on_instructions_with(
+        &mut self,
+        now_ms: u64,
+        zone_instructions: v1::ZoneInstructions,
+        mut send: impl FnMut(&str, Arc<v1::Instructions>),
+    ) {
         let Some(mut instructions) = zone_instructions.instructions else {
-            return Vec::new();
+            return;
         };
         if !self
             .fence
             .admit(instructions.epoch, instructions.ttl_ms, now_ms)
         {
-            return Vec::new();
+            return;
         }
         if instructions.interval_ms > 0 {
             self.adopt(Interval::from_ms(instructions.interval_ms), now_ms);
@@ -568,27 +696,35 @@ impl ZoneCore {
             }
             self.rules = Some(rules);
         }
-        let count = self.hosts.len();
-        let mut steps = Vec::with_capacity(count);
-        for (name, host) in &mut self.hosts {
-            let mut message = instructions.clone();
+        let count = self.order.len();
+        let shares = instructions.buckets.iter().any(|b| b.share.is_some());
+        let shared = Arc::new(instructions);
+        for &slot in &self.order {
+            let (Some(host), name) = (
+                self.hosts[slot as usize].as_mut(),
+                self.names[slot as usize].as_str(),
+            ) else {
+                continue;
+            };
+            let held = !self.factors.is_empty() && self.factors.holds(name);
+            let rules = self.rules.as_ref().filter(|rules| {
+                host.rules_version != rules.version && host.sent_rules != rules.version
+            });
+            if !(shares || held || rules.is_some()) {
+                send(name, shared.clone());
+                continue;
+            }
+            let mut message = v1::Instructions::clone(&shared);
             host_shares(&mut message.buckets, &self.last_sums, &host.last, count);
-            if !self.factors.is_empty() {
+            if held {
                 hold_to_counted(&mut message.buckets, &self.factors, name, &host.last);
             }
-            if let Some(rules) = &self.rules
-                && host.rules_version != rules.version
-                && host.sent_rules != rules.version
-            {
+            if let Some(rules) = rules {
                 message.rules = Some(rules.clone());
                 host.sent_rules = rules.version;
             }
-            steps.push(ZoneStep::Send {
-                host: name.clone(),
-                instructions: message,
-            });
+            send(name, Arc::new(message));
         }
-        steps
     }
 
     /// A new interval length: the open intervals meant something else, start afresh, after
@@ -621,27 +757,31 @@ impl ZoneCore {
         };
         self.last_sums = sums;
         self.last_forwarded = Some((self.interval.ms(), sequence));
-        if let Some(told) = &mut self.told {
-            for (name, host) in &self.hosts {
+        if let Some(mut told) = self.told.take() {
+            for (name, host) in self.named_hosts() {
                 if told.get(name) != Some(&host.rules_version) {
                     report.hosts.push(v1::HostStatus {
-                        host_id: name.clone(),
+                        host_id: name.to_owned(),
                         rules_version: host.rules_version,
                     });
-                    told.insert(name.clone(), host.rules_version);
+                    told.insert(name.to_owned(), host.rules_version);
                 }
             }
-            let mut gone: Vec<String> = told
-                .keys()
-                .filter(|h| !self.hosts.contains_key(*h))
-                .cloned()
-                .collect();
+            let mut gone: Vec<String> = if told.len() > self.order.len() {
+                told.keys()
+                    .filter(|h| self.host(h).is_none())
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
             gone.sort();
             for h in &gone {
                 told.remove(h);
             }
             report.gone = gone;
             self.forwarded += 1;
+            self.told = Some(told);
         }
         report
     }

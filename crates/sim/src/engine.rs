@@ -111,6 +111,23 @@ pub struct Trace {
     /// measured window, over the fleet; `None` for the central counter, whose store decides
     /// requests after they left the host.
     pub measured_tiers: Option<[(u64, u64); TIERS]>,
+    /// What a controller's failover took, when the scenario kills one (and the algorithm has a
+    /// control plane).
+    pub failover: Option<FailoverTrace>,
+}
+
+/// When a controller's failover happened, in seconds since the start of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FailoverTrace {
+    /// The leader died.
+    pub killed_s: f64,
+    /// The standby took the lease, at epoch `epoch`.
+    pub led_s: f64,
+    pub epoch: u64,
+    /// It sent its first instructions to a zone.
+    pub instructed_s: Option<f64>,
+    /// Its first instructions reached an aggregator.
+    pub reached_zone_s: Option<f64>,
 }
 
 enum Limiter {
@@ -190,28 +207,32 @@ struct Zone {
 struct Region {
     core: RegionCore,
     alive: bool,
+    /// Its controller is dead (its aggregators and peers lose it), while the region lives.
+    leader_dead: bool,
 }
 
+/// A message on its way. Boxed or shared, so the queue moves a few words per event: a zone's
+/// instructions to its hosts are one message shared by all of them.
 enum Event {
     Report {
         zone: usize,
-        report: v1::Report,
+        report: Box<v1::Report>,
     },
     ZoneReport {
         zone: usize,
-        report: v1::ZoneReport,
+        report: Box<v1::ZoneReport>,
     },
     PeerSums {
         region: usize,
-        sums: v1::RegionSums,
+        sums: Arc<v1::RegionSums>,
     },
     ZoneInstructions {
         zone: usize,
-        instructions: v1::ZoneInstructions,
+        instructions: Box<v1::ZoneInstructions>,
     },
     HostInstructions {
         host: u32,
-        instructions: v1::Instructions,
+        instructions: Arc<v1::Instructions>,
     },
 }
 
@@ -263,8 +284,8 @@ pub struct Engine<'a> {
     rules: Arc<RulesSnapshot>,
     hosts: Vec<Host>,
     lanes: Lanes,
-    /// Host names to their position in `hosts`.
-    host_index: HashMap<String, u32>,
+    /// Steps of one host at a time, reused.
+    steps: Vec<HostStep>,
     zones: Vec<Zone>,
     regions: Vec<Region>,
     events: BinaryHeap<Scheduled>,
@@ -279,6 +300,7 @@ pub struct Engine<'a> {
     in_flight: Vec<Vec<u64>>,
     in_flight_hosts: Vec<Vec<usize>>,
     control_bytes: u64,
+    failover: Option<FailoverTrace>,
 }
 
 impl<'a> Engine<'a> {
@@ -321,7 +343,6 @@ impl<'a> Engine<'a> {
             .collect();
         let mut hosts = Vec::with_capacity(scenario.hosts);
         let mut weights = Vec::with_capacity(scenario.hosts);
-        let mut host_index = HashMap::with_capacity(scenario.hosts);
         for i in 0..scenario.hosts {
             let zone = i % zones_n;
             let region = zones[zone].region;
@@ -353,7 +374,7 @@ impl<'a> Engine<'a> {
             zones[zone].core.join(&id, 0);
             let mut core = HostCore::new(
                 HostId {
-                    host_id: id.clone(),
+                    host_id: id,
                     region: format!("r{}", region + 1),
                     zone: zone_name(zone),
                 },
@@ -363,7 +384,6 @@ impl<'a> Engine<'a> {
             let none = [Snapshot::default()];
             core.start(start, &none);
             core.guard_tick(EPOCH_NS, &none);
-            host_index.insert(id, i as u32);
             // Half the hosts send twice the fleet's sheddable share, the others the rest, so the
             // split has to come from the whole scope's load, not each host's own.
             let sheddable = if i % 2 == 0 {
@@ -389,7 +409,15 @@ impl<'a> Engine<'a> {
                 for z in (0..zones_n).filter(|z| zones[*z].region == r) {
                     core.join(z as u64, &zone_name(z));
                 }
-                Region { core, alive: true }
+                if scenario.controller_failover.is_some() {
+                    // Controllers under a lease: the first leaders hold epoch 1.
+                    core.set_epoch(1);
+                }
+                Region {
+                    core,
+                    alive: true,
+                    leader_dead: false,
+                }
             })
             .collect();
         let store = (algorithm == Algorithm::CentralCounter)
@@ -424,7 +452,7 @@ impl<'a> Engine<'a> {
             in_flight_hosts: vec![Vec::new(); max_delay + 1],
             hosts,
             lanes,
-            host_index,
+            steps: Vec::new(),
             zones,
             regions,
             events: BinaryHeap::new(),
@@ -433,6 +461,7 @@ impl<'a> Engine<'a> {
             coin,
             store,
             control_bytes: 0,
+            failover: None,
         })
     }
 
@@ -463,6 +492,15 @@ impl<'a> Engine<'a> {
             {
                 lost_region = true;
                 self.lose_region(region);
+            }
+            if let Some(f) = s.controller_failover
+                && self.algorithm != Algorithm::CentralCounter
+            {
+                if self.failover.is_none() && t_s >= f.at_s {
+                    self.kill_leader(f.region, t_s);
+                } else if self.regions[f.region].leader_dead && t_s >= f.at_s + f.lease_ttl_s {
+                    self.take_over(f.region, now, t_s);
+                }
             }
             if let Some((host, at)) = s.host_leave
                 && !host_left
@@ -638,6 +676,7 @@ impl<'a> Engine<'a> {
             control_bytes: self.control_bytes,
             round_trips,
             measured_tiers: (self.algorithm != Algorithm::CentralCounter).then_some(measured_tiers),
+            failover: self.failover,
         }
     }
 
@@ -673,12 +712,14 @@ impl<'a> Engine<'a> {
     /// A host whose guard engaged says so at once: its surge report goes to its aggregator.
     fn guard_surges(&mut self, now: Nanos) {
         let mut reports = Vec::new();
+        let steps = &mut self.steps;
         for (i, host) in self.hosts.iter_mut().enumerate() {
             if !self.lanes.alive[i] {
                 continue;
             }
             if let Limiter::Drop(_) = host.limiter {
-                let steps = host.core.guard_tick(now, &[host.totals]);
+                steps.clear();
+                host.core.guard_tick_into(now, &[host.totals], steps);
                 apply(host, now, steps);
                 if let Some(report) = host.core.take_surge_report() {
                     reports.push((host.zone, report));
@@ -698,7 +739,10 @@ impl<'a> Engine<'a> {
             now,
             self.network.host_aggregator_ms,
             bytes,
-            Event::Report { zone, report },
+            Event::Report {
+                zone,
+                report: Box::new(report),
+            },
         );
     }
 
@@ -739,7 +783,7 @@ impl<'a> Engine<'a> {
             }
         }
         for r in 0..self.regions.len() {
-            if self.regions[r].alive {
+            if self.regions[r].alive && !self.regions[r].leader_dead {
                 let steps = self.regions[r].core.poll(now_ms);
                 self.region_steps(r, now, steps);
             }
@@ -747,7 +791,7 @@ impl<'a> Engine<'a> {
         for (i, host) in self.hosts.iter_mut().enumerate() {
             if self.lanes.alive[i] && now >= self.lanes.expires[i] {
                 let steps = host.core.expire_shares(now);
-                apply(host, now, steps);
+                apply(host, now, &steps);
                 self.lanes.expires[i] = host.core.shares_expire_at().unwrap_or(Nanos::MAX);
             }
         }
@@ -769,23 +813,27 @@ impl<'a> Engine<'a> {
                 if !self.regions[self.zones[zone].region].alive {
                     return;
                 }
-                let steps = self.zones[zone].core.on_report(now_ms, 0, report);
+                let steps = self.zones[zone].core.on_report(now_ms, 0, *report);
                 self.zone_steps(zone, now, steps);
             }
             Event::ZoneReport { zone, report } => {
                 let r = self.zones[zone].region;
-                if !self.regions[r].alive || self.control_down(now) {
+                if !self.regions[r].alive || self.regions[r].leader_dead || self.control_down(now) {
                     return;
                 }
                 let steps = self.regions[r]
                     .core
-                    .on_zone_report(zone as u64, report, now_ms);
+                    .on_zone_report(zone as u64, *report, now_ms);
                 self.region_steps(r, now, steps);
             }
             Event::PeerSums { region, sums } => {
-                if !self.regions[region].alive || self.control_down(now) {
+                if !self.regions[region].alive
+                    || self.regions[region].leader_dead
+                    || self.control_down(now)
+                {
                     return;
                 }
+                let sums = Arc::unwrap_or_clone(sums);
                 let steps = self.regions[region].core.on_peer_sums(sums, now_ms);
                 self.region_steps(region, now, steps);
             }
@@ -793,8 +841,26 @@ impl<'a> Engine<'a> {
                 if !self.regions[self.zones[zone].region].alive || self.control_down(now) {
                     return;
                 }
-                let steps = self.zones[zone].core.on_instructions(now_ms, instructions);
-                self.zone_steps(zone, now, steps);
+                if let Some(f) = &mut self.failover
+                    && f.reached_zone_s.is_none()
+                    && instructions
+                        .instructions
+                        .as_ref()
+                        .is_some_and(|i| i.epoch == f.epoch)
+                {
+                    f.reached_zone_s = Some((now - EPOCH_NS) as f64 / 1e9);
+                }
+                let mut sends = Vec::new();
+                self.zones[zone].core.on_instructions_with(
+                    now_ms,
+                    *instructions,
+                    |host, message| {
+                        if let Some(host) = host_index(host) {
+                            sends.push((host, message));
+                        }
+                    },
+                );
+                self.relay(now, sends);
             }
             Event::HostInstructions {
                 host: i,
@@ -809,10 +875,12 @@ impl<'a> Engine<'a> {
                     clock: now,
                     unix_ns: now,
                 };
-                let mut steps = host.core.on_instructions(at, instructions);
+                let steps = &mut self.steps;
+                steps.clear();
+                host.core.on_shared_instructions(at, &instructions, steps);
                 if let Some(HostStep::Rules { version, .. }) = steps.first() {
                     // The simulated hosts run the simulated rules, whatever their version.
-                    steps = host.core.rules_applied(at, *version, &self.rules.config);
+                    *steps = host.core.rules_applied(at, *version, &self.rules.config);
                 }
                 apply(host, now, steps);
                 if !matches!(host.limiter, Limiter::Central) {
@@ -833,22 +901,39 @@ impl<'a> Engine<'a> {
                         now,
                         self.network.aggregator_controller_ms,
                         bytes,
-                        Event::ZoneReport { zone: z, report },
+                        Event::ZoneReport {
+                            zone: z,
+                            report: Box::new(report),
+                        },
                     );
                 }
                 ZoneStep::Send { host, instructions } => {
-                    let Some(&host) = self.host_index.get(&host) else {
-                        continue;
-                    };
-                    let bytes = instructions.encoded_len() as u64;
-                    self.send(
-                        now,
-                        self.network.host_aggregator_ms,
-                        bytes,
-                        Event::HostInstructions { host, instructions },
-                    );
+                    if let Some(host) = host_index(&host) {
+                        self.relay(now, vec![(host, Arc::new(instructions))]);
+                    }
                 }
             }
+        }
+    }
+
+    /// Sends each host its instructions, in order; hosts that share a message share its size.
+    fn relay(&mut self, now: Nanos, sends: Vec<(u32, Arc<v1::Instructions>)>) {
+        let mut sized: Option<(*const v1::Instructions, u64)> = None;
+        for (host, instructions) in sends {
+            let bytes = match sized {
+                Some((at, bytes)) if std::ptr::eq(at, Arc::as_ptr(&instructions)) => bytes,
+                _ => {
+                    let bytes = instructions.encoded_len() as u64;
+                    sized = Some((Arc::as_ptr(&instructions), bytes));
+                    bytes
+                }
+            };
+            self.send(
+                now,
+                self.network.host_aggregator_ms,
+                bytes,
+                Event::HostInstructions { host, instructions },
+            );
         }
     }
 
@@ -858,6 +943,7 @@ impl<'a> Engine<'a> {
             match step {
                 RegionStep::Announce(sums) => {
                     let bytes = sums.encoded_len() as u64;
+                    let sums = Arc::new(sums);
                     for peer in 0..self.regions.len() {
                         if peer != r && self.regions[peer].alive {
                             self.send(
@@ -876,6 +962,15 @@ impl<'a> Engine<'a> {
                     member,
                     instructions,
                 } => {
+                    if let Some(f) = &mut self.failover
+                        && f.instructed_s.is_none()
+                        && instructions
+                            .instructions
+                            .as_ref()
+                            .is_some_and(|i| i.epoch == f.epoch)
+                    {
+                        f.instructed_s = Some((now - EPOCH_NS) as f64 / 1e9);
+                    }
                     let bytes = instructions.encoded_len() as u64;
                     self.send(
                         now,
@@ -883,7 +978,7 @@ impl<'a> Engine<'a> {
                         bytes,
                         Event::ZoneInstructions {
                             zone: member as usize,
-                            instructions,
+                            instructions: Box::new(instructions),
                         },
                     );
                 }
@@ -918,6 +1013,40 @@ impl<'a> Engine<'a> {
         self.zone_steps(zone, now, steps);
     }
 
+    /// The leading controller of region `r` dies: its aggregators' streams to it break, and its
+    /// peers hear no more from it.
+    fn kill_leader(&mut self, r: usize, t_s: f64) {
+        self.regions[r].leader_dead = true;
+        for zone in self.zones.iter_mut().filter(|z| z.region == r) {
+            zone.core.upstream_closed();
+        }
+        self.failover = Some(FailoverTrace {
+            killed_s: t_s,
+            epoch: self.regions[r].core.epoch() + 1,
+            ..FailoverTrace::default()
+        });
+    }
+
+    /// The standby of region `r` takes the lease at the next epoch: a controller that knows
+    /// nothing of the intervals before, to which the aggregators' streams open now.
+    fn take_over(&mut self, r: usize, now: Nanos, t_s: f64) {
+        let Some(failover) = &mut self.failover else {
+            return;
+        };
+        failover.led_s = t_s;
+        let now_ms = now / 1_000_000;
+        let mut core = RegionCore::new(format!("r{}", r + 1), self.rules.clone(), now_ms);
+        core.set_epoch(failover.epoch);
+        for (z, zone) in self.zones.iter_mut().enumerate() {
+            if zone.region == r {
+                core.join(z as u64, zone.core.zone());
+                zone.core.upstream_opened();
+            }
+        }
+        self.regions[r].core = core;
+        self.regions[r].leader_dead = false;
+    }
+
     /// Region `r` is gone: its hosts stop, its aggregators and controller fall silent, and the
     /// load they carried moves to the other regions (the weights of the live hosts).
     fn lose_region(&mut self, r: usize) {
@@ -935,8 +1064,13 @@ fn host_name(i: usize) -> String {
     format!("host-{i:05}")
 }
 
+/// The host of a name from [`host_name`].
+fn host_index(name: &str) -> Option<u32> {
+    name.strip_prefix("host-")?.parse().ok()
+}
+
 /// Applies a host core's steps to the host's limiter at `now`, as a client's link does.
-fn apply(host: &mut Host, now: Nanos, steps: Vec<HostStep>) {
+fn apply(host: &mut Host, now: Nanos, steps: &[HostStep]) {
     let limiter = match &host.limiter {
         Limiter::Drop(d) => SteeredLimiter::DropRatio(d),
         Limiter::Adaptive(bucket) => SteeredLimiter::Adaptive(bucket),

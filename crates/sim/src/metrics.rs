@@ -95,6 +95,7 @@ impl Metrics {
             Some(scenario.step_to_s),
             scenario.control_down.map(|(from, _)| from),
             scenario.region_loss.map(|(_, at)| at),
+            scenario.controller_failover.map(|f| f.at_s),
         ]
         .into_iter()
         .flatten()

@@ -63,6 +63,11 @@ pub fn table(results: &[RunResult]) -> String {
             );
         }
     }
+    for r in results {
+        if let Some(f) = r.trace.failover {
+            let _ = writeln!(out, "\n{}", failover_line(r, &f));
+        }
+    }
     if let Some(first) = results.first() {
         let n = &first.metrics.noise;
         let _ = writeln!(
@@ -211,4 +216,57 @@ impl Lines {
             .draw()?;
         Ok(())
     }
+}
+
+/// What a controller's failover did to a run: when the standby led and instructed, and the
+/// fleet's admitted rate against the limit in each second from the kill until two seconds after
+/// the new leader's instructions arrived, with the worst.
+pub fn failover_line(r: &RunResult, f: &crate::engine::FailoverTrace) -> String {
+    let limit = r.scenario.limit_rps;
+    let samples_per_s = (1.0 / crate::shape::SAMPLE_S).round() as usize;
+    let from = f.killed_s.floor() as usize;
+    let to = f
+        .reached_zone_s
+        .map_or(r.scenario.duration_s, |t| t + 2.0)
+        .min(r.scenario.duration_s)
+        .ceil() as usize;
+    let seconds: Vec<(usize, f64)> = (from..to)
+        .map(|s| {
+            let admitted: u64 = r
+                .trace
+                .samples
+                .iter()
+                .skip(s * samples_per_s)
+                .take(samples_per_s)
+                .map(|x| x.admitted)
+                .sum();
+            (s, admitted as f64 / limit)
+        })
+        .collect();
+    let worst = seconds
+        .iter()
+        .max_by(|a, b| (a.1 - 1.0).abs().total_cmp(&(b.1 - 1.0).abs()));
+    let when =
+        |t: Option<f64>| t.map_or("never".to_owned(), |t| format!("{:.2} s", t - f.killed_s));
+    let mut line = format!(
+        "{}: the leader died at {:.1} s; the standby led {:.2} s later at epoch {}, sent its first instructions {} after the death and they reached an aggregator {} after it. Admitted per second against the limit from the death on:",
+        r.algorithm.name(),
+        f.killed_s,
+        f.led_s - f.killed_s,
+        f.epoch,
+        when(f.instructed_s),
+        when(f.reached_zone_s),
+    );
+    for (s, part) in &seconds {
+        let _ = write!(line, " {s}-{} s {:.0}%;", s + 1, part * 100.0);
+    }
+    if let Some((s, part)) = worst {
+        let _ = write!(
+            line,
+            " the worst second {s}-{} s at {:.0}%.",
+            s + 1,
+            part * 100.0
+        );
+    }
+    line
 }

@@ -16,6 +16,19 @@ pub struct Burst {
     pub extra_rps: f64,
 }
 
+/// A region's leading controller dies and a standby takes its lease over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Failover {
+    /// The region (from 0) whose leader dies.
+    pub region: usize,
+    /// When it dies (killed: its streams break at once).
+    pub at_s: f64,
+    /// The lease's TTL: the standby leads this long after the leader's last renewal, at a
+    /// higher epoch (the leader renews four times per TTL, so its last renewal is taken to be
+    /// the instant it died, the longest takeover).
+    pub lease_ttl_s: f64,
+}
+
 /// A simulated fleet and what happens to it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
@@ -41,6 +54,8 @@ pub struct Scenario {
     /// This region (its hosts, aggregators and controller) is lost at this time; its load moves
     /// to the other regions.
     pub region_loss: Option<(usize, f64)>,
+    /// A region's leading controller dies and its standby takes over.
+    pub controller_failover: Option<Failover>,
     /// This host leaves at this time (its stream to the aggregator ends, as a sidecar's does when
     /// its instance stops); its load moves to the other hosts.
     pub host_leave: Option<(usize, f64)>,
@@ -55,7 +70,7 @@ pub struct Scenario {
 }
 
 /// The names of every scenario, in the order `--scenario all` runs them.
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "surge-15x",
     "overload-1.5x",
     "many-callers",
@@ -64,6 +79,7 @@ pub const NAMES: [&str; 8] = [
     "region-loss",
     "criticality",
     "sidecar-leaves",
+    "controller-failover",
 ];
 
 impl Scenario {
@@ -163,6 +179,27 @@ impl Scenario {
                 measure: (45.0, 70.0),
                 ..Scenario::base()
             },
+            // The leader of region 1 is killed under a 1.5x overload; its standby takes the lease
+            // after its TTL (3 s, the default with 1 s intervals) at the next epoch, while the
+            // hosts hold their last instructions (TTL 5 s).
+            "controller-failover" => Scenario {
+                name: "controller-failover",
+                about: "1.5x overload over 900 hosts; region 1's leading controller is killed at 35 s, its standby leads after the 3 s lease",
+                hosts: 900,
+                limit_rps: 10_000.0,
+                duration_s: 60.0,
+                base_rps: 8_000.0,
+                step_rps: 15_000.0,
+                step_from_s: 20.0,
+                step_to_s: 60.0,
+                controller_failover: Some(Failover {
+                    region: 0,
+                    at_s: 35.0,
+                    lease_ttl_s: 3.0,
+                }),
+                measure: (45.0, 60.0),
+                ..Scenario::base()
+            },
             // the same 1.5x overload, 40% of it sheddable. The third to drop is 5/6 of
             // the sheddable traffic, and no critical request.
             "criticality" => Scenario {
@@ -231,6 +268,7 @@ impl Scenario {
             burst: None,
             control_down: None,
             region_loss: None,
+            controller_failover: None,
             host_leave: None,
             measure: (0.0, 0.0),
             surge_guard: true,

@@ -237,3 +237,52 @@ fn a_host_that_leaves_costs_at_most_one_interval_of_under_admission() {
         assert!((0.95..1.05).contains(&f.steady), "seed {}: {f:?}", r.seed);
     }
 }
+
+#[test]
+fn a_killed_leader_is_replaced_at_the_next_epoch_and_its_hosts_hold_their_instructions_until_then()
+{
+    // Region 1's leader dies at 35 s under a 1.5x overload; its standby leads after the 3 s
+    // lease. Seeds 1-3 measured: the standby's first instructions left 3.8-4.1 s after the
+    // death (its first interval closed about a second after it led); every second from the
+    // death until then admitted 99-133% of the limit (the other regions stop counting the
+    // silent region after two intervals while its hosts hold their last ratio), and two
+    // seconds after they arrived 98-103%.
+    for r in runs("controller-failover", None, Algorithm::DropRatio, &[1, 2]) {
+        let f = r.trace.failover.expect("the scenario kills a leader");
+        assert_eq!((f.killed_s, f.led_s, f.epoch), (35.0, 38.0, 2));
+        let instructed = f.instructed_s.expect("the standby instructs");
+        assert!(
+            (38.0..40.0).contains(&instructed),
+            "seed {}: the new leader instructed at {instructed} s",
+            r.seed
+        );
+        let reached = f.reached_zone_s.expect("its instructions reach the zones");
+        assert!(reached >= instructed && reached < instructed + 0.1);
+        let second = |s: usize| -> f64 {
+            let admitted: u64 = r.trace.samples[s * 10..s * 10 + 10]
+                .iter()
+                .map(|x| x.admitted)
+                .sum();
+            admitted as f64 / r.scenario.limit_rps
+        };
+        // The hosts held their last instructions (TTL 5 s, from about 35 s): no second failed
+        // open, which would admit the whole 1.5x.
+        for s in 35..(reached.ceil() as usize) {
+            assert!(
+                (0.9..1.4).contains(&second(s)),
+                "seed {}: second {s} admitted {:.2} of the limit",
+                r.seed,
+                second(s)
+            );
+        }
+        let settled = reached.ceil() as usize + 2;
+        for s in settled..settled + 5 {
+            assert!(
+                (0.94..1.06).contains(&second(s)),
+                "seed {}: second {s} after the new leader admitted {:.2} of the limit",
+                r.seed,
+                second(s)
+            );
+        }
+    }
+}
