@@ -289,3 +289,82 @@ async fn malformed_or_truncated_usage_is_charged_the_default_and_counted() {
     let text = settled(&running, 500).await;
     assert_eq!(metric(&text, "spillway_cost_unreported_total"), 2, "{text}");
 }
+
+/// Script calls Redis has run (`EVAL` and `EVALSHA` that did not fail), from `INFO commandstats`.
+async fn script_calls(redis: &spillway_testkit::RedisServer) -> u64 {
+    let url = redis.url();
+    let addr = url.trim_start_matches("redis://").trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"INFO commandstats\r\n").await.unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "redis closed the connection");
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        if let Some((len, rest)) = text.strip_prefix('$').and_then(|t| t.split_once("\r\n"))
+            && rest.len() >= len.parse::<usize>().unwrap()
+        {
+            return rest
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+                .map(|l| {
+                    // Calls that ran: a first EVALSHA that finds no script fails, and EVAL follows.
+                    let field = |name: &str| {
+                        l.split([':', ','])
+                            .find_map(|kv| kv.strip_prefix(name)?.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    field("calls=") - field("failed_calls=") - field("rejected_calls=")
+                })
+                .sum();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_budget_costs_one_call_per_response_and_its_debt_is_shared() {
+    let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
+    let up = upstream().await;
+    let yaml = format!(
+        "version: 1\nredis: {{ url: \"{}\", timeout: 2s }}\n{}",
+        redis.url(),
+        budget(r#"{ response: "json:usage.total_tokens" }"#)
+            .trim_start_matches("version: 1\n")
+            .replace("algorithm: token-bucket", "algorithm: gcra, store: redis")
+    );
+    let (a, b) = (
+        proxy(&yaml, &format!("http://{up}")).await,
+        proxy(&yaml, &format!("http://{up}")).await,
+    );
+    let before = script_calls(&redis).await;
+    assert_eq!(
+        get(a.proxy.addr(), "/json/600", &[]).await.status,
+        StatusCode::OK
+    );
+    settled(&a, 600).await;
+    // B has debited nothing yet: it admits, and its debit finds 1200 of 1000 spent.
+    assert_eq!(
+        get(b.proxy.addr(), "/json/600", &[]).await.status,
+        StatusCode::OK
+    );
+    settled(&b, 600).await;
+    let refused = get(b.proxy.addr(), "/json/1", &[]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((723..=725).contains(&retry), "201 tokens at 3.6 s: {retry}");
+    // A learns of the debt with its next debit: the overspend is bounded by what each proxy
+    // admits before its own debit comes back.
+    assert_eq!(
+        get(a.proxy.addr(), "/json/100", &[]).await.status,
+        StatusCode::OK
+    );
+    settled(&a, 700).await;
+    assert_eq!(
+        get(a.proxy.addr(), "/json/1", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // One script call per response, none at admission.
+    assert_eq!(script_calls(&redis).await - before, 3);
+}
