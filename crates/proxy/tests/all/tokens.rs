@@ -92,7 +92,12 @@ async fn upstream() -> SocketAddr {
                     }
                 }
                 let head = String::from_utf8_lossy(&head);
-                let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                let mut path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                // `/slow/...`: answered 20 ms late, so that requests overlap in flight.
+                if let Some(rest) = path.strip_prefix("/slow") {
+                    path = rest.to_owned();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 let _ = stream.write_all(&answer(&path)).await;
                 let _ = stream.shutdown().await;
             });
@@ -367,4 +372,50 @@ async fn a_redis_budget_costs_one_call_per_response_and_its_debt_is_shared() {
     );
     // One script call per response, none at admission.
     assert_eq!(script_calls(&redis).await - before, 3);
+}
+
+/// How far a budget is overspent: 8 clients, each with one request of 100 tokens in flight at
+/// a time (answered 20 ms late), spend a budget of 1000 until refused. Only requests admitted
+/// while the bucket was not yet in debt overspend, so the debited total stays within the budget
+/// plus one request per client in flight (plus the ~0.3 token an hour's refill gives back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overspend_is_bounded_by_the_requests_in_flight() {
+    const CLIENTS: u64 = 8;
+    const COST: u64 = 100;
+    let up = upstream().await;
+    let running = proxy(
+        &budget(r#"{ response: "json:usage.total_tokens" }"#),
+        &format!("http://{up}"),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u64;
+            // Bounded: the budget holds 10 requests' worth, so each client is refused long before.
+            for _ in 0..100 {
+                match get(addr, "/slow/json/100", &[]).await.status {
+                    StatusCode::OK => admitted += 1,
+                    StatusCode::TOO_MANY_REQUESTS => break,
+                    other => panic!("unexpected status {other}"),
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    settled(&running, admitted * COST).await;
+    let spent = admitted * COST;
+    eprintln!(
+        "budget 1000, {CLIENTS} clients of {COST}: {admitted} admitted, {spent} tokens spent"
+    );
+    assert!(spent >= 1000, "the budget is spent whole: {spent}");
+    assert!(
+        spent <= 1000 + CLIENTS * COST,
+        "overspend beyond the requests in flight: {spent}"
+    );
 }
