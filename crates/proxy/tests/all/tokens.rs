@@ -419,3 +419,28 @@ async fn the_overspend_is_bounded_by_the_requests_in_flight() {
         "overspend beyond the requests in flight: {spent}"
     );
 }
+
+#[tokio::test]
+async fn a_per_user_budget_puts_only_that_user_into_debt() {
+    let up = upstream().await;
+    let running = proxy(
+        &config(&[
+            r#"{ name: tokens, match: { user: "*" }, limit: 1000/h, algorithm: token-bucket, cost: { response: "json:usage.total_tokens" } }"#,
+        ]),
+        &format!("http://{up}"),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    let (alice, bob) = ([("x-user-id", "alice")], [("x-user-id", "bob")]);
+    assert_eq!(get(addr, "/json/1500", &alice).await.status, StatusCode::OK);
+    settled(&running, 1500).await;
+    assert_eq!(
+        get(addr, "/json/1", &alice).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let fresh = get(addr, "/json/10", &bob).await;
+    assert_eq!(fresh.status, StatusCode::OK);
+    assert_eq!(remaining(&fresh), 1000);
+    settled(&running, 1510).await;
+    assert_eq!(remaining(&get(addr, "/json/1", &bob).await), 990);
+}
