@@ -353,3 +353,14 @@ fn the_schema_describes_a_response_cost() {
     assert_eq!(response["additionalProperties"], serde_json::json!(false));
     assert!(response["properties"]["weights"].is_object());
 }
+
+#[test]
+fn the_token_budget_example_loads() {
+    let config = example("token-budget.yaml");
+    let bucket = &config.services[0].buckets[0];
+    let Cost::Response(cost) = &bucket.cost else {
+        panic!("a response cost expected");
+    };
+    assert_eq!(cost.fallback(), 2000);
+    assert_eq!(bucket.algorithm, Algorithm::TokenBucket);
+}
