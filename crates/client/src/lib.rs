@@ -48,6 +48,7 @@
 #![forbid(unsafe_code)]
 
 mod acquire;
+pub mod budget;
 mod client;
 pub mod control;
 mod descriptors;
@@ -68,6 +69,7 @@ mod subjects;
 mod watch;
 
 pub use acquire::AcquireError;
+pub use budget::{Charge, Charges, ResponseCost, Settled};
 pub use client::{BucketStats, Client};
 pub use descriptors::{DescriptorCheck, DescriptorStatus, DescriptorStep, UNLIMITED_REMAINING};
 pub use error::{ClientError, InstructionError};

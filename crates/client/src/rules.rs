@@ -18,6 +18,7 @@ use spillway_core::limit::Limit;
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
 
+use crate::budget::{BudgetCounters, Charge, Charges, ResponseCost};
 use crate::error::ClientError;
 use crate::identity::{Headers, IdentityExtractor};
 use crate::store::{ExactBucket, ExactStore, RedisKey};
@@ -44,6 +45,12 @@ pub(crate) struct BucketState {
     pub(crate) limiters: Limiters,
     /// When the current drop-ratio instruction expires (0: none), to count expiries.
     pub(crate) instruction_expires: AtomicU64,
+    /// A token budget's settled costs.
+    pub(crate) budget: BudgetCounters,
+    /// A `store: redis` token budget: until when the shared bucket is in debt, as the last
+    /// settlement's Redis call told (0: not in debt). Admissions before then are refused here,
+    /// without asking Redis.
+    pub(crate) owed_until: AtomicU64,
 }
 
 /// How a request's cost is found.
@@ -51,6 +58,8 @@ pub(crate) struct BucketState {
 enum CompiledCost {
     Fixed(u64),
     Header(HeaderName, u64),
+    /// Reported by the response; the request reserves the estimate.
+    Response(Arc<ResponseCost>),
 }
 
 /// One bucket of the snapshot.
@@ -103,7 +112,21 @@ impl CompiledBucket {
                 .header(name)
                 .and_then(|v| v.trim().parse::<NonZeroU64>().ok())
                 .map_or(*default, NonZeroU64::get),
+            CompiledCost::Response(cost) => cost.estimate.max(1),
         }
+    }
+
+    /// The bucket's response cost, when the response reports it (a token budget).
+    pub fn response_cost(&self) -> Option<&ResponseCost> {
+        match &self.cost {
+            CompiledCost::Response(cost) => Some(cost),
+            _ => None,
+        }
+    }
+
+    /// A token budget's settled costs (zero for other buckets).
+    pub fn budget(&self) -> &BudgetCounters {
+        &self.state.budget
     }
 
     fn verdict(&self, now: Nanos, attrs: &RequestAttrs<'_>, cost: u64) -> Verdict {
@@ -252,6 +275,8 @@ impl Rules {
                     _ => Arc::new(BucketState {
                         limiters: build(&service.name, bucket, max_subjects)?,
                         instruction_expires: AtomicU64::new(0),
+                        budget: BudgetCounters::default(),
+                        owed_until: AtomicU64::new(0),
                     }),
                 };
                 let counters = old.map_or_else(Default::default, |old| old.counters.clone());
@@ -283,6 +308,15 @@ impl Rules {
                         Cost::Header(h) => match HeaderName::from_bytes(h.header.as_bytes()) {
                             Ok(name) => CompiledCost::Header(name, h.default.get()),
                             Err(_) => CompiledCost::Fixed(h.default.get()),
+                        },
+                        Cost::Response(r) => match ResponseCost::compile(
+                            service_name.clone(),
+                            &bucket.name,
+                            bucket.limit,
+                            r,
+                        ) {
+                            Some(cost) => CompiledCost::Response(Arc::new(cost)),
+                            None => CompiledCost::Fixed(r.fallback()),
                         },
                     },
                     rate,
@@ -387,16 +421,35 @@ impl Rules {
     /// Buckets are charged in order, and one that admits is not refunded when a later one drops:
     /// the overlap is usually a broad bucket and a narrow one, and the broad one then counts
     /// traffic that was offered to it, which is what the control plane wants to see.
+    ///
+    /// A token budget (a bucket whose response reports its cost) is admitted here and its
+    /// charge dropped, so only its estimate is ever taken; use [`Rules::begin_charged`] to
+    /// settle what the response reports.
     pub fn begin<H: Headers + ?Sized>(
         &self,
         now: Nanos,
         attrs: &RequestAttrs<'_>,
         headers: &H,
     ) -> Step {
+        self.begin_charged(now, attrs, headers, &mut Charges::new())
+    }
+
+    /// Like [`Rules::begin`], and adds to `charges` each token budget the request was admitted
+    /// against (or forwarded past in shadow mode), for the caller to settle with the cost its
+    /// response reports ([`Charge::settle`]), or to cancel if the request is not forwarded
+    /// after all. A budget in `store: redis` costs no Redis call here: it is refused only while
+    /// the last settlement on this proxy found the shared bucket in debt.
+    pub fn begin_charged<H: Headers + ?Sized>(
+        &self,
+        now: Nanos,
+        attrs: &RequestAttrs<'_>,
+        headers: &H,
+        charges: &mut Charges,
+    ) -> Step {
         MATCHES.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut matches) => self.decide_with(now, attrs, headers, &mut matches),
+            Ok(mut matches) => self.decide_with(now, attrs, headers, &mut matches, charges),
             // Only reachable if a decision re-entered itself; a fresh buffer keeps it correct.
-            Err(_) => self.decide_with(now, attrs, headers, &mut Matches::new()),
+            Err(_) => self.decide_with(now, attrs, headers, &mut Matches::new(), charges),
         })
     }
 
@@ -432,12 +485,31 @@ impl Rules {
         attrs: &RequestAttrs<'_>,
         headers: &H,
         matches: &mut Matches,
+        charges: &mut Charges,
     ) -> Step {
         self.matcher.find(attrs, matches);
         let mut decision = Decision::Allow;
         let mut checks = Vec::new();
         for id in matches.iter() {
             let bucket = &self.buckets[id.index()];
+            if let CompiledCost::Response(cost) = &bucket.cost {
+                let Some((verdict, charge)) = self.admit_owing(bucket, cost, now, attrs) else {
+                    continue;
+                };
+                let forwarded = verdict.is_allow() || bucket.mode == Mode::Shadow || bucket.trial;
+                decision = decision.combine(bucket.record_tier(id, verdict, attrs.criticality));
+                if forwarded {
+                    charges.push(Charge {
+                        reserved: if verdict.is_allow() {
+                            charge.reserved
+                        } else {
+                            0
+                        },
+                        ..charge
+                    });
+                }
+                continue;
+            }
             if let Limiters::Exact(exact) = &bucket.state.limiters {
                 let key = match exact.subject() {
                     None => None,
@@ -466,6 +538,62 @@ impl Rules {
                 tier: attrs.criticality,
             })
         }
+    }
+
+    /// Admits a request against a token budget: its verdict, and the charge to settle if it
+    /// is forwarded. `None` for a per-subject budget the request carries no subject of.
+    fn admit_owing(
+        &self,
+        bucket: &CompiledBucket,
+        cost: &Arc<ResponseCost>,
+        now: Nanos,
+        attrs: &RequestAttrs<'_>,
+    ) -> Option<(Verdict, Charge)> {
+        let estimate = cost.estimate;
+        let mut subject = None;
+        let (verdict, quota) = match &bucket.state.limiters {
+            Limiters::Shared(limiter) => (
+                limiter.admit_owing(now, estimate),
+                limiter.quota(now, bucket.rate),
+            ),
+            Limiters::PerSubject(kind, map) => {
+                let value = attrs.subject(*kind)?;
+                subject = Some(value.into());
+                map.admit_owing_quota(value, now, estimate)
+            }
+            Limiters::Exact(_) => {
+                let until = bucket.state.owed_until.load(Ordering::Relaxed);
+                let verdict = if now < until {
+                    Verdict::Deny {
+                        retry_after: std::time::Duration::from_nanos(until - now),
+                    }
+                } else {
+                    Verdict::Allow
+                };
+                let quota = spillway_core::algo::Quota {
+                    remaining: if now < until { 0 } else { bucket.rate.count() },
+                    reset: std::time::Duration::from_nanos(until.saturating_sub(now)),
+                };
+                (verdict, quota)
+            }
+            Limiters::PerValue(_) => return None,
+        };
+        Some((
+            verdict,
+            Charge {
+                cost: cost.clone(),
+                state: bucket.state.clone(),
+                subject,
+                reserved: if matches!(bucket.state.limiters, Limiters::Exact(_)) {
+                    0
+                } else {
+                    estimate
+                },
+                quota,
+                #[cfg(feature = "redis")]
+                store: self.store.clone(),
+            },
+        ))
     }
 
     /// Calls `visit` with each bucket a request with these attributes matches (a candidate's

@@ -128,6 +128,20 @@ impl ExactStore {
         (guarded.verdict, guarded.remaining)
     }
 
+    /// Debits `cost` units a response reported from a token budget in Redis: one script call
+    /// through the breaker. How long the shared bucket is in debt, `None` when Redis could
+    /// not take the debit.
+    pub(crate) async fn debit(
+        &self,
+        bucket: &ExactBucket,
+        cost: u64,
+    ) -> Option<std::time::Duration> {
+        self.guarded
+            .debit(bucket.key(), bucket.algo(), cost)
+            .await
+            .map(|debit| debit.owed)
+    }
+
     /// What `policy` answers without asking Redis.
     pub(crate) fn policy_verdict(&self, policy: FailurePolicy) -> Verdict {
         self.guarded.policy_verdict(policy)

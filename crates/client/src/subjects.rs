@@ -80,6 +80,24 @@ impl SubjectLimiter {
         }
     }
 
+    /// Decides `cost`, or with `owing` admits a request whose response reports its cost.
+    fn decide_as(&self, now: Nanos, cost: u64, owing: bool) -> Verdict {
+        match (self, owing) {
+            (SubjectLimiter::TokenBucket(a), true) => a.admit_owing(now, cost),
+            (SubjectLimiter::Gcra(a), true) => a.admit_owing(now, cost),
+            (other, true) => other.decide(now, cost.max(1)),
+            (other, false) => other.decide(now, cost),
+        }
+    }
+
+    fn settle(&self, now: Nanos, reserved: u64, actual: u64) {
+        match self {
+            SubjectLimiter::TokenBucket(a) => a.settle(now, reserved, actual),
+            SubjectLimiter::Gcra(a) => a.settle(now, reserved, actual),
+            _ => {}
+        }
+    }
+
     fn quota(&self, now: Nanos) -> Quota {
         match self {
             SubjectLimiter::TokenBucket(a) => a.quota(now),
@@ -175,14 +193,45 @@ impl SubjectMap {
 
     /// Decides a request of `subject`; allocates only for a subject not seen while it was active.
     pub(crate) fn decide(&self, subject: &str, now: Nanos, cost: u64) -> Verdict {
-        self.decide_then(subject, now, cost, |_| ()).0
+        self.decide_then(subject, now, (cost, false), |_| ()).0
+    }
+
+    /// Admits a request of `subject` whose response reports its cost (reserving `estimate`),
+    /// with what the subject's limiter holds right after.
+    pub(crate) fn admit_owing_quota(
+        &self,
+        subject: &str,
+        now: Nanos,
+        estimate: u64,
+    ) -> (Verdict, Quota) {
+        let (verdict, quota) = self.decide_then(subject, now, (estimate, true), |l| l.quota(now));
+        let quota = quota.unwrap_or(Quota {
+            remaining: self.rate.count(),
+            reset: std::time::Duration::ZERO,
+        });
+        (verdict, quota)
+    }
+
+    /// Settles what a response of `subject` reported against what it reserved. A subject
+    /// evicted meanwhile (idle so long its limiter was as good as new) is not brought back.
+    pub(crate) fn settle(&self, subject: &str, now: Nanos, reserved: u64, actual: u64) {
+        let mut hex = [0; 64];
+        let subject = subject_key(subject, &mut hex);
+        let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
+        let mut shard = shard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(slot) = shard.get_mut(subject) {
+            slot.last_seen = slot.last_seen.max(now);
+            slot.limiter.settle(now, reserved, actual);
+        }
     }
 
     /// Like [`SubjectMap::decide`], with what the subject's limiter still admits right after
     /// (read under the same lock, so no other request of the subject comes between). A subject
     /// admitted without a limiter because the map is full has the whole limit left.
     pub(crate) fn decide_quota(&self, subject: &str, now: Nanos, cost: u64) -> (Verdict, Quota) {
-        let (verdict, quota) = self.decide_then(subject, now, cost, |l| l.quota(now));
+        let (verdict, quota) = self.decide_then(subject, now, (cost, false), |l| l.quota(now));
         let quota = quota.unwrap_or(Quota {
             remaining: self.rate.count(),
             reset: std::time::Duration::ZERO,
@@ -194,7 +243,7 @@ impl SubjectMap {
         &self,
         subject: &str,
         now: Nanos,
-        cost: u64,
+        (cost, owing): (u64, bool),
         then: impl FnOnce(&SubjectLimiter) -> T,
     ) -> (Verdict, Option<T>) {
         let mut hex = [0; 64];
@@ -205,7 +254,7 @@ impl SubjectMap {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(slot) = shard.get_mut(subject) {
             slot.last_seen = now;
-            let verdict = slot.limiter.decide(now, cost);
+            let verdict = slot.limiter.decide_as(now, cost, owing);
             return (verdict, Some(then(&slot.limiter)));
         }
         if self.len.load(Ordering::Relaxed) >= self.max {
@@ -221,7 +270,7 @@ impl SubjectMap {
             // admitting is the fault-free answer (the proxy never turns its fault into a drop).
             return (Verdict::Allow, None);
         };
-        let verdict = limiter.decide(now, cost);
+        let verdict = limiter.decide_as(now, cost, owing);
         let after = then(&limiter);
         shard.insert(
             subject.into(),

@@ -237,6 +237,32 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
         "Requests of new subjects admitted without a limiter because the bucket's subject map was full",
         overflow,
     );
+    let unreported = Family::<Labels, Counter>::default();
+    let debited = Family::<Labels, Counter>::default();
+    for bucket in client.rules().buckets() {
+        if bucket.response_cost().is_some() {
+            let labels = vec![
+                ("service", bucket.service().to_owned()),
+                ("bucket", bucket.name().to_owned()),
+            ];
+            unreported
+                .get_or_create(&labels)
+                .inc_by(bucket.budget().unreported());
+            debited
+                .get_or_create(&labels)
+                .inc_by(bucket.budget().debited());
+        }
+    }
+    registry.register(
+        "spillway_cost_unreported",
+        "Responses of token budgets that reported no readable cost (missing, malformed, cut short, compressed) and were charged the bucket's default",
+        unreported,
+    );
+    registry.register(
+        "spillway_cost_debited",
+        "Units debited from token budgets when their responses ended (reported costs and defaults)",
+        debited,
+    );
     let connected = Gauge::<i64>::default();
     let ttl = client.rules().config().control.instruction_ttl;
     connected.set(link.map_or(0, |l| i64::from(control_plane_live(l, ttl))));

@@ -66,6 +66,42 @@ fn header(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
+/// The token-budget headers of a forwarded response: `x-ratelimit-remaining-tokens` (the least
+/// any budget the request was admitted against still holds, the request's estimate taken) and
+/// the IETF `ratelimit-policy` and `ratelimit` fields of that budget. The upstream's own fields
+/// of those names are replaced.
+pub fn budget_headers(headers: &mut HeaderMap, charges: &spillway_client::Charges) {
+    let Some(charge) = charges.iter().min_by_key(|c| c.quota().remaining) else {
+        return;
+    };
+    let quota = charge.quota();
+    let cost = charge.cost();
+    let limit = cost.limit();
+    let (q, w) = if limit.period < Duration::from_secs(1) {
+        (limit.per_second().round().max(1.0) as u64, 1)
+    } else {
+        let w = limit.period.as_secs() + u64::from(limit.period.subsec_nanos() > 0);
+        (limit.count.get(), w)
+    };
+    let name = cost.bucket();
+    headers.insert(
+        "x-ratelimit-remaining-tokens",
+        HeaderValue::from(quota.remaining),
+    );
+    headers.insert(
+        "ratelimit-policy",
+        header(&format!("\"{name}\";q={q};w={w}")),
+    );
+    headers.insert(
+        "ratelimit",
+        header(&format!(
+            "\"{name}\";r={};t={}",
+            quota.remaining,
+            spillway_client::budget::reset_secs(quota)
+        )),
+    );
+}
+
 /// The answer to a request that `bucket` dropped.
 pub fn dropped(
     bucket: &CompiledBucket,

@@ -24,6 +24,7 @@ use crate::pause::Answering;
 use crate::request_id::{self, REQUEST_ID};
 use crate::shared::Shared;
 use crate::upgrade::{Ask, upgrade_asked};
+use crate::usage::Meter;
 
 /// What every request a worker serves needs: the proxy's shared state, the worker's upstream,
 /// which forwarding fields to add, and the drain deadline's signal.
@@ -40,6 +41,9 @@ pub(crate) struct Requests {
 /// answered until it has been sent whole ([`crate::pause::Answers`]).
 pub(crate) struct Body {
     inner: Either<Relay, Full<Bytes>>,
+    /// The token budgets the response's cost is read for, settled when the body ends or is
+    /// dropped; `None` for every response of a request that matched none.
+    meter: Option<Box<Meter>>,
     _answering: Answering,
 }
 
@@ -51,7 +55,16 @@ impl hyper::body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(meter) = &mut this.meter {
+            match &polled {
+                Poll::Ready(Some(Ok(frame))) => meter.frame(frame),
+                Poll::Ready(None) | Poll::Ready(Some(Err(_))) => meter.finish(),
+                Poll::Pending => {}
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -112,6 +125,7 @@ pub(crate) async fn handle(
     let id = shared.request_ids.of(request.headers_mut());
     let counted = |answering, inner| Body {
         inner,
+        meter: None,
         _answering: answering,
     };
     // The proxy's own answers name the request, so a client can quote it.
@@ -149,6 +163,7 @@ pub(crate) async fn handle(
     };
     // The buckets an upgrade's handshake matches, named for counting its tunnel by bucket.
     let mut upgrade_buckets = Vec::new();
+    let mut charges = spillway_client::Charges::new();
     let (step, tier) = {
         // The normalised path lives here, on the stack, only until the decision has begun.
         let mut buffer = spillway_client::PathBuffer::new();
@@ -174,7 +189,7 @@ pub(crate) async fn handle(
             });
         }
         (
-            rules.begin(shared.client.now(), &attrs, request.headers()),
+            rules.begin_charged(shared.client.now(), &attrs, request.headers(), &mut charges),
             attrs.criticality,
         )
     };
@@ -189,6 +204,7 @@ pub(crate) async fn handle(
     } = decision
         && let Some(bucket) = rules.bucket(bucket)
     {
+        charges.cancel(shared.client.now());
         return own(answering, answer::dropped(bucket, retry_after, grpc));
     }
     // What a hop behind the proxy sees is the tier applied, not an untrusted claim.
@@ -198,7 +214,10 @@ pub(crate) async fn handle(
     drop(rules);
     let permit = match shared.concurrency.try_acquire(tier) {
         Ok(permit) => permit,
-        Err(rejected) => return own(answering, answer::overloaded(&rejected, grpc)),
+        Err(rejected) => {
+            charges.cancel(shared.client.now());
+            return own(answering, answer::overloaded(&rejected, grpc));
+        }
     };
     forwarded(request.headers_mut(), &peer, requests.forwarded);
     let sent = std::time::Instant::now();
@@ -212,6 +231,7 @@ pub(crate) async fn handle(
             .instrument(tracing::debug_span!("request", request_id = request_id::text(&id))) => forwarded,
         _ = cut.wait_for(|cut| *cut) => {
             shared.drain_cut.fetch_add(1, Ordering::Relaxed);
+            charges.cancel(shared.client.now());
             tracing::warn!(
                 request_id = request_id::text(&id),
                 "a request still waiting on the upstream at the drain deadline was answered 503"
@@ -221,9 +241,20 @@ pub(crate) async fn handle(
     };
     // The round trip to the response's head is the algorithm's sample; a refusal of the
     // client's fault or an upgrade says nothing about the upstream's load and only frees its place.
+    // What the upstream answered is charged when its body ends; a request it never answered
+    // (or the proxy answered) gives back what it reserved.
+    let mut meter = None;
     let response = match forwarded {
-        Ok(Forwarded::Answer(response)) => {
+        Ok(Forwarded::Answer(mut response)) => {
             permit.completed(sent.elapsed());
+            if !charges.is_empty() {
+                answer::budget_headers(response.headers_mut(), &charges);
+                meter = Some(Box::new(Meter::new(
+                    shared.clone(),
+                    std::mem::take(&mut charges).into_vec(),
+                    response.headers(),
+                )));
+            }
             response.map(Either::Left)
         }
         Ok(Forwarded::Refused(refusal, response)) => {
@@ -290,5 +321,12 @@ pub(crate) async fn handle(
             answer.map(Either::Right)
         }
     };
-    Ok(response.map(|body| counted(answering, body)))
+    // Not the upstream's answer (an upgrade, a refusal, a failure): nothing to charge but
+    // the reservation back.
+    charges.cancel(shared.client.now());
+    Ok(response.map(|body| Body {
+        inner: body,
+        meter,
+        _answering: answering,
+    }))
 }

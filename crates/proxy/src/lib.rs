@@ -31,6 +31,7 @@ pub mod request_id;
 mod server;
 mod shared;
 mod upgrade;
+mod usage;
 mod worker;
 
 pub use admin::EngineView;

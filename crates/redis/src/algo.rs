@@ -141,6 +141,26 @@ impl ExactAlgo {
     }
 }
 
+impl ExactAlgo {
+    /// The arguments of the debit script for `cost` units: the meter's interval in microseconds
+    /// and what it holds (a token bucket's capacity, GCRA's burst).
+    pub(crate) fn debit_args(&self, cost: u64) -> Vec<String> {
+        let rate = self.rate();
+        let ns = rate.emission_interval_ns();
+        let held = match *self {
+            ExactAlgo::TokenBucket { capacity, .. } => capacity.get(),
+            ExactAlgo::Gcra { burst, .. } => burst.get(),
+            ExactAlgo::LeakyBucket { burst, .. } => burst.max(1),
+            _ => rate.count(),
+        };
+        vec![
+            format!("{}.{:03}", ns / 1_000, ns % 1_000),
+            held.to_string(),
+            cost.to_string(),
+        ]
+    }
+}
+
 fn nonzero(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
 }

@@ -11,7 +11,7 @@ use crate::algo::ExactAlgo;
 use crate::breaker::{BreakerConfig, BreakerStep, CallOutcome, CircuitBreaker};
 use crate::key::RedisKey;
 use crate::limiter::ExactError;
-use crate::limiter::{RedisLimiter, ScriptAnswer};
+use crate::limiter::{Debit, RedisLimiter, ScriptAnswer};
 
 /// Why a decision did not come from Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +134,24 @@ impl GuardedLimiter {
                 breaker.record_failure(permit, outcome(&e), &e, Instant::now());
                 self.ensure_prober();
                 Err(Fallback::StoreFailed)
+            }
+        }
+    }
+
+    /// [`RedisLimiter::debit`] through the breaker; `None` when Redis could not take it (the
+    /// debit is then lost, and the bucket's debt is what other debits made it).
+    pub async fn debit(&self, key: &RedisKey, algo: &ExactAlgo, cost: u64) -> Option<Debit> {
+        let breaker = self.breaker();
+        let permit = breaker.permit()?;
+        match self.limiter().debit(key, algo, cost).await {
+            Ok(debit) => {
+                breaker.record(permit, CallOutcome::Success, Instant::now());
+                Some(debit)
+            }
+            Err(e) => {
+                breaker.record_failure(permit, outcome(&e), &e, Instant::now());
+                self.ensure_prober();
+                None
             }
         }
     }

@@ -133,6 +133,6 @@ pub use breaker::{
 pub use endpoint::RedisEndpoint;
 pub use guarded::{Fallback, Guarded, GuardedLimiter};
 pub use key::RedisKey;
-pub use limiter::{ExactError, RedisLimiter, ScriptAnswer, StoreOptions};
+pub use limiter::{Debit, ExactError, RedisLimiter, ScriptAnswer, StoreOptions};
 pub use password::{PASSWORD_ENV, Password, PasswordError};
 pub use script::ScriptKind;

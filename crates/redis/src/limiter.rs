@@ -70,6 +70,14 @@ pub struct ScriptAnswer {
 }
 
 /// Decides requests of exact buckets in one Redis endpoint.
+/// What a token budget's debit left: how long until one unit has room again (zero when the
+/// bucket is not in debt), and the units still held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debit {
+    pub owed: Duration,
+    pub remaining: u64,
+}
+
 pub struct RedisLimiter {
     endpoint: Endpoint,
     timeout: Duration,
@@ -152,6 +160,33 @@ impl RedisLimiter {
         want: u64,
     ) -> Result<ScriptAnswer, ExactError> {
         self.bounded(self.call(key, algo, cost, want)).await
+    }
+
+    /// Debits `cost` units a response reported from the token budget at `key`, whatever it
+    /// holds: one call of the debit script. Answers how long the bucket is in debt.
+    pub async fn debit(
+        &self,
+        key: &RedisKey,
+        algo: &ExactAlgo,
+        cost: u64,
+    ) -> Result<Debit, ExactError> {
+        self.bounded(async {
+            let mut con = self.endpoint.connection().await?;
+            let reply = ScriptKind::Debit
+                .run(&mut con, &[key.as_str()], &algo.debit_args(cost))
+                .await?;
+            match reply.as_slice() {
+                [owed, remaining] => Ok(Debit {
+                    owed: Duration::from_micros(u64::try_from(*owed).unwrap_or(0)),
+                    remaining: u64::try_from(*remaining).unwrap_or(0),
+                }),
+                _ => Err(ExactError::BadReply {
+                    script: ScriptKind::Debit,
+                    reply,
+                }),
+            }
+        })
+        .await
     }
 
     /// Runs `call` within the timeout, dropping the connection when the failure says so.

@@ -18,6 +18,8 @@ pub enum ScriptKind {
     SlidingWindowLog,
     SlidingWindowCounter,
     Gcra,
+    /// A token budget's debit after its response (`lua/debit.lua`).
+    Debit,
 }
 
 /// A script's source and the SHA-1 of it that `EVALSHA` names it by, computed on first use.
@@ -41,6 +43,7 @@ static FIXED_WINDOW: Script = Script::new(include_str!("lua/fixed_window.lua"));
 static SLIDING_LOG: Script = Script::new(include_str!("lua/sliding_log.lua"));
 static SLIDING_COUNTER: Script = Script::new(include_str!("lua/sliding_counter.lua"));
 static GCRA: Script = Script::new(include_str!("lua/gcra.lua"));
+static DEBIT: Script = Script::new(include_str!("lua/debit.lua"));
 
 impl ScriptKind {
     /// The script of each algorithm, named by the algorithm rather than by a position, so that
@@ -53,6 +56,7 @@ impl ScriptKind {
             ScriptKind::SlidingWindowLog => &SLIDING_LOG,
             ScriptKind::SlidingWindowCounter => &SLIDING_COUNTER,
             ScriptKind::Gcra => &GCRA,
+            ScriptKind::Debit => &DEBIT,
         }
     }
 
@@ -94,13 +98,14 @@ impl ScriptKind {
 mod tests {
     use super::*;
 
-    const ALL: [ScriptKind; 6] = [
+    const ALL: [ScriptKind; 7] = [
         ScriptKind::TokenBucket,
         ScriptKind::LeakyBucket,
         ScriptKind::FixedWindow,
         ScriptKind::SlidingWindowLog,
         ScriptKind::SlidingWindowCounter,
         ScriptKind::Gcra,
+        ScriptKind::Debit,
     ];
 
     /// How each script's opening comment names the algorithm it implements.
@@ -112,6 +117,7 @@ mod tests {
             ScriptKind::SlidingWindowLog => "-- Sliding-window log",
             ScriptKind::SlidingWindowCounter => "-- Sliding-window counter:",
             ScriptKind::Gcra => "-- GCRA,",
+            ScriptKind::Debit => "-- Debit of a token budget",
         }
     }
 

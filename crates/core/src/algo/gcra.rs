@@ -91,6 +91,54 @@ impl Meter {
         }
     }
 
+    /// Admits a request whose cost its response will report: `estimate` units are reserved as
+    /// [`Meter::decide`] would charge them, and without an estimate the request needs only one
+    /// unit's room (the bucket is not empty and not in debt) and charges nothing yet. A bucket
+    /// in debt refuses until refill has paid the debt back.
+    #[inline]
+    pub(crate) fn admit_owing(&self, now: Nanos, estimate: u64) -> Verdict {
+        if estimate > 0 {
+            return self.decide(now, estimate);
+        }
+        let tat = self.tat.load(Ordering::Relaxed);
+        let reach = (tat.max(now) - now).saturating_add(self.interval);
+        if reach > self.tolerance {
+            deny_after(reach - self.tolerance)
+        } else {
+            Verdict::Allow
+        }
+    }
+
+    /// Settles a request admitted by [`Meter::admit_owing`] that reserved `reserved` units and
+    /// turned out to cost `actual`: the difference is debited whatever the bucket holds (so it
+    /// may go into debt: the TAT beyond the tolerance), or refunded, never beyond full. One
+    /// atomic update, so settlements and decisions never lose each other's charges.
+    pub(crate) fn settle(&self, now: Nanos, reserved: u64, actual: u64) {
+        if actual == reserved {
+            return;
+        }
+        let interval = self.interval;
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(if actual > reserved {
+                    let owed = (actual - reserved).saturating_mul(interval);
+                    tat.max(now).saturating_add(owed)
+                } else if tat > now {
+                    let back = (reserved - actual).saturating_mul(interval);
+                    tat.saturating_sub(back).max(now)
+                } else {
+                    tat
+                })
+            });
+    }
+
+    /// Units owed at `now`: how far the bucket is below empty (0 when it is not in debt).
+    pub(crate) fn debt(&self, now: Nanos) -> u64 {
+        let ahead = self.tat.load(Ordering::Relaxed).saturating_sub(now);
+        ahead.saturating_sub(self.tolerance).div_ceil(self.interval)
+    }
+
     /// Whole units left at `now`: the tolerance not yet used, in intervals. Negative only if the
     /// meter had admitted more than its definition allows.
     pub(crate) fn available(&self, now: Nanos) -> i64 {
@@ -169,6 +217,22 @@ impl Gcra {
     pub fn quota(&self, now: Nanos) -> Quota {
         self.meter.quota(now)
     }
+
+    /// Admits a request whose response reports its cost (see [`super::Limiter::admit_owing`]).
+    #[inline]
+    pub fn admit_owing(&self, now: Nanos, estimate: u64) -> Verdict {
+        self.meter.admit_owing(now, estimate)
+    }
+
+    /// Debits (or refunds) what a response reported against what was reserved.
+    pub fn settle(&self, now: Nanos, reserved: u64, actual: u64) {
+        self.meter.settle(now, reserved, actual);
+    }
+
+    /// Units owed at `now` (0 when not in debt).
+    pub fn debt(&self, now: Nanos) -> u64 {
+        self.meter.debt(now)
+    }
 }
 
 #[cfg(test)]
@@ -189,5 +253,66 @@ mod tests {
             }
         );
         assert!(g.decide(200_000, 1).is_allow());
+    }
+
+    #[test]
+    fn a_reported_cost_puts_the_meter_into_debt_that_refill_pays_back() {
+        // 10 per second, 10 held: an interval of 100 ms.
+        let g = Gcra::new(Rate::per_second(10).unwrap(), None).unwrap();
+        assert!(g.admit_owing(0, 0).is_allow());
+        assert_eq!(
+            g.quota(0).remaining,
+            10,
+            "nothing reserved without an estimate"
+        );
+        // The response reports 25: 15 owed beyond empty.
+        g.settle(0, 0, 25);
+        assert_eq!(g.debt(0), 15);
+        assert_eq!(g.quota(0).remaining, 0);
+        // Refused until the 15 owed and one unit of room have refilled: 1.6 s.
+        assert_eq!(
+            g.admit_owing(0, 0),
+            Verdict::Deny {
+                retry_after: Duration::from_millis(1600)
+            }
+        );
+        assert!(!g.decide(1_500_000_000, 1).is_allow());
+        assert!(g.admit_owing(1_600_000_000, 0).is_allow());
+        assert_eq!(g.debt(1_600_000_000), 0);
+    }
+
+    #[test]
+    fn an_estimate_is_reserved_then_topped_up_or_refunded() {
+        let g = Gcra::new(Rate::per_second(10).unwrap(), None).unwrap();
+        assert!(g.admit_owing(0, 4).is_allow());
+        assert_eq!(g.quota(0).remaining, 6);
+        g.settle(0, 4, 1);
+        assert_eq!(g.quota(0).remaining, 9, "3 of the 4 reserved come back");
+        assert!(g.admit_owing(0, 4).is_allow());
+        g.settle(0, 4, 7);
+        assert_eq!(g.quota(0).remaining, 2);
+        // A refund never fills the bucket beyond full.
+        g.settle(10_000_000_000, 4, 0);
+        assert_eq!(g.quota(10_000_000_000).remaining, 10);
+        // An estimate larger than what is left is refused, like any cost.
+        g.settle(10_000_000_000, 0, 8);
+        assert!(!g.admit_owing(10_000_000_000, 4).is_allow());
+        assert!(g.admit_owing(10_000_000_000, 0).is_allow());
+    }
+
+    #[test]
+    fn settlements_from_many_threads_lose_no_debit() {
+        let g = Gcra::new(Rate::per_second(10).unwrap(), None).unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..1000 {
+                        g.settle(0, 0, 3);
+                    }
+                });
+            }
+        });
+        // 12,000 debited on a bucket of 10 that started full.
+        assert_eq!(g.debt(0), 11_990);
     }
 }

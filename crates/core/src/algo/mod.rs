@@ -267,6 +267,30 @@ impl Limiter {
         }
     }
 
+    /// Admits a request whose cost its response will report (a token budget): the token bucket
+    /// and GCRA reserve `estimate` units, or without one admit while they are neither empty nor
+    /// in debt; [`Limiter::settle`] then debits what the response reported. The other kinds
+    /// cannot go into debt (validation keeps response costs off them) and decide `estimate`, at
+    /// least 1, as a plain cost. Lock-free and allocation-free like [`Limiter::decide`].
+    #[inline]
+    pub fn admit_owing(&self, now: Nanos, estimate: u64) -> Verdict {
+        match self {
+            Limiter::TokenBucket(a) => a.admit_owing(now, estimate),
+            Limiter::Gcra(a) => a.admit_owing(now, estimate),
+            other => other.decide(now, estimate.max(1)),
+        }
+    }
+
+    /// Settles a request admitted by [`Limiter::admit_owing`] that reserved `reserved` and cost
+    /// `actual`: one atomic update that may leave the bucket in debt. A no-op on other kinds.
+    pub fn settle(&self, now: Nanos, reserved: u64, actual: u64) {
+        match self {
+            Limiter::TokenBucket(a) => a.settle(now, reserved, actual),
+            Limiter::Gcra(a) => a.settle(now, reserved, actual),
+            _ => {}
+        }
+    }
+
     /// What the limiter still admits at `now` (see [`Quota`]); `rate` is the limit it was built
     /// for, which the control-plane algorithms need: a drop-ratio bucket keeps no count, so it
     /// reports the share of the limit its instruction still admits (`count x (1 - ratio)`) and the

@@ -58,6 +58,22 @@ impl TokenBucket {
     pub fn quota(&self, now: Nanos) -> Quota {
         self.meter.quota(now)
     }
+
+    /// Admits a request whose response reports its cost (see [`super::Limiter::admit_owing`]).
+    #[inline]
+    pub fn admit_owing(&self, now: Nanos, estimate: u64) -> Verdict {
+        self.meter.admit_owing(now, estimate)
+    }
+
+    /// Debits (or refunds) what a response reported against what was reserved.
+    pub fn settle(&self, now: Nanos, reserved: u64, actual: u64) {
+        self.meter.settle(now, reserved, actual);
+    }
+
+    /// Tokens owed at `now` (0 when not in debt).
+    pub fn debt(&self, now: Nanos) -> u64 {
+        self.meter.debt(now)
+    }
 }
 
 #[cfg(test)]

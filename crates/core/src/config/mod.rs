@@ -36,9 +36,9 @@ pub use error::ConfigError;
 pub(crate) use error::did_you_mean;
 pub use model::{
     Algorithm, BucketFile, CandidateFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile,
-    Control, Cost, CostHeader, DescriptorAnswer, DescriptorEntryFile, DescriptorFile, DocumentFile,
-    FailurePolicy, IdentitySources, MatchFile, Mode, ProxyFile, RedisFile, Scope, SentinelFile,
-    ServiceFile, Services, Source, Sources, StateStore,
+    Control, Cost, CostHeader, CostResponse, DescriptorAnswer, DescriptorEntryFile, DescriptorFile,
+    DocumentFile, FailurePolicy, IdentitySources, MatchFile, Mode, ProxyFile, RedisFile,
+    ResponseSource, Scope, SentinelFile, ServiceFile, Services, Source, Sources, StateStore,
 };
 pub use positions::Position;
 pub use secret::redact_url;

@@ -300,3 +300,67 @@ fn the_proxy_section_allows_websocket_upgrades_by_default_and_compares_without_c
     );
     assert!(schema["properties"].get("proxy").is_some());
 }
+
+#[test]
+fn a_response_cost_loads_with_its_source_weights_and_fallback() {
+    let config = config::load_str(
+        "version: 1
+services:
+  llm:
+    buckets:
+      - name: tokens
+        limit: 100000/min
+        algorithm: token-bucket
+        cost: { response: \"json:usage\", request: 500, weights: { input_tokens: 1, output_tokens: 4 } }
+      - name: by-trailer
+        match: { caller: b }
+        limit: 100000/min
+        algorithm: gcra
+        cost: { response: \"trailer:X-Usage-Tokens\", default: 200 }
+",
+        "t.yaml",
+    )
+    .unwrap();
+    let buckets = &config.services[0].buckets;
+    let Cost::Response(tokens) = &buckets[0].cost else {
+        panic!("a response cost expected");
+    };
+    assert_eq!(
+        tokens.source().unwrap(),
+        config::ResponseSource::Json(vec!["usage".into()])
+    );
+    assert_eq!((tokens.estimate(), tokens.fallback()), (500, 500));
+    assert_eq!(tokens.weights.as_ref().unwrap()["output_tokens"], 4);
+    let Cost::Response(trailer) = &buckets[1].cost else {
+        panic!("a response cost expected");
+    };
+    assert_eq!(
+        trailer.source().unwrap(),
+        config::ResponseSource::Trailer("x-usage-tokens".into())
+    );
+    assert_eq!((trailer.estimate(), trailer.fallback()), (0, 200));
+}
+
+#[test]
+fn the_schema_describes_a_response_cost() {
+    let schema = config::json_schema();
+    let response = &schema["$defs"]["CostResponse"];
+    assert_eq!(
+        response["required"],
+        serde_json::json!(["response"]),
+        "{schema}"
+    );
+    assert_eq!(response["additionalProperties"], serde_json::json!(false));
+    assert!(response["properties"]["weights"].is_object());
+}
+
+#[test]
+fn the_token_budget_example_loads() {
+    let config = example("token-budget.yaml");
+    let bucket = &config.services[0].buckets[0];
+    let Cost::Response(cost) = &bucket.cost else {
+        panic!("a response cost expected");
+    };
+    assert_eq!(cost.fallback(), 2000);
+    assert_eq!(bucket.algorithm, Algorithm::TokenBucket);
+}

@@ -15,6 +15,7 @@ mod identity_values;
 mod proxy;
 mod redis;
 mod request_id;
+mod tokens;
 mod upgrades;
 mod upstream_answers;
 mod websocket;

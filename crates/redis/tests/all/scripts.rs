@@ -835,3 +835,37 @@ async fn sliding_log_never_admits_more_than_its_limit_in_any_window() {
     // The check has teeth only if some windows were found nearly full.
     assert!(fullest > LIMIT - 20, "fullest window held {fullest}");
 }
+
+/// A token budget's debit: taken whatever the bucket holds, from many connections at once
+/// without losing one, and answered with the time the debt takes to pay back.
+#[tokio::test]
+async fn debits_go_into_debt_exactly_under_concurrent_callers() {
+    let server = RedisServer::start().expect("private redis-server");
+    let key = RedisKey::new("api_key", "k1", "/v1/chat/completions");
+    // 1000 an hour held 1000: 3.6 s a token.
+    let algo = ExactAlgo::new(Kind::Gcra, per_hour(1000), None).unwrap();
+    let first = limiter(&server.url())
+        .debit(&key, &algo, 400)
+        .await
+        .unwrap();
+    assert_eq!(first.owed, Duration::ZERO);
+    assert_eq!(first.remaining, 600);
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let (url, key) = (server.url(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let limiter = limiter(&url);
+            for _ in 0..10 {
+                limiter.debit(&key, &algo, 10).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // 400 + 8 x 10 x 10 = 1200 of 1000: 200 owed, and one token of room is 201 x 3.6 s.
+    let last = limiter(&server.url()).debit(&key, &algo, 0).await.unwrap();
+    assert_eq!(last.remaining, 0);
+    let owed = last.owed.as_secs_f64();
+    assert!((723.0..=723.7).contains(&owed), "owed {owed}s");
+}

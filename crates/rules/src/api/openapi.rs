@@ -115,12 +115,21 @@ fn bucket_variant(
     properties.insert(
         "cost".into(),
         json!({
-            "description": "A whole number, or `{ \"header\": \"x-cost\", \"default\": 1 }`",
+            "description": "A whole number, `{ \"header\": \"x-cost\", \"default\": 1 }`, or a cost the response reports (a token budget): `{ \"response\": \"json:usage\", \"request\": 500, \"weights\": { \"input_tokens\": 1, \"output_tokens\": 4 }, \"default\": 1000 }`",
             "oneOf": [
                 {"type": "integer", "minimum": 1, "maximum": u64::MAX},
                 {"type": "object", "required": ["header"], "additionalProperties": false,
                  "properties": {
                     "header": string(HEADER),
+                    "default": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
+                 }},
+                {"type": "object", "required": ["response"], "additionalProperties": false,
+                 "properties": {
+                    "response": {"type": "string", "pattern": "^(header|trailer|json|sse):.+$",
+                        "example": "json:usage.total_tokens"},
+                    "request": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
+                    "weights": {"type": "object",
+                        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": u64::MAX}},
                     "default": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
                  }},
             ],

@@ -104,6 +104,14 @@ pub(super) fn check_bucket(
             ),
         ));
     }
+    if let Cost::Response(cost) = &bucket.cost {
+        let each = match_spec
+            .subject
+            .as_ref()
+            .filter(|s| s.value == SubjectValue::Each)
+            .map(|s| s.kind);
+        check_response_cost(check, path, &bucket, cost, (store, each), &algorithm_name)?;
+    }
     let region_limits = check_region_limits(
         check,
         &child(path, "region_limits"),
@@ -127,6 +135,13 @@ pub(super) fn check_bucket(
         Cost::Header(mut cost) => {
             cost.header.make_ascii_lowercase();
             Cost::Header(cost)
+        }
+        Cost::Response(mut cost) => {
+            // Names of headers and trailers match in lower case; a path keeps its case.
+            if let Some((kind @ ("header" | "trailer"), name)) = cost.response.split_once(':') {
+                cost.response = format!("{kind}:{}", name.to_ascii_lowercase());
+            }
+            Cost::Response(cost)
         }
         fixed => fixed,
     };
@@ -284,6 +299,74 @@ pub(super) fn check_batch(
                 "batch {batch} is more than the bucket holds, {held}: one proxy would take the whole bucket at once; use a batch of at most {capacity}, or leave batch out"
             ),
         ));
+    }
+    Ok(())
+}
+
+/// A cost the response reports: a source that parses, weights only for a body's object, an
+/// algorithm that can go into debt, and an estimate the bucket can hold.
+fn check_response_cost(
+    check: &Checker<'_>,
+    path: &str,
+    bucket: &BucketFile,
+    cost: &CostResponse,
+    (store, each): (StateStore, Option<SubjectKind>),
+    algorithm_name: &str,
+) -> Result<(), Located> {
+    let at = child(path, "cost");
+    let source = ResponseSource::parse(&cost.response)
+        .map_err(|message| check.at_value(&child(&at, "response"), message))?;
+    if !matches!(bucket.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+        return Err(check.at_key(
+            &at,
+            format!(
+                "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra"
+            ),
+        ));
+    }
+    if let Some(weights) = &cost.weights {
+        if !source.reads_body() {
+            return Err(check.at_key(
+                &child(&at, "weights"),
+                format!(
+                    "weights sum the fields of an object in the body; {} carries one number, so leave weights out or use json:PATH or sse:PATH",
+                    cost.response
+                ),
+            ));
+        }
+        if weights.is_empty() || weights.values().all(|w| *w == 0) {
+            return Err(check.at_value(
+                &child(&at, "weights"),
+                "weights weigh nothing; name the fields to count, like { input_tokens: 1, output_tokens: 4 }",
+            ));
+        }
+    }
+    let burst = bucket.burst.unwrap_or(bucket.limit.count).get();
+    if let Some(estimate) = cost.request
+        && estimate.get() > burst
+    {
+        return Err(check.at_value(
+            &child(&at, "request"),
+            format!(
+                "an estimate of {estimate} is more than the bucket holds ({burst}), so no request would ever be admitted; lower it or raise burst"
+            ),
+        ));
+    }
+    if store == StateStore::Redis {
+        if bucket.batch.is_some() {
+            return Err(check.at_key(
+                &child(path, "batch"),
+                "batch leases tokens before requests spend them; a cost the response reports is debited after, so leave batch out",
+            ));
+        }
+        if let Some(subject) = each {
+            return Err(check.at_key(
+                &at,
+                format!(
+                    "a cost the response reports in store: redis is kept for one shared bucket; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
+                ),
+            ));
+        }
     }
     Ok(())
 }

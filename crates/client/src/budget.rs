@@ -1,0 +1,273 @@
+//! Token budgets: buckets whose cost the response reports when it ends. A request is admitted
+//! against them while they are not in debt (reserving an estimate when one is configured), and
+//! leaves a [`Charge`] per such bucket that the caller settles with what the response reported.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use spillway_core::algo::Quota;
+use spillway_core::clock::Nanos;
+use spillway_core::config::{CostResponse, ResponseSource};
+use spillway_core::limit::Limit;
+
+use crate::rules::{BucketState, Limiters};
+
+/// A bucket's response cost, compiled once per snapshot.
+#[derive(Debug)]
+pub struct ResponseCost {
+    pub(crate) service: Arc<str>,
+    pub(crate) bucket: Arc<str>,
+    pub(crate) limit: Limit,
+    pub(crate) source: ResponseSource,
+    /// The fields of the object the source names and their weights; empty: the source names
+    /// the cost itself.
+    pub(crate) weights: Box<[(String, u64)]>,
+    pub(crate) estimate: u64,
+    pub(crate) fallback: u64,
+}
+
+impl ResponseCost {
+    pub(crate) fn compile(
+        service: Arc<str>,
+        bucket: &str,
+        limit: Limit,
+        cost: &CostResponse,
+    ) -> Option<Self> {
+        // Validation refused a source that does not parse; rules from elsewhere that slip one
+        // through fall back to a fixed cost of the default.
+        let source = cost.source().ok()?;
+        Some(Self {
+            service,
+            bucket: bucket.into(),
+            limit,
+            source,
+            weights: cost
+                .weights
+                .as_ref()
+                .map(|w: &BTreeMap<String, u64>| w.iter().map(|(k, v)| (k.clone(), *v)).collect())
+                .unwrap_or_default(),
+            estimate: cost.estimate(),
+            fallback: cost.fallback(),
+        })
+    }
+
+    /// Where the response reports its cost.
+    pub fn source(&self) -> &ResponseSource {
+        &self.source
+    }
+
+    /// The weighted fields, empty when the source names the cost itself.
+    pub fn weights(&self) -> &[(String, u64)] {
+        &self.weights
+    }
+
+    /// The cost of a response whose reported value is `value` (a number, or with weights the
+    /// object holding the fields). `None` when it holds no usable number.
+    pub fn cost_of(&self, value: &serde_json::Value) -> Option<u64> {
+        let number = |v: &serde_json::Value| {
+            v.as_u64()
+                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f.round() as u64))
+                .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+        };
+        if self.weights.is_empty() {
+            return number(value);
+        }
+        let object = value.as_object()?;
+        let mut total = 0u64;
+        let mut seen = false;
+        for (field, weight) in self.weights.iter() {
+            if let Some(v) = object.get(field) {
+                total = total.saturating_add(number(v)?.saturating_mul(*weight));
+                seen = true;
+            }
+        }
+        seen.then_some(total)
+    }
+
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+}
+
+/// What a token budget counts besides the decisions: what responses reported, and how many
+/// never did.
+#[derive(Debug, Default)]
+pub struct BudgetCounters {
+    /// Units debited by settled responses (reported or fallback).
+    pub(crate) debited: AtomicU64,
+    /// Responses that reported no readable cost and were charged the fallback.
+    pub(crate) unreported: AtomicU64,
+}
+
+impl BudgetCounters {
+    pub fn debited(&self) -> u64 {
+        self.debited.load(Ordering::Relaxed)
+    }
+
+    pub fn unreported(&self) -> u64 {
+        self.unreported.load(Ordering::Relaxed)
+    }
+}
+
+/// One token budget a request was admitted against, to settle when its response ends.
+///
+/// Holds the bucket's state by `Arc`, so a reload while the response streams still settles the
+/// bucket the request was admitted by. Dropping a charge without settling it leaves the
+/// estimate reserved and debits nothing more.
+#[derive(Debug)]
+pub struct Charge {
+    pub(crate) cost: Arc<ResponseCost>,
+    pub(crate) state: Arc<BucketState>,
+    /// The subject value of a per-subject budget (the only charge that allocates).
+    pub(crate) subject: Option<Box<str>>,
+    pub(crate) reserved: u64,
+    /// What the bucket still held right after admission.
+    pub(crate) quota: Quota,
+    #[cfg(feature = "redis")]
+    pub(crate) store: Option<Arc<crate::store::ExactStore>>,
+}
+
+/// How a charge was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The units debited in all (the reported cost, or the fallback).
+    pub cost: u64,
+    /// Whether the response reported nothing usable and was charged the fallback.
+    pub unreported: bool,
+}
+
+impl Charge {
+    /// The bucket's response cost: where to read it and how to weigh it.
+    pub fn cost(&self) -> &ResponseCost {
+        &self.cost
+    }
+
+    /// Units the bucket still held right after this request was admitted (the estimate taken),
+    /// and when it is whole again.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// Settles the charge at `now` with what the response reported (`None`: nothing usable,
+    /// charged the fallback and counted as unreported). A bucket in `store: redis` is settled
+    /// by [`Charge::settle_async`]; here it only counts.
+    pub fn settle(&self, now: Nanos, reported: Option<u64>) -> Settled {
+        let settled = Settled {
+            cost: reported.unwrap_or(self.cost.fallback),
+            unreported: reported.is_none(),
+        };
+        self.debit(now, settled.cost);
+        self.count(settled);
+        settled
+    }
+
+    /// Gives back what the charge reserved: for a request that was not forwarded after all
+    /// (another bucket dropped it, or the proxy answered it itself).
+    pub fn cancel(&self, now: Nanos) {
+        self.debit(now, 0);
+    }
+
+    fn count(&self, settled: Settled) {
+        let counters = &self.state.budget;
+        counters.debited.fetch_add(settled.cost, Ordering::Relaxed);
+        if settled.unreported {
+            counters.unreported.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn debit(&self, now: Nanos, actual: u64) {
+        match (&self.state.limiters, &self.subject) {
+            (Limiters::Shared(limiter), _) => limiter.settle(now, self.reserved, actual),
+            (Limiters::PerSubject(_, map), Some(subject)) => {
+                map.settle(subject, now, self.reserved, actual)
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the charge is settled in Redis (one call, [`Charge::settle_async`]).
+    pub fn in_redis(&self) -> bool {
+        matches!(self.state.limiters, Limiters::Exact(_))
+    }
+
+    /// Settles a `store: redis` budget: one Redis call that debits the reported cost and tells
+    /// how long the shared bucket is in debt, which the next admissions on this proxy honour
+    /// without asking Redis. A local budget is settled as by [`Charge::settle`].
+    pub async fn settle_async(&self, now: Nanos, reported: Option<u64>) -> Settled {
+        #[cfg(feature = "redis")]
+        if let (Limiters::Exact(exact), Some(store)) = (&self.state.limiters, &self.store) {
+            let settled = Settled {
+                cost: reported.unwrap_or(self.cost.fallback),
+                unreported: reported.is_none(),
+            };
+            if let Some(owed) = store.debit(exact, settled.cost).await {
+                let until = now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX));
+                self.state
+                    .owed_until
+                    .store(if owed.is_zero() { 0 } else { until }, Ordering::Relaxed);
+            }
+            self.count(settled);
+            return settled;
+        }
+        self.settle(now, reported)
+    }
+}
+
+/// The token budgets a request was admitted against. Up to four are held inline, so admitting
+/// a request allocates nothing for them; a fifth and beyond spill to the heap.
+#[derive(Debug, Default)]
+pub struct Charges {
+    inline: [Option<Charge>; 4],
+    more: Vec<Charge>,
+}
+
+impl Charges {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn push(&mut self, charge: Charge) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(charge),
+            None => self.more.push(charge),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inline[0].is_none()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Charge> {
+        self.inline.iter().flatten().chain(self.more.iter())
+    }
+
+    /// Gives back every reservation: the request was not forwarded.
+    pub fn cancel(&self, now: Nanos) {
+        for charge in self.iter() {
+            charge.cancel(now);
+        }
+    }
+
+    /// The charges, to settle one by one.
+    pub fn into_vec(self) -> Vec<Charge> {
+        let mut all: Vec<Charge> = self.inline.into_iter().flatten().collect();
+        all.extend(self.more);
+        all
+    }
+}
+
+/// Whole seconds until `quota` is whole again, at least 0, for the `ratelimit` header.
+pub fn reset_secs(quota: Quota) -> u64 {
+    let reset: Duration = quota.reset;
+    reset.as_secs() + u64::from(reset.subsec_nanos() > 0)
+}
