@@ -1,10 +1,10 @@
 //! Token budgets: buckets whose cost the response reports when it ends. A request is admitted
 //! against them while they are not in debt (reserving an estimate when one is configured), and
-//! leaves a [`Charge`] per such bucket that the caller settles with what the response reported.
+//! leaves a [`BudgetCharge`] per such bucket that the caller settles with what the response reported.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use spillway_core::algo::Quota;
@@ -12,7 +12,8 @@ use spillway_core::clock::Nanos;
 use spillway_core::config::{CostResponse, ResponseSource};
 use spillway_core::limit::Limit;
 
-use crate::rules::{BucketState, Limiters};
+pub use crate::state::BudgetCounters;
+use crate::state::{BucketState, Limiters};
 
 /// A bucket's response cost, compiled once per snapshot.
 #[derive(Debug)]
@@ -99,33 +100,13 @@ impl ResponseCost {
     }
 }
 
-/// What a token budget counts besides the decisions: what responses reported, and how many
-/// never did.
-#[derive(Debug, Default)]
-pub struct BudgetCounters {
-    /// Units debited by settled responses (reported or fallback).
-    pub(crate) debited: AtomicU64,
-    /// Responses that reported no readable cost and were charged the fallback.
-    pub(crate) unreported: AtomicU64,
-}
-
-impl BudgetCounters {
-    pub fn debited(&self) -> u64 {
-        self.debited.load(Ordering::Relaxed)
-    }
-
-    pub fn unreported(&self) -> u64 {
-        self.unreported.load(Ordering::Relaxed)
-    }
-}
-
 /// One token budget a request was admitted against, to settle when its response ends.
 ///
 /// Holds the bucket's state by `Arc`, so a reload while the response streams still settles the
 /// bucket the request was admitted by. Dropping a charge without settling it leaves the
 /// estimate reserved and debits nothing more.
 #[derive(Debug)]
-pub struct Charge {
+pub struct BudgetCharge {
     pub(crate) cost: Arc<ResponseCost>,
     pub(crate) state: Arc<BucketState>,
     /// The subject value of a per-subject budget (the only charge that allocates).
@@ -146,7 +127,7 @@ pub struct Settled {
     pub unreported: bool,
 }
 
-impl Charge {
+impl BudgetCharge {
     /// The bucket's response cost: where to read it and how to weigh it.
     pub fn cost(&self) -> &ResponseCost {
         &self.cost
@@ -160,7 +141,7 @@ impl Charge {
 
     /// Settles the charge at `now` with what the response reported (`None`: nothing usable,
     /// charged the fallback and counted as unreported). A bucket in `store: redis` is settled
-    /// by [`Charge::settle_async`]; here it only counts.
+    /// by [`BudgetCharge::settle_async`]; here it only counts.
     pub fn settle(&self, now: Nanos, reported: Option<u64>) -> Settled {
         let settled = Settled {
             cost: reported.unwrap_or(self.cost.fallback),
@@ -195,14 +176,14 @@ impl Charge {
         }
     }
 
-    /// Whether the charge is settled in Redis (one call, [`Charge::settle_async`]).
+    /// Whether the charge is settled in Redis (one call, [`BudgetCharge::settle_async`]).
     pub fn in_redis(&self) -> bool {
         matches!(self.state.limiters, Limiters::Exact(_))
     }
 
     /// Settles a `store: redis` budget: one Redis call that debits the reported cost and tells
     /// how long the shared bucket is in debt, which the next admissions on this proxy honour
-    /// without asking Redis. A local budget is settled as by [`Charge::settle`].
+    /// without asking Redis. A local budget is settled as by [`BudgetCharge::settle`].
     pub async fn settle_async(&self, now: Nanos, reported: Option<u64>) -> Settled {
         #[cfg(feature = "redis")]
         if let (Limiters::Exact(exact), Some(store)) = (&self.state.limiters, &self.store) {
@@ -226,17 +207,17 @@ impl Charge {
 /// The token budgets a request was admitted against. Up to four are held inline, so admitting
 /// a request allocates nothing for them; a fifth and beyond spill to the heap.
 #[derive(Debug, Default)]
-pub struct Charges {
-    inline: [Option<Charge>; 4],
-    more: Vec<Charge>,
+pub struct BudgetCharges {
+    inline: [Option<BudgetCharge>; 4],
+    more: Vec<BudgetCharge>,
 }
 
-impl Charges {
+impl BudgetCharges {
     pub fn new() -> Self {
         Self::default()
     }
 
-    pub(crate) fn push(&mut self, charge: Charge) {
+    pub(crate) fn push(&mut self, charge: BudgetCharge) {
         match self.inline.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = Some(charge),
             None => self.more.push(charge),
@@ -247,7 +228,7 @@ impl Charges {
         self.inline[0].is_none()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Charge> {
+    pub fn iter(&self) -> impl Iterator<Item = &BudgetCharge> {
         self.inline.iter().flatten().chain(self.more.iter())
     }
 
@@ -259,8 +240,8 @@ impl Charges {
     }
 
     /// The charges, to settle one by one.
-    pub fn into_vec(self) -> Vec<Charge> {
-        let mut all: Vec<Charge> = self.inline.into_iter().flatten().collect();
+    pub fn into_vec(self) -> Vec<BudgetCharge> {
+        let mut all: Vec<BudgetCharge> = self.inline.into_iter().flatten().collect();
         all.extend(self.more);
         all
     }

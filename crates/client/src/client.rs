@@ -16,7 +16,8 @@ use spillway_core::pattern::RequestAttrs;
 
 use crate::error::{ClientError, InstructionError};
 use crate::identity::Headers;
-use crate::rules::{self, Limiters, Rules, Step};
+use crate::rules::{self, Rules, Step};
+use crate::state::Limiters;
 use crate::subjects::DEFAULT_MAX_SUBJECTS;
 
 /// The rate-limit client of one process: decides requests against the rules in force.

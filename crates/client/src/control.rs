@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 pub use spillway_link::{Backoff, ClientLink, HostLimiters, LinkOptions, LinkStatus, UrlError};
 
 use crate::client::Client;
-use crate::rules::Limiters;
+use crate::state::Limiters;
 
 /// The file in the state directory that holds the last good rules from the control plane.
 pub const LAST_GOOD_RULES: &str = "last-good-rules.yaml";

@@ -18,7 +18,8 @@ use spillway_core::decision::{BucketId, Decision, NEVER, Verdict};
 use spillway_core::descriptor::{Answer, DescriptorSpec, Entries};
 use spillway_core::limit::Limit;
 
-use crate::rules::{CompiledBucket, Limiters, Rules};
+use crate::rules::{CompiledBucket, Rules};
+use crate::state::Limiters;
 use crate::store::RedisKey;
 use crate::subjects::SUBJECT_VALUE_MAX;
 

@@ -57,6 +57,7 @@ mod identity;
 mod layer;
 mod redis_bucket;
 mod rules;
+mod state;
 // `store: redis` buckets. Without the `redis` feature, a stand-in with the same items, none of
 // which can exist: the rest of the crate compiles the same either way, and a configuration that
 // asks for Redis is refused when it loads.
@@ -69,7 +70,7 @@ mod subjects;
 mod watch;
 
 pub use acquire::AcquireError;
-pub use budget::{Charge, Charges, ResponseCost, Settled};
+pub use budget::{BudgetCharge, BudgetCharges, ResponseCost, Settled};
 pub use client::{BucketStats, Client};
 pub use descriptors::{DescriptorCheck, DescriptorStatus, DescriptorStep, UNLIMITED_REMAINING};
 pub use error::{ClientError, InstructionError};

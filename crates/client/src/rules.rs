@@ -16,42 +16,14 @@ use spillway_core::decision::{BucketId, Decision, Mode, Verdict};
 use spillway_core::descriptor::DescriptorMatcher;
 use spillway_core::limit::Limit;
 use spillway_core::matcher::{Matcher, Matches};
-use spillway_core::pattern::{RequestAttrs, SubjectKind, SubjectValue};
+use spillway_core::pattern::{RequestAttrs, SubjectValue};
 
-use crate::budget::{BudgetCounters, Charge, Charges, ResponseCost};
+use crate::budget::{BudgetCharge, BudgetCharges, ResponseCost};
 use crate::error::ClientError;
 use crate::identity::{Headers, IdentityExtractor};
+use crate::state::{BucketState, BudgetCounters, Limiters};
 use crate::store::{ExactBucket, ExactStore, RedisKey};
 use crate::subjects::SubjectMap;
-
-/// Where a bucket's state lives: one limiter, or one per subject value.
-#[derive(Debug)]
-pub(crate) enum Limiters {
-    Shared(Limiter),
-    PerSubject(SubjectKind, SubjectMap),
-    /// A descriptor bucket with entries of any value: one limiter per combination of
-    /// the request's values of those entries.
-    PerValue(SubjectMap),
-    /// `store: redis`: decided by one Lua call in Redis, so the count is exact across proxies
-    /// (within `batch - 1` tokens per proxy and key for a bucket with `batch`). Without the
-    /// `redis` feature `ExactBucket` has no values, so no bucket is ever `Exact`.
-    Exact(ExactBucket),
-}
-
-/// A bucket's state, shared between snapshots while its definition does not change, so a reload
-/// that touches one bucket keeps every other bucket's tokens, windows and instructions.
-#[derive(Debug)]
-pub(crate) struct BucketState {
-    pub(crate) limiters: Limiters,
-    /// When the current drop-ratio instruction expires (0: none), to count expiries.
-    pub(crate) instruction_expires: AtomicU64,
-    /// A token budget's settled costs.
-    pub(crate) budget: BudgetCounters,
-    /// A `store: redis` token budget: until when the shared bucket is in debt, as the last
-    /// settlement's Redis call told (0: not in debt). Admissions before then are refused here,
-    /// without asking Redis.
-    pub(crate) owed_until: AtomicU64,
-}
 
 /// How a request's cost is found.
 #[derive(Debug, Clone)]
@@ -431,12 +403,12 @@ impl Rules {
         attrs: &RequestAttrs<'_>,
         headers: &H,
     ) -> Step {
-        self.begin_charged(now, attrs, headers, &mut Charges::new())
+        self.begin_charged(now, attrs, headers, &mut BudgetCharges::new())
     }
 
     /// Like [`Rules::begin`], and adds to `charges` each token budget the request was admitted
     /// against (or forwarded past in shadow mode), for the caller to settle with the cost its
-    /// response reports ([`Charge::settle`]), or to cancel if the request is not forwarded
+    /// response reports ([`BudgetCharge::settle`]), or to cancel if the request is not forwarded
     /// after all. A budget in `store: redis` costs no Redis call here: it is refused only while
     /// the last settlement on this proxy found the shared bucket in debt.
     pub fn begin_charged<H: Headers + ?Sized>(
@@ -444,7 +416,7 @@ impl Rules {
         now: Nanos,
         attrs: &RequestAttrs<'_>,
         headers: &H,
-        charges: &mut Charges,
+        charges: &mut BudgetCharges,
     ) -> Step {
         MATCHES.with(|cell| match cell.try_borrow_mut() {
             Ok(mut matches) => self.decide_with(now, attrs, headers, &mut matches, charges),
@@ -485,7 +457,7 @@ impl Rules {
         attrs: &RequestAttrs<'_>,
         headers: &H,
         matches: &mut Matches,
-        charges: &mut Charges,
+        charges: &mut BudgetCharges,
     ) -> Step {
         self.matcher.find(attrs, matches);
         let mut decision = Decision::Allow;
@@ -499,7 +471,7 @@ impl Rules {
                 let forwarded = verdict.is_allow() || bucket.mode == Mode::Shadow || bucket.trial;
                 decision = decision.combine(bucket.record_tier(id, verdict, attrs.criticality));
                 if forwarded {
-                    charges.push(Charge {
+                    charges.push(BudgetCharge {
                         reserved: if verdict.is_allow() {
                             charge.reserved
                         } else {
@@ -548,7 +520,7 @@ impl Rules {
         cost: &Arc<ResponseCost>,
         now: Nanos,
         attrs: &RequestAttrs<'_>,
-    ) -> Option<(Verdict, Charge)> {
+    ) -> Option<(Verdict, BudgetCharge)> {
         let estimate = cost.estimate;
         let mut subject = None;
         let (verdict, quota) = match &bucket.state.limiters {
@@ -580,7 +552,7 @@ impl Rules {
         };
         Some((
             verdict,
-            Charge {
+            BudgetCharge {
                 cost: cost.clone(),
                 state: bucket.state.clone(),
                 subject,

@@ -70,7 +70,7 @@ fn header(text: &str) -> HeaderValue {
 /// any budget the request was admitted against still holds, the request's estimate taken) and
 /// the IETF `ratelimit-policy` and `ratelimit` fields of that budget. The upstream's own fields
 /// of those names are replaced.
-pub fn budget_headers(headers: &mut HeaderMap, charges: &spillway_client::Charges) {
+pub fn budget_headers(headers: &mut HeaderMap, charges: &spillway_client::BudgetCharges) {
     let Some(charge) = charges.iter().min_by_key(|c| c.quota().remaining) else {
         return;
     };

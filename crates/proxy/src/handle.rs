@@ -163,7 +163,7 @@ pub(crate) async fn handle(
     };
     // The buckets an upgrade's handshake matches, named for counting its tunnel by bucket.
     let mut upgrade_buckets = Vec::new();
-    let mut charges = spillway_client::Charges::new();
+    let mut charges = spillway_client::BudgetCharges::new();
     let (step, tier) = {
         // The normalised path lives here, on the stack, only until the decision has begun.
         let mut buffer = spillway_client::PathBuffer::new();

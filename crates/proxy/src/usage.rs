@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use hyper::body::Frame;
-use spillway_client::Charge;
+use spillway_client::BudgetCharge;
 use spillway_core::config::ResponseSource;
 
 use crate::shared::Shared;
@@ -20,7 +20,7 @@ const CAPTURE_MAX: usize = 64 * 1024;
 /// The costs of one response's token budgets, settled when the body ends or is dropped.
 pub(crate) struct Meter {
     shared: Arc<Shared>,
-    charges: Vec<(Charge, Reader)>,
+    charges: Vec<(BudgetCharge, Reader)>,
     settled: bool,
 }
 
@@ -39,7 +39,11 @@ fn number(text: &[u8]) -> Option<serde_json::Value> {
 
 impl Meter {
     /// A meter for `charges` of a response with `headers`.
-    pub(crate) fn new(shared: Arc<Shared>, charges: Vec<Charge>, headers: &HeaderMap) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        charges: Vec<BudgetCharge>,
+        headers: &HeaderMap,
+    ) -> Self {
         let event_stream = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
