@@ -244,9 +244,8 @@ fn a_killed_leader_is_replaced_at_the_next_epoch_and_its_hosts_hold_their_instru
     // Region 1's leader dies at 35 s under a 1.5x overload; its standby leads after the 3 s
     // lease. Seeds 1-3 measured: the standby's first instructions left 3.8-4.1 s after the
     // death (its first interval closed about a second after it led); every second from the
-    // death until then admitted 99-133% of the limit (the other regions stop counting the
-    // silent region after two intervals while its hosts hold their last ratio), and two
-    // seconds after they arrived 98-103%.
+    // death to 47 s admitted 98-103% of the limit over seeds 1-5 (the other regions hold the
+    // silent region's last load while its hosts hold their last ratio).
     for r in runs("controller-failover", None, Algorithm::DropRatio, &[1, 2]) {
         let f = r.trace.failover.expect("the scenario kills a leader");
         assert_eq!((f.killed_s, f.led_s, f.epoch), (35.0, 38.0, 2));
@@ -269,7 +268,7 @@ fn a_killed_leader_is_replaced_at_the_next_epoch_and_its_hosts_hold_their_instru
         // open, which would admit the whole 1.5x.
         for s in 35..(reached.ceil() as usize) {
             assert!(
-                (0.9..1.4).contains(&second(s)),
+                (0.9..1.15).contains(&second(s)),
                 "seed {}: second {s} admitted {:.2} of the limit",
                 r.seed,
                 second(s)
