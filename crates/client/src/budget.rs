@@ -34,6 +34,7 @@ impl ResponseCost {
         service: Arc<str>,
         bucket: &str,
         limit: Limit,
+        burst: Option<std::num::NonZeroU64>,
         cost: &CostResponse,
     ) -> Option<Self> {
         // Validation refused a source that does not parse; rules from elsewhere that slip one
@@ -49,7 +50,9 @@ impl ResponseCost {
                 .as_ref()
                 .map(|w: &BTreeMap<String, u64>| w.iter().map(|(k, v)| (k.clone(), *v)).collect())
                 .unwrap_or_default(),
-            estimate: cost.estimate(),
+            // An estimate above what the bucket holds could never be taken: it reserves the
+            // whole bucket instead (`spillway check` warns).
+            estimate: cost.estimate().min(burst.unwrap_or(limit.count).get()),
             fallback: cost.fallback(),
         })
     }

@@ -285,6 +285,7 @@ impl Rules {
                             service_name.clone(),
                             &bucket.name,
                             bucket.limit,
+                            bucket.burst,
                             r,
                         ) {
                             Some(cost) => CompiledCost::Response(Arc::new(cost)),

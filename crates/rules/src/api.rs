@@ -436,10 +436,20 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     if text == "*" {
         return Ok(None);
     }
-    let bare = text.trim_start_matches("W/").trim_matches('"');
+    // The ETag as sent, weak or strong, or the bare number: 1 to 18 digits, nothing else (no
+    // sign, no unbalanced quote), as the OpenAPI document says.
+    let quoted = text.strip_prefix("W/").unwrap_or(text);
+    let bare = quoted
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or(if quoted.len() == text.len() { text } else { "" });
     match bare.parse() {
-        Ok(version) => Ok(Some(version)),
-        Err(_) => Err(ApiError::BadRequest(format!(
+        Ok(version)
+            if (1..=18).contains(&bare.len()) && bare.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Ok(Some(version))
+        }
+        _ => Err(ApiError::BadRequest(format!(
             "if-match {text:?} is no version: send the ETag the rule was read with, like \"7\", or *"
         ))),
     }

@@ -98,6 +98,7 @@ pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
         .map(|positions| {
             let mut all = warnings::identity(&config.identity, &positions, &file_name);
             all.extend(warnings::descriptors(&config, &positions, &file_name));
+            all.extend(warnings::budgets(&config, &positions, &file_name));
             all
         })
         .unwrap_or_default();

@@ -127,3 +127,32 @@ pub(crate) fn descriptors(config: &Config, positions: &Positions, file: &str) ->
     }
     warnings
 }
+
+/// A token budget whose estimate (`cost.request`) is more than its bucket holds: each request
+/// reserves the whole bucket instead, so one is admitted only when the bucket is full.
+pub(crate) fn budgets(config: &Config, positions: &Positions, file: &str) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    for service in &config.services {
+        let buckets = child(&child("services", &service.name), "buckets");
+        let written = service.buckets.iter().filter(|b| !b.is_candidate());
+        for (index, bucket) in written.enumerate() {
+            let super::model::Cost::Response(cost) = &bucket.cost else {
+                continue;
+            };
+            let holds = bucket.burst.unwrap_or(bucket.limit.count).get();
+            let estimate = cost.estimate();
+            if estimate > holds {
+                let at = child(&child(&item(&buckets, index), "cost"), "request");
+                warnings.push(Warning {
+                    file: file.to_owned(),
+                    position: positions.value(&at),
+                    message: format!(
+                        "bucket \"{}\" reserves an estimate of {estimate}, more than it holds ({holds}): each request reserves the whole bucket instead, so one is admitted only when the bucket is full; lower the estimate or raise burst",
+                        bucket.name
+                    ),
+                });
+            }
+        }
+    }
+    warnings
+}

@@ -55,3 +55,18 @@ fn xff_trusted_hops_without_x_forwarded_for_has_no_effect() {
         found[0]
     );
 }
+
+#[test]
+fn a_token_budget_whose_estimate_is_more_than_its_bucket_holds_loads_with_a_warning() {
+    let file = "version: 1\nservices:\n  llm:\n    buckets:\n      - name: tokens\n        limit: 1000/min\n        algorithm: gcra\n        cost: { response: \"json:usage.total_tokens\", request: 5000 }\n";
+    let said = warnings(file);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("8:")
+            && said[0].contains("estimate of 5000, more than it holds (1000)"),
+        "{}",
+        said[0]
+    );
+    // One that fits warns about nothing.
+    assert!(warnings(&file.replace("5000", "1000")).is_empty());
+}

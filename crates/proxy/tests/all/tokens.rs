@@ -210,6 +210,25 @@ async fn an_estimate_is_reserved_then_settled_to_the_reported_weighted_cost() {
 }
 
 #[tokio::test]
+async fn an_estimate_above_the_bucket_reserves_the_whole_bucket_and_is_admitted_when_it_is_full() {
+    let up = upstream().await;
+    let running = proxy(
+        &budget(r#"{ response: "json:usage.total_tokens", request: 5000 }"#),
+        &format!("http://{up}"),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    // The full bucket of 1000 admits it, reserving all of it rather than refusing forever.
+    let first = get(addr, "/json/400", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(remaining(&first), 0, "the whole bucket reserved");
+    settled(&running, 400).await;
+    // 600 left after the settlement: not full, so the next one waits.
+    let second = get(addr, "/json/400", &[]).await;
+    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
 async fn the_last_sse_event_with_usage_is_debited() {
     let up = upstream().await;
     let running = proxy(

@@ -35,8 +35,9 @@ const DURATION: &str = r"^[1-9][0-9]{0,3}(ms|s|m|min|h|d)$";
 /// A header name.
 const HEADER: &str = r"^[A-Za-z0-9][A-Za-z0-9-]*$";
 
-/// Exact algorithms that take a burst, those that do not, and those the control plane runs.
-const BURST_ALGORITHMS: [&str; 3] = ["token-bucket", "leaky-bucket", "gcra"];
+/// Exact algorithms that take a burst and can go into debt (leaky-bucket takes a burst but
+/// cannot), those that take no burst, and those the control plane runs.
+const DEBT_ALGORITHMS: [&str; 2] = ["token-bucket", "gcra"];
 const WINDOW_ALGORITHMS: [&str; 3] = [
     "fixed-window",
     "sliding-window-log",
@@ -92,6 +93,7 @@ fn bucket_variant(
     algorithms: &[&str],
     algorithm_required: bool,
     stores: &[&str],
+    response_cost: bool,
     extra: &[(&str, Value)],
 ) -> Map<String, Value> {
     let mut properties = Map::new();
@@ -112,29 +114,7 @@ fn bucket_variant(
         json!({"enum": ["global", "region", "zone"]}),
     );
     properties.insert("mode".into(), json!({"enum": ["enforce", "shadow"]}));
-    properties.insert(
-        "cost".into(),
-        json!({
-            "description": "A whole number, `{ \"header\": \"x-cost\", \"default\": 1 }`, or a cost the response reports (a token budget): `{ \"response\": \"json:usage\", \"request\": 500, \"weights\": { \"input_tokens\": 1, \"output_tokens\": 4 }, \"default\": 1000 }`",
-            "oneOf": [
-                {"type": "integer", "minimum": 1, "maximum": u64::MAX},
-                {"type": "object", "required": ["header"], "additionalProperties": false,
-                 "properties": {
-                    "header": string(HEADER),
-                    "default": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
-                 }},
-                {"type": "object", "required": ["response"], "additionalProperties": false,
-                 "properties": {
-                    "response": {"type": "string", "pattern": "^(header|trailer|json|sse):.+$",
-                        "example": "json:usage.total_tokens"},
-                    "request": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
-                    "weights": {"type": "object",
-                        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": u64::MAX}},
-                    "default": {"type": "integer", "minimum": 1, "maximum": u64::MAX},
-                 }},
-            ],
-        }),
-    );
+    properties.insert("cost".into(), cost_schema(response_cost));
     properties.insert(
         "on_store_failure".into(),
         nullable(json!({"enum": ["open", "closed"]})),
@@ -155,7 +135,71 @@ fn bucket_variant(
     variant.insert("required".into(), json!(required));
     variant.insert("properties".into(), Value::Object(properties));
     variant.insert("additionalProperties".into(), json!(false));
+    if response_cost && stores.contains(&"redis") {
+        // A token budget in Redis is one shared bucket: not one per value of a subject.
+        let each: Vec<Value> = ["user", "org", "api_key", "ip"]
+            .iter()
+            .map(|k| json!({"required": [k], "properties": {*k: {"const": "*"}}}))
+            .collect();
+        variant.insert(
+            "not".into(),
+            json!({"required": ["store", "cost", "match"], "properties": {
+                "store": {"const": "redis"},
+                "cost": {"type": "object", "required": ["response"],
+                    "properties": {"response": {"type": "string"}}},
+                "match": {"anyOf": each},
+            }}),
+        );
+    }
     variant
+}
+
+/// `cost`: a whole number, a request header, or (`response`, for the algorithms that can go
+/// into debt) a cost the response reports. Optional keys may be null; `weights` only with a
+/// body's source, naming at least one field of weight above zero.
+fn cost_schema(response: bool) -> Value {
+    let count = json!({"type": "integer", "minimum": 1, "maximum": u64::MAX});
+    let none = json!({"type": "null"});
+    let mut variants = vec![
+        count.clone(),
+        json!({"type": "object", "required": ["header"], "additionalProperties": false,
+        "properties": {
+           "header": string(HEADER),
+           "default": nullable(count.clone()),
+           "response": none, "request": none, "weights": none,
+        }}),
+    ];
+    if response {
+        let weights = json!({"type": "object", "minProperties": 1,
+            "additionalProperties": {"type": "integer", "minimum": 0, "maximum": u64::MAX},
+            "not": {"additionalProperties": {"const": 0}}});
+        for (source, weights) in [
+            // A header or trailer carries one number: no weights.
+            (
+                r"^(header|trailer):[-A-Za-z0-9!#$%&'*+.^_`|~]+$",
+                none.clone(),
+            ),
+            // A dotted path into a JSON body or the last SSE event.
+            (r"^(json|sse):[^.]+(\.[^.]+)*$", nullable(weights)),
+        ] {
+            variants.push(json!({"type": "object", "required": ["response"],
+            "additionalProperties": false,
+            "properties": {
+                "response": {"type": "string", "pattern": source,
+                    "example": "json:usage.total_tokens"},
+                "request": nullable(count.clone()),
+                "weights": weights,
+                "default": nullable(count.clone()),
+                "header": none,
+            }}));
+        }
+    }
+    let mut description =
+        "A whole number, or `{ \"header\": \"x-cost\", \"default\": 1 }`".to_owned();
+    if response {
+        description.push_str(", or a cost the response reports (a token budget): `{ \"response\": \"json:usage\", \"request\": 500, \"weights\": { \"input_tokens\": 1, \"output_tokens\": 4 }, \"default\": 1000 }`");
+    }
+    json!({"description": description, "oneOf": variants})
 }
 
 /// A bucket in its four families; `rule` adds what a single rule carries besides.
@@ -173,16 +217,25 @@ fn bucket_schema(rule: bool, exact_stores: &[&str]) -> Value {
         ),
     );
     let mut variants = vec![
-        bucket_variant(&BURST_ALGORITHMS, true, exact_stores, &[burst]),
-        bucket_variant(&WINDOW_ALGORITHMS, true, exact_stores, &[]),
+        // A cost the response reports needs a meter that can go into debt.
+        bucket_variant(
+            &DEBT_ALGORITHMS,
+            true,
+            exact_stores,
+            true,
+            std::slice::from_ref(&burst),
+        ),
+        bucket_variant(&["leaky-bucket"], true, exact_stores, false, &[burst]),
+        bucket_variant(&WINDOW_ALGORITHMS, true, exact_stores, false, &[]),
         bucket_variant(
             &["adaptive-token-bucket"],
             true,
             &["control-plane"],
+            false,
             &[burst_window],
         ),
         // Without `algorithm` a bucket is a drop-ratio one.
-        bucket_variant(&["drop-ratio"], false, &["control-plane"], &[]),
+        bucket_variant(&["drop-ratio"], false, &["control-plane"], false, &[]),
     ];
     if rule {
         for variant in &mut variants {

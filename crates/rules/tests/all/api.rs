@@ -603,7 +603,17 @@ fn malformed_requests_get_problem_documents() {
     );
 
     // An if-match that is no version is a bad request, not a version that moved.
-    for tag in ["", "W/\"\"", "\"seven\""] {
+    // Nor is a sign, an unbalanced quote or a weak tag without its quotes.
+    for tag in [
+        "",
+        "W/\"\"",
+        "\"seven\"",
+        "+7",
+        "-1",
+        "\"7",
+        "W/7",
+        "1234567890123456789",
+    ] {
         let answer = admin
             .send("DELETE", &format!("/v1/rules/{id}"), None, Some(tag))
             .unwrap();

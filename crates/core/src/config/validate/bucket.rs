@@ -303,8 +303,9 @@ pub(super) fn check_batch(
     Ok(())
 }
 
-/// A cost the response reports: a source that parses, weights only for a body's object, an
-/// algorithm that can go into debt, and an estimate the bucket can hold.
+/// A cost the response reports: a source that parses, weights only for a body's object and an
+/// algorithm that can go into debt. An estimate above what the bucket holds loads, with a
+/// warning (`warnings::budgets`): it reserves the whole bucket.
 fn check_response_cost(
     check: &Checker<'_>,
     path: &str,
@@ -340,17 +341,6 @@ fn check_response_cost(
                 "weights weigh nothing; name the fields to count, like { input_tokens: 1, output_tokens: 4 }",
             ));
         }
-    }
-    let burst = bucket.burst.unwrap_or(bucket.limit.count).get();
-    if let Some(estimate) = cost.request
-        && estimate.get() > burst
-    {
-        return Err(check.at_value(
-            &child(&at, "request"),
-            format!(
-                "an estimate of {estimate} is more than the bucket holds ({burst}), so no request would ever be admitted; lower it or raise burst"
-            ),
-        ));
     }
     if store == StateStore::Redis {
         if bucket.batch.is_some() {
