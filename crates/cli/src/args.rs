@@ -858,9 +858,11 @@ pub struct EmulateArgs {
     /// Offer load to the first B control-plane buckets of the rules (default: all of them).
     #[arg(long, value_name = "B")]
     pub buckets: Option<usize>,
-    /// The zone's aggregator (`http://`, or `https://` with --tls-dir).
-    #[arg(long)]
-    pub aggregator: String,
+    /// The zone's aggregator (`http://`, or `https://` with --tls-dir). Repeat it for each
+    /// aggregator of the zone: each host starts at one picked by its id and moves to the next
+    /// when its stream is lost, as a sidecar does.
+    #[arg(long = "aggregator", value_name = "URL", required = true, action = clap::ArgAction::Append)]
+    pub aggregators: Vec<String>,
     /// The hosts' region.
     #[arg(long)]
     pub region: String,

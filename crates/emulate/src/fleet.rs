@@ -33,7 +33,8 @@ pub struct FleetOptions {
     pub hosts: usize,
     /// Load goes to the first this many control-plane buckets of the rules.
     pub buckets: usize,
-    pub aggregator: String,
+    /// The zone's aggregators: one, or several that the hosts spread over and fail over between.
+    pub aggregators: Vec<String>,
     pub region: String,
     pub zone: String,
     /// Host ids are `PREFIX-0`, `PREFIX-1`, ...
@@ -171,8 +172,8 @@ pub async fn run(options: FleetOptions, mut stop: Stop) -> Result<FleetSummary, 
             options.config.clone(),
             rates.clone(),
         ));
-        let mut link_options =
-            LinkOptions::new(&options.aggregator, id, &options.region, &options.zone);
+        let mut link_options = LinkOptions::new("", id, &options.region, &options.zone);
+        link_options.aggregators = options.aggregators.clone();
         link_options.backoff = options.backoff.clone();
         link_options.tls = tls;
         let link = ClientLink::spawn(link_options, host.clone())?;

@@ -58,7 +58,7 @@ fn start(args: EmulateArgs) -> Result<ExitCode, String> {
         config: Arc::new(config),
         hosts,
         buckets,
-        aggregator: args.aggregator,
+        aggregators: args.aggregators,
         region: args.region,
         zone: args.zone,
         host_prefix: args.host_prefix,

@@ -326,3 +326,55 @@ fn a_run_that_cannot_start_says_why_and_exits_2() {
         "{err}"
     );
 }
+
+#[test]
+fn emulated_hosts_given_two_aggregators_spread_over_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path());
+    let controller = free_port();
+    let _controller = crate::support::fleet::controller(controller, Path::new(&rules), &[]);
+    let pair: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let _aggregators: Vec<_> = pair
+        .iter()
+        .map(|(port, admin)| {
+            crate::support::fleet::aggregator(
+                *port,
+                "z1",
+                controller,
+                &["--admin", &format!("127.0.0.1:{admin}")],
+            )
+        })
+        .collect();
+    for (_, admin) in &pair {
+        wait_linked(*admin);
+    }
+    let mut args: Vec<String> = ["-c", &rules, "--hosts", "20", "--region", "r1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (port, _) in &pair {
+        args.extend(["--aggregator".into(), format!("http://127.0.0.1:{port}")]);
+    }
+    args.extend(["--zone", "z1", "--seconds", "6", "--rate", "10"].map(String::from));
+    let run =
+        std::thread::spawn(move || emulate(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let clients = |admin: u16| {
+        metric(
+            &admin_get(admin, "/metrics"),
+            "spillway_aggregator_clients",
+            "",
+        )
+        .unwrap_or(0.0)
+    };
+    // Each host starts at the aggregator its id picks: both have some, and all 20 are linked.
+    wait_for(
+        std::time::Duration::from_secs(5),
+        "the 20 hosts are linked, spread over both aggregators",
+        || {
+            let (a, b) = (clients(pair[0].1), clients(pair[1].1));
+            a > 0.0 && b > 0.0 && a + b == 20.0
+        },
+    );
+    let summary = run.join().unwrap();
+    assert_eq!(summary["connected"], 20, "{summary}");
+}
