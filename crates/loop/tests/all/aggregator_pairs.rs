@@ -4,6 +4,7 @@
 //! its aggregators by their load, and an aggregator that is gone counts for nothing
 //! (`RegionCore::on_zone_report`, `RegionCore::poll`).
 
+use crate::support::zone_counts;
 use std::sync::Arc;
 
 use spillway_core::algo::Ratio;
@@ -24,21 +25,6 @@ fn rules(algorithm: &str) -> Arc<RulesSnapshot> {
 /// reports for the first time.
 fn zone_report(zone: &str, sequence: u64, offered: u64, new_hosts: &[&str]) -> v1::ZoneReport {
     v1::ZoneReport {
-        zone: zone.into(),
-        region: "r1".into(),
-        sequence,
-        interval_ms: 1_000,
-        buckets: vec![v1::BucketCounts {
-            service: "api".into(),
-            bucket: "all".into(),
-            offered,
-            allowed: offered,
-            shadow_dropped: 0,
-            offered_tail: Some(offered / 4),
-            hosts: Some(2),
-            tier_offered: Vec::new(),
-        }],
-        clients: 2,
         hosts: new_hosts
             .iter()
             .map(|h| v1::HostStatus {
@@ -46,7 +32,7 @@ fn zone_report(zone: &str, sequence: u64, offered: u64, new_hosts: &[&str]) -> v
                 rules_version: 1,
             })
             .collect(),
-        ..Default::default()
+        ..zone_counts(zone, sequence, offered, 2)
     }
 }
 

@@ -3,6 +3,7 @@
 //! new leader's instructions, and a host that got the old one's straight (a zone that had not
 //! heard of epoch 5) drops them once it has.
 
+use crate::support::zone_counts;
 use std::sync::Arc;
 
 use spillway_core::algo::Ratio;
@@ -18,23 +19,7 @@ fn rules() -> Arc<RulesSnapshot> {
 }
 
 fn zone_report(sequence: u64, offered: u64) -> v1::ZoneReport {
-    v1::ZoneReport {
-        zone: "z1".into(),
-        region: "r1".into(),
-        sequence,
-        interval_ms: 1_000,
-        buckets: vec![v1::BucketCounts {
-            service: "api".into(),
-            bucket: "all".into(),
-            offered,
-            allowed: offered,
-            offered_tail: Some(offered / 4),
-            hosts: Some(1),
-            ..Default::default()
-        }],
-        clients: 1,
-        ..Default::default()
-    }
+    zone_counts("z1", sequence, offered, 1)
 }
 
 /// The instructions `region` sends zone `z1` for interval 7, with `offered` requests in it.

@@ -2,6 +2,7 @@
 //! it, and what the silent member reported for the interval before stands in for it, one
 //! interval only (`ZoneCore::poll`, `RegionCore::poll`).
 
+use crate::support::zone_counts;
 use std::sync::Arc;
 
 use spillway_loop::{BucketKey, RegionCore, RulesSnapshot};
@@ -16,24 +17,7 @@ fn rules() -> Arc<RulesSnapshot> {
 }
 
 fn zone_report(zone: &str, sequence: u64, offered: u64) -> v1::ZoneReport {
-    v1::ZoneReport {
-        zone: zone.into(),
-        region: "r1".into(),
-        sequence,
-        interval_ms: 1_000,
-        buckets: vec![v1::BucketCounts {
-            service: "api".into(),
-            bucket: "all".into(),
-            offered,
-            allowed: offered,
-            shadow_dropped: 0,
-            offered_tail: Some(offered / 4),
-            hosts: Some(10),
-            tier_offered: Vec::new(),
-        }],
-        clients: 10,
-        ..Default::default()
-    }
+    zone_counts(zone, sequence, offered, 10)
 }
 
 #[test]

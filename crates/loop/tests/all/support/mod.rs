@@ -711,3 +711,25 @@ impl Fleet {
 fn ticker_ms(interval_ms: u64) -> u64 {
     (interval_ms / 100).clamp(2, 10)
 }
+
+/// Zone `zone`'s report of interval `sequence` (1 s) in region r1: `offered` requests of
+/// bucket api/all, all allowed, from `hosts` hosts.
+pub fn zone_counts(zone: &str, sequence: u64, offered: u64, hosts: u32) -> v1::ZoneReport {
+    v1::ZoneReport {
+        zone: zone.into(),
+        region: "r1".into(),
+        sequence,
+        interval_ms: 1_000,
+        buckets: vec![v1::BucketCounts {
+            service: "api".into(),
+            bucket: "all".into(),
+            offered,
+            allowed: offered,
+            offered_tail: Some(offered / 4),
+            hosts: Some(u64::from(hosts)),
+            ..Default::default()
+        }],
+        clients: hosts,
+        ..Default::default()
+    }
+}
