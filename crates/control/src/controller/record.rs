@@ -27,10 +27,14 @@ const MAX_VERSIONS: usize = 16;
 pub(super) struct ZoneHealth {
     /// Aggregator streams open for it now (one, or two while one replaces the other).
     pub streams: u32,
-    /// When its last report arrived (Unix ms), and the interval and clients it covered.
+    /// When its last report arrived (Unix ms), the interval it covered, and the clients of all
+    /// its aggregators' last reports.
     pub last_report_ms: Option<u64>,
     pub last_sequence: u64,
     pub clients: u32,
+    /// Each open stream's clients as its last report gave them: a zone's two aggregators each
+    /// count their own hosts.
+    parts: BTreeMap<u64, u32>,
     /// When instructions last went down its stream.
     pub last_instructions_ms: Option<u64>,
     /// Instructions its stream could not take (full: a slow aggregator).
@@ -83,7 +87,7 @@ impl Record {
     pub(super) fn on_zone_report(&mut self, member: u64, report: &v1::ZoneReport, now_ms: u64) {
         if self.members.get(&member) != Some(&report.zone) {
             if let Some(old) = self.members.remove(&member) {
-                self.stream_ended(&old, now_ms);
+                self.stream_ended(&old, member, now_ms);
             }
             if self.zone_entry(&report.zone).is_some() {
                 self.members.insert(member, report.zone.clone());
@@ -96,7 +100,8 @@ impl Record {
         if let Some(zone) = self.zones.get_mut(&report.zone) {
             zone.last_report_ms = Some(now_ms);
             zone.last_sequence = report.sequence;
-            zone.clients = report.clients;
+            zone.parts.insert(member, report.clients);
+            zone.clients = zone.parts.values().sum();
         }
         for host in &report.hosts {
             match self.hosts.get_mut(&host.host_id) {
@@ -120,7 +125,7 @@ impl Record {
     /// Stream `member` ended, and the hosts it reported with it (as the core forgets them).
     pub(super) fn on_leave(&mut self, member: u64, now_ms: u64) {
         if let Some(zone) = self.members.remove(&member) {
-            self.stream_ended(&zone, now_ms);
+            self.stream_ended(&zone, member, now_ms);
         }
         self.hosts.retain(|_, seen| seen.member != member);
     }
@@ -254,9 +259,11 @@ impl Record {
         Some(self.zones.entry(zone.to_owned()).or_default())
     }
 
-    fn stream_ended(&mut self, zone: &str, now_ms: u64) {
+    fn stream_ended(&mut self, zone: &str, member: u64, now_ms: u64) {
         if let Some(z) = self.zones.get_mut(zone) {
             z.streams = z.streams.saturating_sub(1);
+            z.parts.remove(&member);
+            z.clients = z.parts.values().sum();
             if z.streams == 0 {
                 z.left_ms = Some(now_ms);
             }
@@ -346,6 +353,31 @@ mod tests {
     }
 
     #[test]
+    fn a_zones_clients_are_those_of_all_its_aggregators() {
+        let mut record = Record::new(3, 100_000);
+        let mut core = core(100_000);
+        core.join(1, "");
+        core.join(2, "");
+        let mut two = report(100, 10, 10, 0);
+        two.hosts.clear();
+        two.clients = 3;
+        record.on_zone_report(1, &report(100, 10, 10, 0), 101_010);
+        record.on_zone_report(2, &two, 101_012);
+        assert_eq!(record.zones()["z1"].streams, 2);
+        assert_eq!(
+            record.zones()["z1"].clients,
+            5,
+            "2 on one aggregator, 3 on the other"
+        );
+        // The next report of the first counts once, not added again.
+        record.on_zone_report(1, &report(101, 10, 10, 0), 102_010);
+        assert_eq!(record.zones()["z1"].clients, 5);
+        // One aggregator gone: its hosts are no longer the zone's until they report elsewhere.
+        record.on_leave(2, 102_500);
+        assert_eq!(record.zones()["z1"].clients, 2);
+    }
+
+    #[test]
     fn a_zone_is_known_by_its_reports_instructions_and_streams() {
         let mut core = core(100_000);
         let mut record = Record::new(3, 100_000);
@@ -363,6 +395,7 @@ mod tests {
         record.on_leave(1, 102_000);
         let zone = &record.zones()["z1"];
         assert_eq!((zone.streams, zone.left_ms), (0, Some(102_000)));
+        assert_eq!(zone.clients, 0, "no stream, no clients");
     }
 
     #[test]
