@@ -171,6 +171,7 @@ fn cost_schema(response: bool) -> Value {
     ];
     if response {
         let weights = json!({"type": "object", "minProperties": 1,
+            "propertyNames": {"pattern": r"^[^\u0000]*$"},
             "additionalProperties": {"type": "integer", "minimum": 0, "maximum": u64::MAX},
             "not": {"additionalProperties": {"const": 0}}});
         for (source, weights) in [
@@ -180,7 +181,10 @@ fn cost_schema(response: bool) -> Value {
                 none.clone(),
             ),
             // A dotted path into a JSON body or the last SSE event.
-            (r"^(json|sse):[^.]+(\.[^.]+)*$", nullable(weights)),
+            (
+                r"^(json|sse):[^.\u0000]+(\.[^.\u0000]+)*$",
+                nullable(weights),
+            ),
         ] {
             variants.push(json!({"type": "object", "required": ["response"],
             "additionalProperties": false,

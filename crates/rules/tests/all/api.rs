@@ -658,6 +658,18 @@ fn json_bodies_are_read_as_json_means_them() {
     let smile = rules.iter().find(|r| r["name"] == "smile").unwrap();
     assert_eq!(smile["match"]["user"], "😀");
     assert_eq!(smile["cost"], 3);
+
+    // A large whole number written as a float is read exactly, not a unit of the last place off
+    // (which made it a fraction and the rule invalid).
+    let big = admin
+        .post(
+            "/v1/rules",
+            r#"{"service": "api", "name": "big", "limit": "10/s", "algorithm": "token-bucket",
+                "cost": 4204198101187882.0}"#,
+        )
+        .unwrap();
+    assert_eq!(big.status, 201, "{:?}", big.body);
+    assert_eq!(big.body["cost"], 4_204_198_101_187_882u64);
 }
 
 /// The query parameters are documented as query parameters (utoipa's default is the path), and
