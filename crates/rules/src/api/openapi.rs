@@ -260,18 +260,19 @@ fn bucket_schema(rule: bool, exact_stores: &[&str]) -> Value {
             );
             properties.insert(
                 "reason".into(),
+                // Any text but NUL; not blank only for an override (below).
                 nullable(json!({"type": "string", "maxLength": MAX_REASON_BYTES,
-                    "pattern": TEXT,
+                    "pattern": r"^[^\u0000]*$",
                     "description": "Why, for the audit log; at most 4096 bytes"})),
             );
-            // A `ttl` needs a `reason`.
+            // A `ttl` needs a `reason` that is not blank.
             variant.insert(
                 "if".into(),
                 json!({"required": ["ttl"], "properties": {"ttl": {"type": "string"}}}),
             );
             variant.insert(
                 "then".into(),
-                json!({"required": ["reason"], "properties": {"reason": {"type": "string"}}}),
+                json!({"required": ["reason"], "properties": {"reason": string(TEXT)}}),
             );
         }
     }
