@@ -34,7 +34,7 @@ impl ResponseCost {
         service: Arc<str>,
         bucket: &str,
         limit: Limit,
-        burst: Option<std::num::NonZeroU64>,
+        holds: u64,
         cost: &CostResponse,
     ) -> Option<Self> {
         // Validation refused a source that does not parse; rules from elsewhere that slip one
@@ -52,7 +52,7 @@ impl ResponseCost {
                 .unwrap_or_default(),
             // An estimate above what the bucket holds could never be taken: it reserves the
             // whole bucket instead (`spillway check` warns).
-            estimate: cost.estimate().min(burst.unwrap_or(limit.count).get()),
+            estimate: cost.estimate().min(holds),
             fallback: cost.fallback(),
         })
     }

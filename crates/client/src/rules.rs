@@ -285,7 +285,7 @@ impl Rules {
                             service_name.clone(),
                             &bucket.name,
                             bucket.limit,
-                            bucket.burst,
+                            bucket.holds(),
                             r,
                         ) {
                             Some(cost) => CompiledCost::Response(Arc::new(cost)),

@@ -438,17 +438,20 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     }
     // The ETag as sent, weak or strong, or the bare number: 1 to 18 digits, nothing else (no
     // sign, no unbalanced quote), as the OpenAPI document says.
-    let quoted = text.strip_prefix("W/").unwrap_or(text);
-    let bare = quoted
+    let weak = text.strip_prefix("W/");
+    let quoted = weak
+        .unwrap_or(text)
         .strip_prefix('"')
-        .and_then(|q| q.strip_suffix('"'))
-        .unwrap_or(if quoted.len() == text.len() { text } else { "" });
+        .and_then(|q| q.strip_suffix('"'));
+    let bare = match (weak, quoted) {
+        (_, Some(inner)) => inner,
+        (None, None) => text,
+        // `W/` without its quotes.
+        (Some(_), None) => "",
+    };
+    let digits = (1..=18).contains(&bare.len()) && bare.bytes().all(|b| b.is_ascii_digit());
     match bare.parse() {
-        Ok(version)
-            if (1..=18).contains(&bare.len()) && bare.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Ok(Some(version))
-        }
+        Ok(version) if digits => Ok(Some(version)),
         _ => Err(ApiError::BadRequest(format!(
             "if-match {text:?} is no version: send the ETag the rule was read with, like \"7\", or *"
         ))),

@@ -302,7 +302,7 @@ impl Region {
                     "streams": z.streams,
                     "last_report_age_ms": age(z.last_report_ms),
                     "last_sequence": z.last_sequence,
-                    "clients": z.clients,
+                    "clients": z.clients(),
                     "hosts": of_zone().count(),
                     "hosts_current": of_zone().filter(|h| h.rules_version == version).count(),
                     "instructions_age_ms": instructions_age,

@@ -27,13 +27,11 @@ const MAX_VERSIONS: usize = 16;
 pub(super) struct ZoneHealth {
     /// Aggregator streams open for it now (one, or two while one replaces the other).
     pub streams: u32,
-    /// When its last report arrived (Unix ms), the interval it covered, and the clients of all
-    /// its aggregators' last reports.
+    /// When its last report arrived (Unix ms), and the interval it covered.
     pub last_report_ms: Option<u64>,
     pub last_sequence: u64,
-    pub clients: u32,
     /// Each open stream's clients as its last report gave them: a zone's two aggregators each
-    /// count their own hosts.
+    /// count their own hosts ([`ZoneHealth::clients`]).
     parts: BTreeMap<u64, u32>,
     /// When instructions last went down its stream.
     pub last_instructions_ms: Option<u64>,
@@ -41,6 +39,13 @@ pub(super) struct ZoneHealth {
     pub missed: u64,
     /// When its last stream ended, while none is open.
     pub left_ms: Option<u64>,
+}
+
+impl ZoneHealth {
+    /// The clients of all its aggregators' last reports.
+    pub fn clients(&self) -> u32 {
+        self.parts.values().sum()
+    }
 }
 
 /// A host's rules version as its zone's reports gave it.
@@ -101,7 +106,6 @@ impl Record {
             zone.last_report_ms = Some(now_ms);
             zone.last_sequence = report.sequence;
             zone.parts.insert(member, report.clients);
-            zone.clients = zone.parts.values().sum();
         }
         for host in &report.hosts {
             match self.hosts.get_mut(&host.host_id) {
@@ -263,7 +267,6 @@ impl Record {
         if let Some(z) = self.zones.get_mut(zone) {
             z.streams = z.streams.saturating_sub(1);
             z.parts.remove(&member);
-            z.clients = z.parts.values().sum();
             if z.streams == 0 {
                 z.left_ms = Some(now_ms);
             }
@@ -365,16 +368,16 @@ mod tests {
         record.on_zone_report(2, &two, 101_012);
         assert_eq!(record.zones()["z1"].streams, 2);
         assert_eq!(
-            record.zones()["z1"].clients,
+            record.zones()["z1"].clients(),
             5,
             "2 on one aggregator, 3 on the other"
         );
         // The next report of the first counts once, not added again.
         record.on_zone_report(1, &report(101, 10, 10, 0), 102_010);
-        assert_eq!(record.zones()["z1"].clients, 5);
+        assert_eq!(record.zones()["z1"].clients(), 5);
         // One aggregator gone: its hosts are no longer the zone's until they report elsewhere.
         record.on_leave(2, 102_500);
-        assert_eq!(record.zones()["z1"].clients, 2);
+        assert_eq!(record.zones()["z1"].clients(), 2);
     }
 
     #[test]
@@ -387,7 +390,7 @@ mod tests {
         assert_eq!(zone.streams, 1);
         assert_eq!(zone.last_report_ms, Some(101_010));
         assert_eq!(zone.last_sequence, 100);
-        assert_eq!(zone.clients, 2);
+        assert_eq!(zone.clients(), 2);
         assert_eq!(zone.last_instructions_ms, Some(101_010));
         assert_eq!(zone.left_ms, None);
         record.on_instructions(1, false, 101_500);
@@ -395,7 +398,7 @@ mod tests {
         record.on_leave(1, 102_000);
         let zone = &record.zones()["z1"];
         assert_eq!((zone.streams, zone.left_ms), (0, Some(102_000)));
-        assert_eq!(zone.clients, 0, "no stream, no clients");
+        assert_eq!(zone.clients(), 0, "no stream, no clients");
     }
 
     #[test]

@@ -163,6 +163,11 @@ impl Bucket {
             .map_or(self.limit, |(_, l)| *l)
     }
 
+    /// Units the bucket holds when full: its burst, else its limit's count.
+    pub fn holds(&self) -> u64 {
+        self.burst.unwrap_or(self.limit.count).get()
+    }
+
     /// Whether this is a candidate's twin ([`CANDIDATE_SUFFIX`]).
     pub fn is_candidate(&self) -> bool {
         candidate_of(&self.name).is_some()

@@ -139,7 +139,7 @@ pub(crate) fn budgets(config: &Config, positions: &Positions, file: &str) -> Vec
             let super::model::Cost::Response(cost) = &bucket.cost else {
                 continue;
             };
-            let holds = bucket.burst.unwrap_or(bucket.limit.count).get();
+            let holds = bucket.holds();
             let estimate = cost.estimate();
             if estimate > holds {
                 let at = child(&child(&item(&buckets, index), "cost"), "request");
