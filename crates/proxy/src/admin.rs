@@ -255,7 +255,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     }
     registry.register(
         "spillway_cost_unreported",
-        "Responses of token budgets that reported no readable cost (missing, malformed, cut short, compressed) and were charged the bucket's default",
+        "Responses of token budgets that reported no readable cost (missing, malformed, cut short, compressed other than by gzip or deflate) and were charged the bucket's default",
         unreported,
     );
     registry.register(

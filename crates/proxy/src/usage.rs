@@ -1,8 +1,10 @@
 //! Token budgets' costs read from the response as it streams to the client: a header, a
 //! trailer, a path in a JSON body (a streaming scan that keeps only the value it is after) or
-//! in the last server-sent event that carries it. Nothing here holds the body back or copies
-//! it whole; a cost that cannot be read is charged the bucket's default and counted.
+//! in the last server-sent event that carries it. A gzip or deflate body is inflated alongside
+//! for the scan, a piece at a time. Nothing here holds the body back or copies it whole; a cost
+//! that cannot be read is charged the bucket's default and counted.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,6 +19,11 @@ use crate::shared::Shared;
 /// object is a few hundred bytes.
 const CAPTURE_MAX: usize = 64 * 1024;
 
+/// The most a compressed body is inflated for its scan: an LLM's answer is at most a few MiB,
+/// and a small body that inflates past this (a decompression bomb) is not worth the CPU. Past
+/// it the cost is unreported.
+const INFLATED_MAX: u64 = 64 * 1024 * 1024;
+
 /// The costs of one response's token budgets, settled when the body ends or is dropped.
 pub(crate) struct Meter {
     shared: Arc<Shared>,
@@ -28,8 +35,145 @@ enum Reader {
     /// Known from the head (a header), or never (a trailer's name awaited).
     Known(Option<serde_json::Value>),
     Trailer(http::HeaderName, Option<serde_json::Value>),
-    Json(Box<JsonScan>),
-    Sse(Box<SseScan>),
+    Body(Box<Decoded>),
+}
+
+/// A body's content coding, as far as a scan can read it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Coding {
+    Identity,
+    Gzip,
+    /// HTTP's `deflate`: the zlib format.
+    Deflate,
+    /// Any other coding (br, zstd, several codings): not read, the cost unreported.
+    Unreadable,
+}
+
+impl Coding {
+    fn of(headers: &HeaderMap) -> Self {
+        let mut codings = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+        let coding = match codings.next() {
+            None => return Coding::Identity,
+            Some(c) if c.eq_ignore_ascii_case(b"gzip") || c.eq_ignore_ascii_case(b"x-gzip") => {
+                Coding::Gzip
+            }
+            Some(c) if c.eq_ignore_ascii_case(b"deflate") => Coding::Deflate,
+            Some(_) => Coding::Unreadable,
+        };
+        if codings.next().is_some() {
+            return Coding::Unreadable;
+        }
+        coding
+    }
+}
+
+/// A scan of the body's JSON or of its events.
+enum Scan {
+    Json(JsonScan),
+    Sse(SseScan),
+}
+
+impl Scan {
+    fn feed(&mut self, bytes: &[u8]) {
+        match self {
+            Scan::Json(scan) => scan.feed(bytes),
+            Scan::Sse(scan) => scan.feed(bytes),
+        }
+    }
+
+    fn finish(&mut self) -> Option<serde_json::Value> {
+        match self {
+            Scan::Json(scan) => scan.finish(),
+            Scan::Sse(scan) => scan.finish(),
+        }
+    }
+}
+
+/// Where an inflater writes: straight into the scan, never into a buffer of the whole body,
+/// and no further than [`INFLATED_MAX`].
+struct Inflated {
+    scan: Scan,
+    bytes: u64,
+    limit: u64,
+}
+
+impl Write for Inflated {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes += buf.len() as u64;
+        if self.bytes > self.limit {
+            return Err(std::io::Error::other("inflated past the bound"));
+        }
+        self.scan.feed(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The body as the scan reads it: as it came, or inflated on the way.
+enum Decoded {
+    Plain(Scan),
+    Gzip(flate2::write::GzDecoder<Inflated>),
+    Deflate(flate2::write::ZlibDecoder<Inflated>),
+    /// The coding was broken, or inflated past its bound: nothing the scan saw counts.
+    Broken,
+}
+
+impl Decoded {
+    fn new(scan: Scan, coding: Coding) -> Self {
+        Self::inflating_at_most(scan, coding, INFLATED_MAX)
+    }
+
+    fn inflating_at_most(scan: Scan, coding: Coding, limit: u64) -> Self {
+        let inflated = Inflated {
+            scan,
+            bytes: 0,
+            limit,
+        };
+        match coding {
+            Coding::Identity | Coding::Unreadable => Decoded::Plain(inflated.scan),
+            Coding::Gzip => Decoded::Gzip(flate2::write::GzDecoder::new(inflated)),
+            Coding::Deflate => Decoded::Deflate(flate2::write::ZlibDecoder::new(inflated)),
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        let written = match self {
+            Decoded::Plain(scan) => {
+                scan.feed(bytes);
+                Ok(())
+            }
+            Decoded::Gzip(inflater) => inflater.write_all(bytes),
+            Decoded::Deflate(inflater) => inflater.write_all(bytes),
+            Decoded::Broken => Ok(()),
+        };
+        if written.is_err() {
+            *self = Decoded::Broken;
+        }
+    }
+
+    /// What the scan found, if the body (and its coding) ended whole.
+    fn finish(&mut self) -> Option<serde_json::Value> {
+        match self {
+            Decoded::Plain(scan) => scan.finish(),
+            Decoded::Gzip(inflater) => {
+                inflater.try_finish().ok()?;
+                inflater.get_mut().scan.finish()
+            }
+            Decoded::Deflate(inflater) => {
+                inflater.try_finish().ok()?;
+                inflater.get_mut().scan.finish()
+            }
+            Decoded::Broken => None,
+        }
+    }
 }
 
 fn number(text: &[u8]) -> Option<serde_json::Value> {
@@ -48,10 +192,7 @@ impl Meter {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
-        // A compressed body cannot be scanned without inflating it; its cost is unreported.
-        let encoded = headers
-            .get(http::header::CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let coding = Coding::of(headers);
         let charges = charges
             .into_iter()
             .map(|charge| {
@@ -67,15 +208,18 @@ impl Meter {
                             Err(_) => Reader::Known(None),
                         }
                     }
-                    ResponseSource::Json(_) | ResponseSource::Sse(_) if encoded => {
+                    ResponseSource::Json(_) | ResponseSource::Sse(_)
+                        if coding == Coding::Unreadable =>
+                    {
                         Reader::Known(None)
                     }
                     ResponseSource::Json(path) | ResponseSource::Sse(path) => {
-                        if event_stream {
-                            Reader::Sse(Box::new(SseScan::new(path.clone())))
+                        let scan = if event_stream {
+                            Scan::Sse(SseScan::new(path.clone()))
                         } else {
-                            Reader::Json(Box::new(JsonScan::new(path.clone())))
-                        }
+                            Scan::Json(JsonScan::new(path.clone()))
+                        };
+                        Reader::Body(Box::new(Decoded::new(scan, coding)))
                     }
                 };
                 (charge, reader)
@@ -92,10 +236,8 @@ impl Meter {
     pub(crate) fn frame(&mut self, frame: &Frame<Bytes>) {
         if let Some(data) = frame.data_ref() {
             for (_, reader) in &mut self.charges {
-                match reader {
-                    Reader::Json(scan) => scan.feed(data),
-                    Reader::Sse(scan) => scan.feed(data),
-                    _ => {}
+                if let Reader::Body(body) = reader {
+                    body.feed(data);
                 }
             }
         } else if let Some(trailers) = frame.trailers_ref() {
@@ -117,8 +259,7 @@ impl Meter {
         for (charge, reader) in self.charges.drain(..) {
             let value = match reader {
                 Reader::Known(v) | Reader::Trailer(_, v) => v,
-                Reader::Json(mut scan) => scan.finish(),
-                Reader::Sse(mut scan) => scan.finish(),
+                Reader::Body(mut body) => body.finish(),
             };
             let reported = value.and_then(|v| charge.cost().cost_of(&v));
             if charge.in_redis() {
@@ -457,6 +598,99 @@ mod tests {
         );
         assert_eq!(scan("usage", &[r#"{"usage":{"total_tokens":4"#]), None);
         assert_eq!(scan("usage.total_tokens", &["not json at all"]), None);
+    }
+
+    fn compressed(coding: Coding, body: &[u8]) -> Vec<u8> {
+        let level = flate2::Compression::default();
+        match coding {
+            Coding::Gzip => {
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+                e.write_all(body).unwrap();
+                e.finish().unwrap()
+            }
+            Coding::Deflate => {
+                let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+                e.write_all(body).unwrap();
+                e.finish().unwrap()
+            }
+            other => panic!("no encoder for {other:?}"),
+        }
+    }
+
+    fn decoded(coding: Coding, chunks: &[&[u8]]) -> Option<serde_json::Value> {
+        decoded_at_most(coding, chunks, INFLATED_MAX)
+    }
+
+    fn decoded_at_most(coding: Coding, chunks: &[&[u8]], limit: u64) -> Option<serde_json::Value> {
+        let scan = Scan::Json(JsonScan::new(vec!["usage".into(), "total_tokens".into()]));
+        let mut body = Decoded::inflating_at_most(scan, coding, limit);
+        for chunk in chunks {
+            body.feed(chunk);
+        }
+        body.finish()
+    }
+
+    #[test]
+    fn a_gzip_or_deflate_body_is_inflated_for_the_scan_a_byte_at_a_time_or_whole() {
+        let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"total_tokens":42}}"#;
+        for coding in [Coding::Gzip, Coding::Deflate] {
+            let wire = compressed(coding, body);
+            assert_eq!(decoded(coding, &[&wire]), Some(42.into()), "{coding:?}");
+            let bytes: Vec<&[u8]> = wire.chunks(1).collect();
+            assert_eq!(
+                decoded(coding, &bytes),
+                Some(42.into()),
+                "{coding:?} by bytes"
+            );
+            // Cut short, or corrupted: nothing.
+            assert_eq!(
+                decoded(coding, &[&wire[..wire.len() / 2]]),
+                None,
+                "{coding:?}"
+            );
+            let mut bad = wire.clone();
+            let middle = bad.len() / 2;
+            bad[middle] ^= 0xff;
+            bad[middle + 1] ^= 0x55;
+            assert_eq!(decoded(coding, &[&bad]), None, "{coding:?} corrupted");
+        }
+        // Not compressed at all, but said to be.
+        assert_eq!(decoded(Coding::Gzip, &[body]), None);
+    }
+
+    #[test]
+    fn a_body_that_inflates_past_the_bound_is_not_read() {
+        // 2 MiB of spaces before the usage: a few KiB compressed.
+        let mut body = b"{".to_vec();
+        body.resize(2 * 1024 * 1024, b' ');
+        body.extend_from_slice(br#""usage":{"total_tokens":7}}"#);
+        let wire = compressed(Coding::Gzip, &body);
+        assert!(wire.len() < 64 * 1024, "{} bytes", wire.len());
+        let mib = 1024 * 1024;
+        assert_eq!(
+            decoded_at_most(Coding::Gzip, &[&wire], 3 * mib),
+            Some(7.into())
+        );
+        assert_eq!(decoded_at_most(Coding::Gzip, &[&wire], 2 * mib), None);
+    }
+
+    #[test]
+    fn content_codings_are_read_as_one_coding_or_none() {
+        let coding = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(http::header::CONTENT_ENCODING, v.parse().unwrap());
+            }
+            Coding::of(&headers)
+        };
+        assert_eq!(coding(&[]), Coding::Identity);
+        assert_eq!(coding(&["identity"]), Coding::Identity);
+        assert_eq!(coding(&["GZip"]), Coding::Gzip);
+        assert_eq!(coding(&["x-gzip"]), Coding::Gzip);
+        assert_eq!(coding(&[" deflate "]), Coding::Deflate);
+        assert_eq!(coding(&["br"]), Coding::Unreadable);
+        assert_eq!(coding(&["gzip, br"]), Coding::Unreadable);
+        assert_eq!(coding(&["gzip", "gzip"]), Coding::Unreadable);
     }
 
     #[test]

@@ -13,19 +13,98 @@ use tokio::net::TcpListener;
 
 use crate::support::{Running, admin, config, get, proxy};
 
+/// The completion body of `/json/N` compressed with `coding` (`gzip` or `deflate`), or for
+/// `sse`, the stream of `/sse/P/C` gzipped.
+fn compressed(coding: &str, plain: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let level = flate2::Compression::default();
+    match coding {
+        "gzip" => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+            e.write_all(plain).unwrap();
+            e.finish().unwrap()
+        }
+        "deflate" => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            e.write_all(plain).unwrap();
+            e.finish().unwrap()
+        }
+        other => panic!("no encoder for {other}"),
+    }
+}
+
+fn completion(usage: &str) -> String {
+    format!(
+        r#"{{"id":"chatcmpl-1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"the \"usage\": {{\"total_tokens\": 1}} in a string is not it"}}}}],"usage":{usage}}}"#
+    )
+}
+
+fn events(p: &str, c: &str) -> String {
+    let mut events = String::new();
+    for word in ["Hel", "lo"] {
+        events.push_str(&format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{word}\"}}}}],\"usage\":null}}\n\n"
+        ));
+    }
+    events.push_str(&format!(
+        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c}}}}}\n\ndata: [DONE]\n\n"
+    ));
+    events
+}
+
+/// The body the upstream sends for a compressed answer: `/gzip/N`, `/deflate/N` (the
+/// completion of `/json/N`), `/gzip-sse/P/C` (the events of `/sse/P/C`), `/br/N` (bytes no
+/// scan reads).
+fn compressed_body(path: &str) -> Option<(&'static str, &'static str, Vec<u8>)> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let total = |n: &str| completion(&format!(r#"{{"total_tokens":{n}}}"#));
+    Some(match parts.as_slice() {
+        ["gzip", n] => (
+            "gzip",
+            "application/json",
+            compressed("gzip", total(n).as_bytes()),
+        ),
+        ["deflate", n] => (
+            "deflate",
+            "application/json",
+            compressed("deflate", total(n).as_bytes()),
+        ),
+        ["gzip-sse", p, c] => (
+            "gzip",
+            "text/event-stream",
+            compressed("gzip", events(p, c).as_bytes()),
+        ),
+        ["br", n] => (
+            "br",
+            "application/json",
+            format!("brotli bytes {n}").into_bytes(),
+        ),
+        _ => return None,
+    })
+}
+
 /// The wire bytes of the upstream's answer to `path`: `/json/N`, `/weighted/P/C`, `/sse/P/C`,
-/// `/trailer/N`, `/header/N`, `/malformed`, `/truncated`.
+/// `/trailer/N`, `/header/N`, `/malformed`, `/truncated`, and the compressed ones of
+/// [`compressed_body`] (sent chunked in two pieces).
 fn answer(path: &str) -> Vec<u8> {
+    if let Some((coding, content_type, body)) = compressed_body(path) {
+        let (a, b) = body.split_at(body.len() / 2);
+        let mut wire = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-encoding: {coding}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n",
+            a.len()
+        )
+        .into_bytes();
+        wire.extend_from_slice(a);
+        wire.extend_from_slice(format!("\r\n{:x}\r\n", b.len()).as_bytes());
+        wire.extend_from_slice(b);
+        wire.extend_from_slice(b"\r\n0\r\n\r\n");
+        return wire;
+    }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let json = |body: String| {
         format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
-        )
-    };
-    let completion = |usage: &str| {
-        format!(
-            r#"{{"id":"chatcmpl-1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"the \"usage\": {{\"total_tokens\": 1}} in a string is not it"}}}}],"usage":{usage}}}"#
         )
     };
     let wire = match parts.as_slice() {
@@ -36,15 +115,7 @@ fn answer(path: &str) -> Vec<u8> {
             r#"{{"prompt_tokens":{p},"completion_tokens":{c}}}"#
         ))),
         ["sse", p, c] => {
-            let mut events = String::new();
-            for word in ["Hel", "lo"] {
-                events.push_str(&format!(
-                    "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{word}\"}}}}],\"usage\":null}}\n\n"
-                ));
-            }
-            events.push_str(&format!(
-                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c}}}}}\n\ndata: [DONE]\n\n"
-            ));
+            let events = events(p, c);
             // Two chunks, the usage event cut across them.
             let (a, b) = events.split_at(events.len() - 40);
             format!(
@@ -268,6 +339,65 @@ async fn a_trailer_or_a_header_reports_the_cost() {
         "ok"
     );
     settled(&running, 77).await;
+}
+
+/// The body bytes the client receives for `path`, read raw (no decoding).
+async fn raw_body(addr: SocketAddr, path: &str) -> (http::HeaderMap, Vec<u8>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(
+            http::Request::get(path)
+                .header("host", addr.to_string())
+                .header("accept-encoding", "gzip, deflate, br")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (headers, body.to_vec())
+}
+
+#[tokio::test]
+async fn a_gzip_or_deflate_answer_is_inflated_for_its_usage_and_reaches_the_client_as_sent() {
+    let up = upstream().await;
+    let running = proxy(
+        &budget(
+            r#"{ response: "json:usage", weights: { total_tokens: 1, prompt_tokens: 1, completion_tokens: 4 }, default: 999 }"#,
+        ),
+        &format!("http://{up}"),
+    )
+    .await;
+    let addr = running.proxy.addr();
+    let mut debited = 0;
+    // A JSON document gzipped and deflated, an event stream gzipped (20 + 4 x 30).
+    for (path, cost) in [
+        ("/gzip/120", 120),
+        ("/deflate/75", 75),
+        ("/gzip-sse/20/30", 140),
+    ] {
+        let (headers, body) = raw_body(addr, path).await;
+        let (coding, _, sent) = compressed_body(path).unwrap();
+        assert_eq!(headers["content-encoding"], coding, "{path}");
+        assert_eq!(body, sent, "{path}: the client gets the upstream's bytes");
+        debited += cost;
+        settled(&running, debited).await;
+    }
+    // A coding the proxy does not inflate: the default, counted as unreported.
+    let (_, body) = raw_body(addr, "/br/50").await;
+    assert_eq!(body, compressed_body("/br/50").unwrap().2);
+    let text = settled(&running, debited + 999).await;
+    assert_eq!(metric(&text, "spillway_cost_unreported_total"), 1, "{text}");
 }
 
 #[tokio::test]
