@@ -674,6 +674,49 @@ mod tests {
         assert_eq!(decoded_at_most(Coding::Gzip, &[&wire], 2 * mib), None);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any bytes in any pieces, said to be plain, gzip or deflate, as a document or as
+        /// events: the scans end with a value or none, never a panic.
+        #[test]
+        fn any_bytes_in_any_pieces_end_the_scan_without_a_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+            cuts in proptest::collection::vec(0usize..2048, 0..8),
+            coding in 0usize..3,
+            events in proptest::prelude::any::<bool>(),
+        ) {
+            let coding = [Coding::Identity, Coding::Gzip, Coding::Deflate][coding];
+            let path = vec!["usage".to_owned(), "total_tokens".to_owned()];
+            let scan = if events { Scan::Sse(SseScan::new(path)) } else { Scan::Json(JsonScan::new(path)) };
+            let mut body = Decoded::new(scan, coding);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort_unstable();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([bytes.len()]) {
+                body.feed(&bytes[from..cut]);
+                from = cut;
+            }
+            let _ = body.finish();
+        }
+
+        /// A gzipped answer cut anywhere into pieces reports its usage.
+        #[test]
+        fn a_gzipped_answer_in_any_pieces_reports_its_usage(
+            n in 0u64..1_000_000,
+            padding in 0usize..4096,
+            cut in 0usize..4096,
+        ) {
+            let body = format!(
+                r#"{{"choices":[{{"message":{{"content":"{}"}}}}],"usage":{{"total_tokens":{n}}}}}"#,
+                "x".repeat(padding)
+            );
+            let wire = compressed(Coding::Gzip, body.as_bytes());
+            let (a, b) = wire.split_at(cut.min(wire.len()));
+            proptest::prop_assert_eq!(decoded(Coding::Gzip, &[a, b]), Some(n.into()));
+        }
+    }
+
     #[test]
     fn content_codings_are_read_as_one_coding_or_none() {
         let coding = |values: &[&str]| {
