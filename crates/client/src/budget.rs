@@ -194,11 +194,24 @@ impl BudgetCharge {
                 cost: reported.unwrap_or(self.cost.fallback),
                 unreported: reported.is_none(),
             };
-            if let Some(owed) = store.debit(exact, settled.cost).await {
-                let until = now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX));
-                self.state
-                    .owed_until
-                    .store(if owed.is_zero() { 0 } else { until }, Ordering::Relaxed);
+            // What earlier debits could not send goes with this one; if this one fails too,
+            // all of it waits for the next. A debit whose reply was lost after Redis ran it is
+            // sent again: a budget is overcharged rather than undercharged.
+            let unsent = &self.state.budget.unsent;
+            let cost = settled
+                .cost
+                .saturating_add(unsent.swap(0, Ordering::Relaxed));
+            match store.debit(exact, cost).await {
+                Some(owed) => {
+                    let until =
+                        now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX));
+                    self.state
+                        .owed_until
+                        .store(if owed.is_zero() { 0 } else { until }, Ordering::Relaxed);
+                }
+                None => {
+                    unsent.fetch_add(cost, Ordering::Relaxed);
+                }
             }
             self.count(settled);
             return settled;

@@ -47,6 +47,9 @@ pub struct BudgetCounters {
     pub(crate) debited: AtomicU64,
     /// Responses that reported no readable cost and were charged the fallback.
     pub(crate) unreported: AtomicU64,
+    /// A `store: redis` budget's units that Redis could not take (down, slow, the circuit
+    /// open): carried by the next debit rather than lost.
+    pub(crate) unsent: AtomicU64,
 }
 
 impl BudgetCounters {
@@ -56,5 +59,10 @@ impl BudgetCounters {
 
     pub fn unreported(&self) -> u64 {
         self.unreported.load(Ordering::Relaxed)
+    }
+
+    /// Units owed to Redis that no debit has carried there yet.
+    pub fn unsent(&self) -> u64 {
+        self.unsent.load(Ordering::Relaxed)
     }
 }

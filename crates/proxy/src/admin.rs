@@ -239,6 +239,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     );
     let unreported = Family::<Labels, Counter>::default();
     let debited = Family::<Labels, Counter>::default();
+    let unsent = Family::<Labels, Gauge<i64>>::default();
     for bucket in client.rules().buckets() {
         if bucket.response_cost().is_some() {
             let labels = vec![
@@ -251,6 +252,9 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
             debited
                 .get_or_create(&labels)
                 .inc_by(bucket.budget().debited());
+            unsent
+                .get_or_create(&labels)
+                .set(i64::try_from(bucket.budget().unsent()).unwrap_or(i64::MAX));
         }
     }
     registry.register(
@@ -262,6 +266,11 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
         "spillway_cost_debited",
         "Units debited from token budgets when their responses ended (reported costs and defaults)",
         debited,
+    );
+    registry.register(
+        "spillway_cost_unsent",
+        "Units of store: redis token budgets that Redis could not take (down, slow, the circuit open), held for the next debit",
+        unsent,
     );
     let connected = Gauge::<i64>::default();
     let ttl = client.rules().config().control.instruction_ttl;

@@ -139,7 +139,8 @@ impl GuardedLimiter {
     }
 
     /// [`RedisLimiter::debit`] through the breaker; `None` when Redis could not take it (the
-    /// debit is then lost, and the bucket's debt is what other debits made it).
+    /// caller keeps the units for its next debit; the bucket's debt is meanwhile what other
+    /// debits made it).
     pub async fn debit(&self, key: &RedisKey, algo: &ExactAlgo, cost: u64) -> Option<Debit> {
         let breaker = self.breaker();
         let permit = breaker.permit()?;

@@ -523,6 +523,60 @@ async fn a_redis_budget_costs_one_call_per_response_and_its_debt_is_shared() {
     assert_eq!(script_calls(&redis).await - before, 3);
 }
 
+fn unsent(text: &str) -> u64 {
+    metric(text, "spillway_cost_unsent")
+}
+
+#[tokio::test]
+async fn a_debit_redis_cannot_take_is_carried_by_the_next_one() {
+    let mut redis = spillway_testkit::RedisServer::start().expect("private redis-server");
+    let up = upstream().await;
+    let yaml = format!(
+        "version: 1\nredis: {{ url: \"{}\", timeout: 500ms }}\n{}",
+        redis.url(),
+        budget(r#"{ response: "json:usage.total_tokens" }"#)
+            .trim_start_matches("version: 1\n")
+            .replace("algorithm: token-bucket", "algorithm: gcra, store: redis")
+    );
+    let running = proxy(&yaml, &format!("http://{up}")).await;
+    let addr = running.proxy.addr();
+    // Redis down: the response is admitted and settled, its 500 held for the next debit.
+    redis.kill();
+    assert_eq!(get(addr, "/json/500", &[]).await.status, StatusCode::OK);
+    let text = settled(&running, 500).await;
+    let mut held = unsent(&text);
+    for _ in 0..200 {
+        if held > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        held = unsent(&admin(&running, "/metrics").await.body);
+    }
+    assert_eq!(held, 500, "the debit Redis could not take is held");
+    // Redis back (empty: it keeps nothing on disk). Responses of no cost carry the 500 there
+    // once the circuit lets a debit through.
+    redis.restart().expect("redis-server restarts");
+    let mut carried = false;
+    for _ in 0..100 {
+        assert_eq!(get(addr, "/json/0", &[]).await.status, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if unsent(&admin(&running, "/metrics").await.body) == 0 {
+            carried = true;
+            break;
+        }
+    }
+    assert!(carried, "the held units reached Redis once it answered");
+    // The shared meter holds the 500: 600 more puts 1100 of 1000 in it, and the debt refuses.
+    assert_eq!(get(addr, "/json/600", &[]).await.status, StatusCode::OK);
+    for _ in 0..200 {
+        if get(addr, "/json/0", &[]).await.status == StatusCode::TOO_MANY_REQUESTS {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the carried 500 and the 600 never put the budget into debt");
+}
+
 /// How far a budget is overspent: 8 clients, each with one request of 100 tokens in flight at
 /// a time (answered 20 ms late), spend a budget of 1000 until refused. Only requests admitted
 /// while the bucket was not yet in debt overspend, so the debited total stays within the budget
