@@ -194,6 +194,31 @@ impl BudgetCharge {
                 cost: reported.unwrap_or(self.cost.fallback),
                 unreported: reported.is_none(),
             };
+            let owed_until = |owed: Duration| {
+                if owed.is_zero() {
+                    0
+                } else {
+                    now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX))
+                }
+            };
+            if let (Some(subject), Some(debts)) = (&self.subject, &self.state.subject_debts) {
+                // A subject's debit: its own key, its debt in the table of subjects. What
+                // earlier debits could not send waits in the table of held units.
+                let key = exact.subject_key(subject);
+                let counters = &self.state.budget;
+                let carried = if counters.unsent.load(Ordering::Relaxed) == 0 {
+                    0
+                } else {
+                    debts.take_held(subject, counters)
+                };
+                let cost = settled.cost.saturating_add(carried);
+                match store.debit(exact, Some(&key), cost).await {
+                    Some(owed) => debts.set(subject, owed_until(owed)),
+                    None => debts.hold(subject, cost, counters),
+                }
+                self.count(settled);
+                return settled;
+            }
             // What earlier debits could not send goes with this one; if this one fails too,
             // all of it waits for the next. A debit whose reply was lost after Redis ran it is
             // sent again: a budget is overcharged rather than undercharged.
@@ -201,14 +226,11 @@ impl BudgetCharge {
             let cost = settled
                 .cost
                 .saturating_add(unsent.swap(0, Ordering::Relaxed));
-            match store.debit(exact, cost).await {
-                Some(owed) => {
-                    let until =
-                        now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX));
-                    self.state
-                        .owed_until
-                        .store(if owed.is_zero() { 0 } else { until }, Ordering::Relaxed);
-                }
+            match store.debit(exact, None, cost).await {
+                Some(owed) => self
+                    .state
+                    .owed_until
+                    .store(owed_until(owed), Ordering::Relaxed),
                 None => {
                     unsent.fetch_add(cost, Ordering::Relaxed);
                 }

@@ -21,7 +21,7 @@ use spillway_core::pattern::{RequestAttrs, SubjectValue};
 use crate::budget::{BudgetCharge, BudgetCharges, ResponseCost};
 use crate::error::ClientError;
 use crate::identity::{Headers, IdentityExtractor};
-use crate::state::{BucketState, BudgetCounters, Limiters};
+use crate::state::{BucketState, BudgetCounters, Limiters, SubjectDebts};
 use crate::store::{ExactBucket, ExactStore, RedisKey};
 use crate::subjects::SubjectMap;
 
@@ -244,12 +244,20 @@ impl Rules {
                 let old = previous.and_then(|p| p.find(&service.name, &bucket.name));
                 let state = match old {
                     Some(old) if same_definition(&old.bucket, bucket) => old.state.clone(),
-                    _ => Arc::new(BucketState {
-                        limiters: build(&service.name, bucket, max_subjects)?,
-                        instruction_expires: AtomicU64::new(0),
-                        budget: BudgetCounters::default(),
-                        owed_until: AtomicU64::new(0),
-                    }),
+                    _ => {
+                        let limiters = build(&service.name, bucket, max_subjects)?;
+                        // A per-subject token budget in Redis keeps which subjects are in debt.
+                        let subject_debts = (matches!(bucket.cost, Cost::Response(_))
+                            && matches!(&limiters, Limiters::Exact(e) if e.subject().is_some()))
+                        .then(|| Box::new(SubjectDebts::new()));
+                        Arc::new(BucketState {
+                            limiters,
+                            instruction_expires: AtomicU64::new(0),
+                            budget: BudgetCounters::default(),
+                            owed_until: AtomicU64::new(0),
+                            subject_debts,
+                        })
+                    }
                 };
                 let counters = old.map_or_else(Default::default, |old| old.counters.clone());
                 let rate = bucket.limit.rate().map_err(|source| ClientError::Bucket {
@@ -534,8 +542,16 @@ impl Rules {
                 subject = Some(value.into());
                 map.admit_owing_quota(value, now, estimate)
             }
-            Limiters::Exact(_) => {
-                let until = bucket.state.owed_until.load(Ordering::Relaxed);
+            Limiters::Exact(exact) => {
+                let until = match (exact.subject(), &bucket.state.subject_debts) {
+                    (Some(kind), Some(debts)) => {
+                        let value = attrs.subject(kind)?;
+                        let until = debts.until(value, now);
+                        subject = Some(value.into());
+                        until
+                    }
+                    _ => bucket.state.owed_until.load(Ordering::Relaxed),
+                };
                 let verdict = if now < until {
                     Verdict::Deny {
                         retry_after: std::time::Duration::from_nanos(until - now),

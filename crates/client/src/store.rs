@@ -128,16 +128,17 @@ impl ExactStore {
         (guarded.verdict, guarded.remaining)
     }
 
-    /// Debits `cost` units a response reported from a token budget in Redis: one script call
-    /// through the breaker. How long the shared bucket is in debt, `None` when Redis could
-    /// not take the debit.
+    /// Debits `cost` units a response reported from a token budget in Redis (at `key`, a
+    /// subject's, or the bucket's own): one script call through the breaker. How long the
+    /// bucket (or subject) is in debt, `None` when Redis could not take the debit.
     pub(crate) async fn debit(
         &self,
         bucket: &ExactBucket,
+        key: Option<&RedisKey>,
         cost: u64,
     ) -> Option<std::time::Duration> {
         self.guarded
-            .debit(bucket.key(), bucket.algo(), cost)
+            .debit(key.unwrap_or_else(|| bucket.key()), bucket.algo(), cost)
             .await
             .map(|debit| debit.owed)
     }

@@ -240,6 +240,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
     let unreported = Family::<Labels, Counter>::default();
     let debited = Family::<Labels, Counter>::default();
     let unsent = Family::<Labels, Gauge<i64>>::default();
+    let lost = Family::<Labels, Counter>::default();
     for bucket in client.rules().buckets() {
         if bucket.response_cost().is_some() {
             let labels = vec![
@@ -255,6 +256,7 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
             unsent
                 .get_or_create(&labels)
                 .set(i64::try_from(bucket.budget().unsent()).unwrap_or(i64::MAX));
+            lost.get_or_create(&labels).inc_by(bucket.budget().lost());
         }
     }
     registry.register(
@@ -271,6 +273,11 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
         "spillway_cost_unsent",
         "Units of store: redis token budgets that Redis could not take (down, slow, the circuit open), held for the next debit",
         unsent,
+    );
+    registry.register(
+        "spillway_cost_lost",
+        "Units of per-subject store: redis token budgets whose failed debits could not be held (too many subjects held at once) and were lost",
+        lost,
     );
     let connected = Gauge::<i64>::default();
     let ttl = client.rules().config().control.instruction_ttl;

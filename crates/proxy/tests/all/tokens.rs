@@ -647,3 +647,60 @@ async fn a_per_user_budget_puts_only_that_user_into_debt() {
     settled(&running, 1510).await;
     assert_eq!(remaining(&get(addr, "/json/1", &bob).await), 990);
 }
+
+#[tokio::test]
+async fn a_per_user_redis_budget_is_one_meter_per_user_that_every_proxy_shares() {
+    let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
+    let up = upstream().await;
+    let yaml = format!(
+        "version: 1\nredis: {{ url: \"{}\", timeout: 2s }}\n{}",
+        redis.url(),
+        config(&[
+            r#"{ name: tokens, match: { user: "*" }, limit: 1000/h, algorithm: gcra, store: redis, cost: { response: "json:usage.total_tokens" } }"#,
+        ])
+        .trim_start_matches("version: 1\n")
+    );
+    let (a, b) = (
+        proxy(&yaml, &format!("http://{up}")).await,
+        proxy(&yaml, &format!("http://{up}")).await,
+    );
+    let (alice, bob) = ([("x-user-id", "alice")], [("x-user-id", "bob")]);
+    let before = script_calls(&redis).await;
+    let status = |answer: crate::support::Answer| answer.status;
+    assert_eq!(
+        status(get(a.proxy.addr(), "/json/600", &alice).await),
+        StatusCode::OK
+    );
+    settled(&a, 600).await;
+    // B has seen nothing of alice: it admits her, and its debit finds 1200 of her 1000 spent.
+    assert_eq!(
+        status(get(b.proxy.addr(), "/json/600", &alice).await),
+        StatusCode::OK
+    );
+    settled(&b, 600).await;
+    let refused = get(b.proxy.addr(), "/json/1", &alice).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((723..=725).contains(&retry), "201 tokens at 3.6 s: {retry}");
+    // Bob's meter is his own.
+    let fresh = get(b.proxy.addr(), "/json/10", &bob).await;
+    assert_eq!(fresh.status, StatusCode::OK);
+    settled(&b, 610).await;
+    // A learns of alice's debt with its next debit of hers; bob stays admitted there.
+    assert_eq!(
+        status(get(a.proxy.addr(), "/json/100", &alice).await),
+        StatusCode::OK
+    );
+    settled(&a, 700).await;
+    assert_eq!(
+        status(get(a.proxy.addr(), "/json/1", &alice).await),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(get(a.proxy.addr(), "/json/10", &bob).await),
+        StatusCode::OK
+    );
+    settled(&a, 710).await;
+    // One script call per response (five answered), none at admission.
+    assert_eq!(script_calls(&redis).await - before, 5);
+}

@@ -135,22 +135,6 @@ fn bucket_variant(
     variant.insert("required".into(), json!(required));
     variant.insert("properties".into(), Value::Object(properties));
     variant.insert("additionalProperties".into(), json!(false));
-    if response_cost && stores.contains(&"redis") {
-        // A token budget in Redis is one shared bucket: not one per value of a subject.
-        let each: Vec<Value> = ["user", "org", "api_key", "ip"]
-            .iter()
-            .map(|k| json!({"required": [k], "properties": {*k: {"const": "*"}}}))
-            .collect();
-        variant.insert(
-            "not".into(),
-            json!({"required": ["store", "cost", "match"], "properties": {
-                "store": {"const": "redis"},
-                "cost": {"type": "object", "required": ["response"],
-                    "properties": {"response": {"type": "string"}}},
-                "match": {"anyOf": each},
-            }}),
-        );
-    }
     variant
 }
 

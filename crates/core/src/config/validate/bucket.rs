@@ -105,12 +105,7 @@ pub(super) fn check_bucket(
         ));
     }
     if let Cost::Response(cost) = &bucket.cost {
-        let each = match_spec
-            .subject
-            .as_ref()
-            .filter(|s| s.value == SubjectValue::Each)
-            .map(|s| s.kind);
-        check_response_cost(check, path, &bucket, cost, (store, each), &algorithm_name)?;
+        check_response_cost(check, path, &bucket, cost, store, &algorithm_name)?;
     }
     let region_limits = check_region_limits(
         check,
@@ -311,7 +306,7 @@ fn check_response_cost(
     path: &str,
     bucket: &BucketFile,
     cost: &CostResponse,
-    (store, each): (StateStore, Option<SubjectKind>),
+    store: StateStore,
     algorithm_name: &str,
 ) -> Result<(), Located> {
     let at = child(path, "cost");
@@ -342,21 +337,11 @@ fn check_response_cost(
             ));
         }
     }
-    if store == StateStore::Redis {
-        if bucket.batch.is_some() {
-            return Err(check.at_key(
-                &child(path, "batch"),
-                "batch leases tokens before requests spend them; a cost the response reports is debited after, so leave batch out",
-            ));
-        }
-        if let Some(subject) = each {
-            return Err(check.at_key(
-                &at,
-                format!(
-                    "a cost the response reports in store: redis is kept for one shared bucket; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
-                ),
-            ));
-        }
+    if store == StateStore::Redis && bucket.batch.is_some() {
+        return Err(check.at_key(
+            &child(path, "batch"),
+            "batch leases tokens before requests spend them; a cost the response reports is debited after, so leave batch out",
+        ));
     }
     Ok(())
 }
