@@ -304,7 +304,8 @@ pub(super) fn check_batch(
 }
 
 /// A cost the response reports: a source that parses, weights only for a body's object and an
-/// algorithm that can go into debt. An estimate above what the bucket holds loads, with a
+/// algorithm that can go into debt, or a drop-ratio bucket of the control plane, which holds one
+/// budget for its scope from the tokens every host reports. An estimate above what the bucket holds loads, with a
 /// warning (`warnings::budgets`): it reserves the whole bucket.
 fn check_response_cost(
     check: &Checker<'_>,
@@ -317,11 +318,24 @@ fn check_response_cost(
     let at = child(path, "cost");
     let source = ResponseSource::parse(&cost.response)
         .map_err(|message| check.at_value(&child(&at, "response"), message))?;
-    if !matches!(bucket.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+    if !matches!(
+        bucket.algorithm,
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::DropRatio
+    ) {
         return Err(check.at_key(
             &at,
             format!(
-                "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra"
+                "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra (or drop-ratio, for a budget the control plane holds)"
+            ),
+        ));
+    }
+    if store == StateStore::ControlPlane
+        && let Some(subject) = each
+    {
+        return Err(check.at_key(
+            &at,
+            format!(
+                "a cost the response reports in store: control-plane is one budget for the whole scope; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
             ),
         ));
     }
