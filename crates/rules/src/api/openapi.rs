@@ -239,7 +239,9 @@ fn bucket_schema(rule: bool, exact_stores: &[&str]) -> Value {
             &[burst_window],
         ),
         // Without `algorithm` a bucket is a drop-ratio one.
-        bucket_variant(&["drop-ratio"], false, &["control-plane"], false, &[]),
+        // A drop-ratio bucket may hold a token budget: its hosts report the tokens
+        // their responses spent.
+        bucket_variant(&["drop-ratio"], false, &["control-plane"], true, &[]),
     ];
     if rule {
         for variant in &mut variants {
