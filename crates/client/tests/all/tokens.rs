@@ -125,3 +125,25 @@ fn the_host_reports_a_budgets_tokens_offered_and_admitted() {
     assert_eq!(bucket.allowed, 3_000, "tokens admitted");
     assert_eq!(bucket.offered_tail, Some(2_000), "the tail's tokens");
 }
+
+#[test]
+fn a_control_plane_budgets_decision_and_settlement_allocate_nothing() {
+    let client = Client::new(load_str(RULES, "test rules").unwrap()).unwrap();
+    // Warm up: the thread's match buffer, and one settled response for the mean.
+    assert!(one(&client, Some(500)));
+    let admitted = spillway_testkit::alloc::allocations_in(|| {
+        (0..100)
+            .map(|i| usize::from(one(&client, Some(100 + i))))
+            .sum::<usize>()
+    });
+    assert_eq!(admitted, 0, "admitted and settled");
+    client
+        .set_drop_ratio("llm", "tokens", Ratio::ONE, Duration::from_secs(60))
+        .unwrap();
+    let dropped = spillway_testkit::alloc::allocations_in(|| {
+        (0..100)
+            .map(|_| usize::from(one(&client, None)))
+            .sum::<usize>()
+    });
+    assert_eq!(dropped, 0, "dropped at the mean");
+}
