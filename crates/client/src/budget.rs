@@ -10,6 +10,8 @@ use std::time::Duration;
 use spillway_core::algo::Quota;
 use spillway_core::clock::Nanos;
 use spillway_core::config::{CostResponse, ResponseSource};
+use spillway_core::counters::{BucketCounters, Outcome};
+use spillway_core::criticality::Criticality;
 use spillway_core::limit::Limit;
 
 pub use crate::state::BudgetCounters;
@@ -27,6 +29,11 @@ pub struct ResponseCost {
     pub(crate) weights: Box<[(String, u64)]>,
     pub(crate) estimate: u64,
     pub(crate) fallback: u64,
+    /// A budget of the control plane (`store: control-plane`): the bucket's counters, which
+    /// count tokens rather than requests, so that what the hosts report is tokens offered and
+    /// admitted. A request admitted is counted when it settles, at its cost; one dropped at
+    /// once, at the mean cost of those settled ([`ResponseCost::dropped_cost`]).
+    pub(crate) tokens: Option<Arc<BucketCounters>>,
 }
 
 impl ResponseCost {
@@ -36,6 +43,7 @@ impl ResponseCost {
         limit: Limit,
         holds: u64,
         cost: &CostResponse,
+        tokens: Option<Arc<BucketCounters>>,
     ) -> Option<Self> {
         // Validation refused a source that does not parse; rules from elsewhere that slip one
         // through fall back to a fixed cost of the default.
@@ -54,7 +62,29 @@ impl ResponseCost {
             // whole bucket instead (`spillway check` warns).
             estimate: cost.estimate().min(holds),
             fallback: cost.fallback(),
+            tokens,
         })
+    }
+
+    /// Whether the bucket's counts are tokens (a budget of the control plane).
+    pub fn counts_tokens(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// The tokens a request that was never answered is counted at: the mean cost of the
+    /// responses `state` settled so far, or before the first the estimate, else the default.
+    /// At least 1. The drop ratio does not look at a request's size, so what it drops costs the
+    /// same on average as what it admits.
+    pub(crate) fn dropped_cost(&self, state: &BucketState) -> u64 {
+        let mean = state.budget.mean_cost().map_or(
+            if self.estimate > 0 {
+                self.estimate
+            } else {
+                self.fallback
+            },
+            |mean| mean.round() as u64,
+        );
+        mean.max(1)
     }
 
     /// Where the response reports its cost.
@@ -117,6 +147,10 @@ pub struct BudgetCharge {
     pub(crate) reserved: u64,
     /// What the bucket still held right after admission.
     pub(crate) quota: Quota,
+    /// The request's tier and what the bucket did with it, counted in tokens at settlement
+    /// by a budget of the control plane.
+    pub(crate) tier: Criticality,
+    pub(crate) outcome: Outcome,
     #[cfg(feature = "redis")]
     pub(crate) store: Option<Arc<crate::store::ExactStore>>,
 }
@@ -157,15 +191,21 @@ impl BudgetCharge {
 
     /// Gives back what the charge reserved: for a request that was not forwarded after all
     /// (another bucket dropped it, or the proxy answered it itself).
+    ///
+    /// A budget of the control plane counts it as offered to and admitted by the bucket at the
+    /// mean cost, as a bucket counted in requests counts a request it admitted that another
+    /// bucket then dropped.
     pub fn cancel(&self, now: Nanos) {
         self.debit(now, 0);
+        if let Some(tokens) = &self.cost.tokens {
+            tokens.record_tier(self.tier, self.outcome, self.cost.dropped_cost(&self.state));
+        }
     }
 
     fn count(&self, settled: Settled) {
-        let counters = &self.state.budget;
-        counters.debited.fetch_add(settled.cost, Ordering::Relaxed);
-        if settled.unreported {
-            counters.unreported.fetch_add(1, Ordering::Relaxed);
+        self.state.budget.settle(settled.cost, settled.unreported);
+        if let Some(tokens) = &self.cost.tokens {
+            tokens.record_tier(self.tier, self.outcome, settled.cost);
         }
     }
 

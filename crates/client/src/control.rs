@@ -144,6 +144,14 @@ impl HostLimiters for Linked {
             .unwrap_or_default()
     }
 
+    fn unit(&self, key: &BucketKey) -> f64 {
+        self.client
+            .rules()
+            .find(&key.service, &key.bucket)
+            .filter(|b| b.response_cost().is_some_and(|c| c.counts_tokens()))
+            .map_or(1.0, |b| b.budget().count_unit())
+    }
+
     fn apply(&self, key: &BucketKey, step: &HostStep) {
         let (service, bucket) = (key.service.as_str(), key.bucket.as_str());
         let rules = self.client.rules();

@@ -129,8 +129,16 @@ impl CompiledBucket {
         verdict: Verdict,
         tier: Criticality,
     ) -> Decision {
-        self.counters
-            .record_tier(tier, Outcome::of(verdict, self.mode), 1);
+        self.record_tier_n(id, verdict, tier, 1)
+    }
+
+    /// [`CompiledBucket::record_tier`] counting `n` (nothing when 0): a budget of the control
+    /// plane counts in tokens, a request it forwards only when its response settles.
+    fn record_tier_n(&self, id: BucketId, verdict: Verdict, tier: Criticality, n: u64) -> Decision {
+        if n > 0 {
+            self.counters
+                .record_tier(tier, Outcome::of(verdict, self.mode), n);
+        }
         if self.trial {
             return Decision::Allow;
         }
@@ -295,6 +303,9 @@ impl Rules {
                             bucket.limit,
                             bucket.holds(),
                             r,
+                            (bucket.store == StateStore::ControlPlane
+                                && bucket.algorithm == Algorithm::DropRatio)
+                                .then(|| counters.clone()),
                         ) {
                             Some(cost) => CompiledCost::Response(Arc::new(cost)),
                             None => CompiledCost::Fixed(r.fallback()),
@@ -478,7 +489,16 @@ impl Rules {
                     continue;
                 };
                 let forwarded = verdict.is_allow() || bucket.mode == Mode::Shadow || bucket.trial;
-                decision = decision.combine(bucket.record_tier(id, verdict, attrs.criticality));
+                // Counted in requests, or in tokens for a budget of the control plane: what it
+                // forwards at its cost when the response settles, what it drops now at the
+                // mean cost.
+                let counted = match (&cost.tokens, forwarded) {
+                    (None, _) => 1,
+                    (Some(_), true) => 0,
+                    (Some(_), false) => cost.dropped_cost(&bucket.state),
+                };
+                decision =
+                    decision.combine(bucket.record_tier_n(id, verdict, attrs.criticality, counted));
                 if forwarded {
                     charges.push(BudgetCharge {
                         reserved: if verdict.is_allow() {
@@ -534,7 +554,11 @@ impl Rules {
         let mut subject = None;
         let (verdict, quota) = match &bucket.state.limiters {
             Limiters::Shared(limiter) => (
-                limiter.admit_owing(now, estimate),
+                match limiter {
+                    // A budget of the control plane: dropped by the instructed ratio, by tier.
+                    Limiter::DropRatio(_) => limiter.decide_tier(now, 1, attrs.criticality),
+                    _ => limiter.admit_owing(now, estimate),
+                },
                 limiter.quota(now, bucket.rate),
             ),
             Limiters::PerSubject(kind, map) => {
@@ -579,6 +603,8 @@ impl Rules {
                     estimate
                 },
                 quota,
+                tier: attrs.criticality,
+                outcome: Outcome::of(verdict, bucket.mode),
                 #[cfg(feature = "redis")]
                 store: self.store.clone(),
             },

@@ -153,6 +153,11 @@ pub struct BudgetCounters {
     /// Units of failed debits of a per-subject Redis budget that could not be held (too many
     /// subjects held at once): lost.
     pub(crate) lost: AtomicU64,
+    /// Responses settled, and the sum of the squares of their costs (an `f64`'s bits): with
+    /// `debited`, the running mean cost a request of a control-plane budget is counted at when
+    /// it is dropped, and the unit its surge guard counts in.
+    pub(crate) settled: AtomicU64,
+    pub(crate) squares: AtomicU64,
 }
 
 impl BudgetCounters {
@@ -172,6 +177,48 @@ impl BudgetCounters {
     /// Units of failed debits that could not be held for a later one.
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Responses settled.
+    pub fn settled(&self) -> u64 {
+        self.settled.load(Ordering::Relaxed)
+    }
+
+    /// Counts one settled response of `cost` units. Lock-free: two adds and a compare-exchange
+    /// loop on the squares' sum.
+    pub(crate) fn settle(&self, cost: u64, unreported: bool) {
+        self.debited.fetch_add(cost, Ordering::Relaxed);
+        if unreported {
+            self.unreported.fetch_add(1, Ordering::Relaxed);
+        }
+        self.settled.fetch_add(1, Ordering::Relaxed);
+        let square = (cost as f64) * (cost as f64);
+        // The closure always returns `Some`, so the update cannot fail.
+        let _ = self
+            .squares
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + square).to_bits())
+            });
+    }
+
+    /// The mean cost of the responses settled so far; `None` before the first.
+    pub fn mean_cost(&self) -> Option<f64> {
+        let settled = self.settled();
+        (settled > 0).then(|| self.debited() as f64 / settled as f64)
+    }
+
+    /// The units one request stands for when counts of units are read as counts of requests:
+    /// `E[cost^2] / E[cost]`, so that a sum of costs over a stretch of time, divided by it, has
+    /// the spread of a Poisson count (a compound Poisson sum of costs has the variance
+    /// `n E[cost^2]`). 1 before any response settled, or when costs are all 1.
+    pub fn count_unit(&self) -> f64 {
+        let debited = self.debited() as f64;
+        let squares = f64::from_bits(self.squares.load(Ordering::Relaxed));
+        if debited > 0.0 && squares > 0.0 {
+            (squares / debited).max(1.0)
+        } else {
+            1.0
+        }
     }
 }
 

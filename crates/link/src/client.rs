@@ -60,6 +60,12 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// The counters of `bucket` (monotonic totals); zeros for a bucket that is gone.
     fn counters(&self, bucket: &BucketKey) -> Snapshot;
 
+    /// What one request stands for in `bucket`'s counts: 1 for a bucket counted in requests,
+    /// the tokens of a typical request for a token budget (`spillway_loop::HostCore::set_units`).
+    fn unit(&self, _bucket: &BucketKey) -> f64 {
+        1.0
+    }
+
     /// Applies one step of the core to `bucket`'s limiter: a drop ratio, a surge correction or
     /// an adaptive share. Never [`HostStep::Rules`], which goes to [`HostLimiters::apply_rules`].
     fn apply(&self, bucket: &BucketKey, step: &HostStep);
@@ -511,6 +517,12 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
         let now = driver.now();
         let mut state = driver.lock();
         let totals = driver.totals(&state.core);
+        let units: Vec<f64> = state
+            .core
+            .buckets()
+            .map(|key| driver.host.unit(key))
+            .collect();
+        state.core.set_units(&units);
         let mut steps = state.core.guard_tick(now.clock, &totals);
         n += 1;
         if n.is_multiple_of(5) {

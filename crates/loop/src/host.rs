@@ -170,6 +170,9 @@ struct Bucket {
     /// totals at the last tick: a guard's ratio of its own is split by it.
     mix: [u64; TIERS],
     guard_tiers: [u64; TIERS],
+    /// What one request stands for in the bucket's counts (1; a token budget's counts are
+    /// tokens, [`HostCore::set_units`]): the surge guard divides its counts and rates by it.
+    unit: f64,
 }
 
 impl Bucket {
@@ -186,6 +189,7 @@ impl Bucket {
             instructed: (Ratio::ZERO, uniform(Ratio::ZERO)),
             mix: [0; TIERS],
             guard_tiers: [0; TIERS],
+            unit: 1.0,
         }
     }
 
@@ -521,8 +525,9 @@ impl HostCore {
                 && offered >= b.guard_offered
                 && now > at
             {
-                let count =
-                    (offered - b.guard_offered) as f64 * surge::TICK_NS as f64 / (now - at) as f64;
+                let count = (offered - b.guard_offered) as f64 * surge::TICK_NS as f64
+                    / (now - at) as f64
+                    / b.unit;
                 let ratio = b.guard.tick(count.round() as u64, now);
                 steps.push(HostStep::Surge {
                     bucket: i,
@@ -533,6 +538,22 @@ impl HostCore {
             }
             b.guard_offered = offered;
             b.guard_at = Some(now);
+        }
+    }
+
+    /// What one request stands for in each bucket's counts, in [`HostCore::buckets`] order: 1
+    /// for a bucket counted in requests; for a token budget, whose counts are tokens, the
+    /// tokens of a typical request (its owner's `E[cost^2] / E[cost]`). The surge guard tests a
+    /// tick's count against the spread of a Poisson count of requests; a count of tokens divided
+    /// by this unit has that spread, so the guard holds the host to its part of the limit in
+    /// tokens without taking the spread of request sizes for a surge. Kept until set again.
+    pub fn set_units(&mut self, units: &[f64]) {
+        for (b, &unit) in self.buckets.iter_mut().zip(units) {
+            b.unit = if unit.is_finite() && unit >= 1.0 {
+                unit
+            } else {
+                1.0
+            };
         }
     }
 
@@ -591,8 +612,8 @@ impl HostCore {
                         bucket.guard.instruct(
                             Instructed {
                                 ratio: ratio.as_f64(),
-                                limit_rps: bucket.limit_rps,
-                                scope_offered_rps: b.scope_offered_rps,
+                                limit_rps: bucket.limit_rps / bucket.unit,
+                                scope_offered_rps: b.scope_offered_rps / bucket.unit,
                                 scope_hosts: b.scope_hosts,
                                 interval_ns,
                                 interval_ended_ago_ns: now
@@ -679,7 +700,7 @@ impl HostCore {
                 if !b.guard.take_engaged() {
                     return None;
                 }
-                let offered = (b.guard.last_tick_rps() * secs).round() as u64;
+                let offered = (b.guard.last_tick_rps() * b.unit * secs).round() as u64;
                 Some(v1::BucketCounts {
                     service: b.key.service.clone(),
                     bucket: b.key.bucket.clone(),

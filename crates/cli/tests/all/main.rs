@@ -34,5 +34,6 @@ mod rules_unauthenticated;
 mod security_headers;
 mod sim;
 mod tls;
+mod tokens;
 mod up;
 mod wan;

@@ -22,5 +22,6 @@ mod redis_password_file;
 mod subjects_long;
 mod subjects_memory;
 mod surge;
+mod tokens;
 mod watch;
 mod without_redis;

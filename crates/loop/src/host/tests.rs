@@ -280,3 +280,41 @@ fn a_hello_names_the_host_and_counts_nothing_of_the_interval_in_progress() {
     let report = core.on_deadline(at(9_000), &[offered(110)]).unwrap();
     assert_eq!(report.sequence, 8);
 }
+
+#[test]
+fn a_token_budgets_guard_counts_requests_worth_of_tokens_and_takes_no_burst_of_sizes_for_a_surge() {
+    const TOKENS: &str =
+        "version: 1\nservices:\n  llm:\n    buckets:\n      - { name: tokens, limit: 10000/s }\n";
+    // 7,500 tokens a second against a part of 10,000: three answers of 1,000 tokens together
+    // every 400 ms. Counted in tokens as if they were requests, a tick's 3,000 looks like a
+    // surge; counted in requests of 1,000 tokens it is three requests, well within the spread.
+    let engaged = |unit: f64| {
+        let mut core = core(TOKENS);
+        core.set_units(&[unit]);
+        let mut instruction = instruction("tokens", 0.0, None);
+        instruction.service = "llm".into();
+        instruction.scope_offered_rps = 7_500.0;
+        core.on_instructions(at(8_010), instructions(vec![instruction]));
+        let mut total = 0;
+        let mut engaged = false;
+        for tick in 0..60u64 {
+            if tick % 8 == 7 {
+                total += 3_000;
+            }
+            for step in core.guard_tick(at(8_050 + 50 * tick).clock, &[offered(total)]) {
+                if let HostStep::Surge { ratio, .. } = step {
+                    engaged |= ratio > Ratio::ZERO;
+                }
+            }
+        }
+        engaged
+    };
+    assert!(
+        engaged(1.0),
+        "counted as requests, the sizes' burst engages"
+    );
+    assert!(
+        !engaged(1_000.0),
+        "counted in requests of 1,000 tokens, it does not"
+    );
+}

@@ -135,6 +135,22 @@ fn bucket_variant(
     variant.insert("required".into(), json!(required));
     variant.insert("properties".into(), Value::Object(properties));
     variant.insert("additionalProperties".into(), json!(false));
+    if response_cost && stores == ["control-plane"] {
+        // A token budget in the control plane is one budget for the bucket's scope: not one
+        // per value of a subject.
+        let each: Vec<Value> = ["user", "org", "api_key", "ip"]
+            .iter()
+            .map(|k| json!({"required": [k], "properties": {*k: {"const": "*"}}}))
+            .collect();
+        variant.insert(
+            "not".into(),
+            json!({"required": ["cost", "match"], "properties": {
+                "cost": {"type": "object", "required": ["response"],
+                    "properties": {"response": {"type": "string"}}},
+                "match": {"anyOf": each},
+            }}),
+        );
+    }
     variant
 }
 
@@ -223,7 +239,9 @@ fn bucket_schema(rule: bool, exact_stores: &[&str]) -> Value {
             &[burst_window],
         ),
         // Without `algorithm` a bucket is a drop-ratio one.
-        bucket_variant(&["drop-ratio"], false, &["control-plane"], false, &[]),
+        // A drop-ratio bucket may hold a token budget: its hosts report the tokens
+        // their responses spent.
+        bucket_variant(&["drop-ratio"], false, &["control-plane"], true, &[]),
     ];
     if rule {
         for variant in &mut variants {

@@ -105,7 +105,12 @@ pub(super) fn check_bucket(
         ));
     }
     if let Cost::Response(cost) = &bucket.cost {
-        check_response_cost(check, path, &bucket, cost, store, &algorithm_name)?;
+        let each = match_spec
+            .subject
+            .as_ref()
+            .filter(|s| s.value == SubjectValue::Each)
+            .map(|s| s.kind);
+        check_response_cost(check, path, &bucket, cost, (store, each), &algorithm_name)?;
     }
     let region_limits = check_region_limits(
         check,
@@ -299,24 +304,39 @@ pub(super) fn check_batch(
 }
 
 /// A cost the response reports: a source that parses, weights only for a body's object and an
-/// algorithm that can go into debt. An estimate above what the bucket holds loads, with a
-/// warning (`warnings::budgets`): it reserves the whole bucket.
+/// algorithm that can go into debt, or a drop-ratio bucket of the control plane, which holds one
+/// budget for its scope from the tokens every host reports (one per value of a subject only in
+/// the local and Redis stores). An estimate above what the bucket holds loads, with a warning
+/// (`warnings::budgets`): it reserves the whole bucket.
 fn check_response_cost(
     check: &Checker<'_>,
     path: &str,
     bucket: &BucketFile,
     cost: &CostResponse,
-    store: StateStore,
+    (store, each): (StateStore, Option<SubjectKind>),
     algorithm_name: &str,
 ) -> Result<(), Located> {
     let at = child(path, "cost");
     let source = ResponseSource::parse(&cost.response)
         .map_err(|message| check.at_value(&child(&at, "response"), message))?;
-    if !matches!(bucket.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+    if !matches!(
+        bucket.algorithm,
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::DropRatio
+    ) {
         return Err(check.at_key(
             &at,
             format!(
-                "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra"
+                "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra (or drop-ratio, for a budget the control plane holds)"
+            ),
+        ));
+    }
+    if store == StateStore::ControlPlane
+        && let Some(subject) = each
+    {
+        return Err(check.at_key(
+            &at,
+            format!(
+                "a cost the response reports in store: control-plane is one budget for the whole scope; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
             ),
         ));
     }
