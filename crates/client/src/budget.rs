@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+#[cfg(feature = "redis")]
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
