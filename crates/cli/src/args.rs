@@ -190,6 +190,35 @@ pub struct DemoArgs {
     /// default it starts a quarter into the run, wherever in its interval that falls.
     #[arg(long, value_name = "PHASE")]
     pub surge_phase: Option<f64>,
+    /// What the demo runs: `surge` (the control loop under a 15x surge) or `tokens` (token
+    /// budgets per API key charged when each response of a fake LLM API ends).
+    #[arg(long, value_enum, default_value_t = DemoScenario::Surge)]
+    pub scenario: DemoScenario,
+    /// tokens: the sidecars in front of the fake LLM API.
+    #[arg(long, default_value_t = 2)]
+    pub sidecars: usize,
+    /// tokens: the API keys, each with its own budget.
+    #[arg(long, default_value_t = 3)]
+    pub keys: usize,
+    /// tokens: each key's budget, tokens a second (and its burst).
+    #[arg(long, default_value_t = 5_000)]
+    pub budget: u64,
+    /// tokens: each key offers this many times its budget.
+    #[arg(long, default_value_t = 2.0)]
+    pub offered: f64,
+    /// tokens: the share of requests that ask for a streamed (SSE) answer, 0 to 1.
+    #[arg(long, default_value_t = 0.5)]
+    pub streamed: f64,
+    /// tokens: keep the budgets in this Redis (`store: redis`, shared by the sidecars) instead of
+    /// in each sidecar.
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DemoScenario {
+    Surge,
+    Tokens,
 }
 
 #[derive(Debug, Args)]

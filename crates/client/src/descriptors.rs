@@ -8,11 +8,13 @@
 //! lock of its own; the key of a bucket with several counted entries is written on the stack.
 //! Only a `store: redis` bucket allocates, for its Redis key and the call, as the HTTP path does.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 use spillway_core::algo::{Kind, Quota, Rate};
 use spillway_core::clock::Nanos;
+use spillway_core::config::ResponseSource;
 use spillway_core::criticality::Criticality;
 use spillway_core::decision::{BucketId, Decision, NEVER, Verdict};
 use spillway_core::descriptor::{Answer, DescriptorSpec, Entries};
@@ -76,6 +78,10 @@ pub struct DescriptorCheck {
     key: Option<RedisKey>,
     cost: u64,
     tier: Criticality,
+    /// Envoy's settlement of a token budget: debit `cost`, never refuse.
+    settle: bool,
+    /// When the call was made, for the settlement's debt.
+    at: Nanos,
 }
 
 impl Rules {
@@ -172,6 +178,9 @@ impl Rules {
                 return DescriptorStep::Done(status(decision, limit, 0, reset));
             }
         }
+        if bucket.response_cost().is_some() {
+            return DescriptorStep::Done(admit_budget(bucket, id, spec, entries, now, tier));
+        }
         match &bucket.state.limiters {
             Limiters::Shared(limiter) => {
                 let verdict = limiter.decide_tier(now, cost, tier);
@@ -192,11 +201,68 @@ impl Rules {
                     key,
                     cost,
                     tier,
+                    settle: false,
+                    at: now,
                 })
             }
             // Validation gives a descriptor bucket no subject.
             Limiters::PerSubject(..) => DescriptorStep::Done(DescriptorStatus::UNMATCHED),
         }
+    }
+
+    /// Whether bucket `id` is a token budget that Envoy charges when the response ends
+    /// (`cost: { response: hits_addend }`): a descriptor of it that carries a `hits_addend` is
+    /// a settlement ([`Rules::settle_descriptor`]), one without is an admission.
+    pub fn settled_by_envoy(&self, id: BucketId) -> bool {
+        self.buckets
+            .get(id.index())
+            .and_then(CompiledBucket::response_cost)
+            .is_some_and(|cost| *cost.source() == ResponseSource::HitsAddend)
+    }
+
+    /// Envoy's call at the end of a response (its `apply_on_stream_done` rate limit) for the
+    /// descriptor `entries` of bucket `id`, a token budget: debits `cost` units whatever the
+    /// bucket holds, so it may go into debt that later admissions pay, and never refuses. Counted
+    /// in the budget's debited units, not as a request. A `store: redis` bucket is debited by
+    /// [`Rules::finish_descriptor`] (one call); a local one allocates nothing.
+    pub fn settle_descriptor<E: Entries + ?Sized>(
+        &self,
+        now: Nanos,
+        id: BucketId,
+        entries: &E,
+        cost: u64,
+    ) -> DescriptorStep {
+        let Some(bucket) = self.buckets.get(id.index()) else {
+            return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
+        };
+        let Some(spec) = &bucket.config().descriptor else {
+            return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
+        };
+        if entries.len() != spec.entries.len() || spec.answer != Answer::Limit {
+            return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
+        }
+        let quota = match &bucket.state.limiters {
+            Limiters::Shared(limiter) => {
+                limiter.settle(now, 0, cost);
+                limiter.quota(now, bucket.rate)
+            }
+            Limiters::PerValue(map) => {
+                with_counted_key(spec, entries, |key| map.settle_quota(key, now, cost))
+            }
+            Limiters::Exact(_) => {
+                return DescriptorStep::Redis(DescriptorCheck {
+                    id,
+                    key: None,
+                    cost,
+                    tier: Criticality::default(),
+                    settle: true,
+                    at: now,
+                });
+            }
+            Limiters::PerSubject(..) => return DescriptorStep::Done(DescriptorStatus::UNMATCHED),
+        };
+        bucket.state.budget.settle(cost, false);
+        DescriptorStep::Done(settled(bucket, id, spec, quota))
     }
 
     /// Asks Redis for a `store: redis` descriptor bucket, through the store's circuit breaker;
@@ -208,6 +274,9 @@ impl Rules {
         let Some(spec) = &bucket.config().descriptor else {
             return DescriptorStatus::UNMATCHED;
         };
+        if check.settle {
+            return self.finish_settlement(bucket, check, spec).await;
+        }
         let (verdict, remaining, kind) = match (&self.store, &bucket.state.limiters) {
             (Some(store), Limiters::Exact(exact)) => {
                 let (verdict, remaining) = store
@@ -231,6 +300,98 @@ impl Rules {
             reset: redis_reset(kind, bucket.rate, full, remaining, unix_now()),
         };
         answer(bucket, check.id, spec, verdict, quota, check.tier)
+    }
+}
+
+impl Rules {
+    /// Debits a `store: redis` budget in Redis (one script call) and keeps how long it is in
+    /// debt, which this process's admissions honour without asking Redis. A debit Redis cannot
+    /// take is held and carried by the bucket's next one, as the HTTP path's is.
+    async fn finish_settlement(
+        &self,
+        bucket: &CompiledBucket,
+        check: DescriptorCheck,
+        spec: &DescriptorSpec,
+    ) -> DescriptorStatus {
+        #[cfg(feature = "redis")]
+        if let (Some(store), Limiters::Exact(exact)) = (&self.store, &bucket.state.limiters) {
+            let unsent = &bucket.state.budget.unsent;
+            let cost = check.cost.saturating_add(unsent.swap(0, Ordering::Relaxed));
+            match store.debit(exact, None, cost).await {
+                Some(owed) => {
+                    let until = check
+                        .at
+                        .saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX));
+                    bucket
+                        .state
+                        .owed_until
+                        .store(if owed.is_zero() { 0 } else { until }, Ordering::Relaxed);
+                }
+                None => {
+                    unsent.fetch_add(cost, Ordering::Relaxed);
+                }
+            }
+        }
+        bucket.state.budget.settle(check.cost, false);
+        settled(bucket, check.id, spec, exact_quota(bucket, check.at))
+    }
+}
+
+/// Admits a descriptor of a token budget while the bucket is not in debt; it takes nothing,
+/// the settlement charges what the response used. Counts it.
+fn admit_budget<E: Entries + ?Sized>(
+    bucket: &CompiledBucket,
+    id: BucketId,
+    spec: &DescriptorSpec,
+    entries: &E,
+    now: Nanos,
+    tier: Criticality,
+) -> DescriptorStatus {
+    let (verdict, quota) = match &bucket.state.limiters {
+        Limiters::Shared(limiter) => (limiter.admit_owing(now, 0), limiter.quota(now, bucket.rate)),
+        Limiters::PerValue(map) => {
+            with_counted_key(spec, entries, |key| map.admit_owing_quota(key, now, 0))
+        }
+        Limiters::Exact(_) => {
+            let quota = exact_quota(bucket, now);
+            let verdict = if quota.remaining == 0 {
+                Verdict::Deny {
+                    retry_after: quota.reset,
+                }
+            } else {
+                Verdict::Allow
+            };
+            (verdict, quota)
+        }
+        Limiters::PerSubject(..) => return DescriptorStatus::UNMATCHED,
+    };
+    answer(bucket, id, spec, verdict, quota, tier)
+}
+
+/// What a `store: redis` budget holds as this process knows it: nothing while in the debt its
+/// last debit reported, else its whole limit.
+fn exact_quota(bucket: &CompiledBucket, now: Nanos) -> Quota {
+    let until = bucket.state.owed_until.load(Ordering::Relaxed);
+    Quota {
+        remaining: if now < until { 0 } else { bucket.rate.count() },
+        reset: Duration::from_nanos(until.saturating_sub(now)),
+    }
+}
+
+/// The answer to a settlement: OK, whatever the bucket holds after it.
+fn settled(
+    bucket: &CompiledBucket,
+    id: BucketId,
+    spec: &DescriptorSpec,
+    quota: Quota,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        bucket: Some(id),
+        decision: Decision::Allow,
+        answer: spec.answer,
+        limit: Some(bucket.limit()),
+        remaining: quota.remaining,
+        reset: quota.reset,
     }
 }
 

@@ -227,6 +227,28 @@ impl SubjectMap {
         }
     }
 
+    /// [`SubjectMap::settle`] with nothing reserved, and what the subject's limiter holds
+    /// right after (the whole limit for a subject it does not hold).
+    pub(crate) fn settle_quota(&self, subject: &str, now: Nanos, actual: u64) -> Quota {
+        let mut hex = [0; 64];
+        let subject = subject_key(subject, &mut hex);
+        let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
+        let mut shard = shard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match shard.get_mut(subject) {
+            Some(slot) => {
+                slot.last_seen = slot.last_seen.max(now);
+                slot.limiter.settle(now, 0, actual);
+                slot.limiter.quota(now)
+            }
+            None => Quota {
+                remaining: self.rate.count(),
+                reset: std::time::Duration::ZERO,
+            },
+        }
+    }
+
     /// Like [`SubjectMap::decide`], with what the subject's limiter still admits right after
     /// (read under the same lock, so no other request of the subject comes between). A subject
     /// admitted without a limiter because the map is full has the whole limit left.

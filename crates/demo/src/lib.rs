@@ -3,6 +3,9 @@
 //! with a live view, a summary and a chart. The real single node, `spillway up`, is
 //! `spillway-node`.
 //!
+//! `--scenario tokens` runs token budgets instead ([`tokens`]): a fake LLM API, sidecars with a
+//! budget of tokens per API key charged when each response ends, and keys offering more.
+//!
 //! The demo measures what the demo is are about: how long after a 15x surge the fleet
 //! admits the limit again (the enforcement delay), how close to the limit it stays, and what
 //! the sidecar adds to the latency of a request.
@@ -12,10 +15,12 @@ pub mod chart;
 pub mod demo;
 pub mod load;
 pub mod summary;
+pub mod tokens;
 pub mod view;
 
 pub use demo::{DASHBOARD, Demo, DemoOptions, run};
 pub use summary::Summary;
+pub use tokens::{TokensOptions, TokensSummary, run_tokens};
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]

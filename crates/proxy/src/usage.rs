@@ -208,6 +208,8 @@ impl Meter {
                             Err(_) => Reader::Known(None),
                         }
                     }
+                    // Envoy's settlement call reports it; validation keeps it off HTTP buckets.
+                    ResponseSource::HitsAddend => Reader::Known(None),
                     ResponseSource::Json(_) | ResponseSource::Sse(_)
                         if coding == Coding::Unreadable =>
                     {

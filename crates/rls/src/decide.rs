@@ -146,6 +146,19 @@ fn cost(request: &pb::RateLimitRequest, descriptor: &pb::RateLimitDescriptor) ->
     hits.max(1)
 }
 
+/// The units a descriptor settles when its bucket is a token budget that Envoy charges at the
+/// end of the response (`cost: { response: hits_addend }`): its own `hits_addend`, which only
+/// Envoy's `apply_on_stream_done` rate limit sets in that configuration (Envoy AI Gateway's
+/// request-time descriptor has none, Envoy Gateway's `request: { number: 0 }` sends 0). A
+/// descriptor without one, or with 0, is the admission at the request.
+fn settlement(descriptor: &pb::RateLimitDescriptor) -> Option<u64> {
+    descriptor
+        .hits_addend
+        .as_ref()
+        .map(|h| h.value)
+        .filter(|&used| used > 0)
+}
+
 /// Decides `request` with `client`'s rules, at `client`'s time, and counts every decision in the
 /// buckets' metrics (`spillway_requests_total`) as the HTTP path does.
 pub async fn decide(
@@ -186,13 +199,19 @@ pub async fn decide(
                 // The tier Envoy put in the descriptor (its `request_headers` action with
                 // `descriptor_key: criticality`), trusted as the rules' identity says.
                 let tier = rules.identity().criticality_of(entries.tier());
-                let step = rules.decide_descriptor_tier(
-                    now,
-                    id,
-                    &entries,
-                    cost(request, descriptor),
-                    tier,
-                );
+                let step = match settlement(descriptor) {
+                    // Envoy's call at the end of the response: charge what it used.
+                    Some(used) if rules.settled_by_envoy(id) => {
+                        rules.settle_descriptor(now, id, &entries, used)
+                    }
+                    _ => rules.decide_descriptor_tier(
+                        now,
+                        id,
+                        &entries,
+                        cost(request, descriptor),
+                        tier,
+                    ),
+                };
                 match step {
                     DescriptorStep::Done(status) => status,
                     DescriptorStep::Redis(check) => rules.finish_descriptor(check).await,

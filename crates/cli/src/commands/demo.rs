@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use spillway_demo::DemoOptions;
 
-use crate::args::DemoArgs;
+use crate::args::{DemoArgs, DemoScenario};
 
 /// Runs the demo for `--seconds`, prints the dashboard's address when the fleet is up and the
 /// summary at the end on stdout, and exits 0.
 pub fn demo(args: DemoArgs) -> ExitCode {
+    if args.scenario == DemoScenario::Tokens {
+        return tokens(args);
+    }
     if args.seconds < 4 {
         eprintln!("spillway demo: --seconds must be at least 4 (a base load, then the surge)");
         return ExitCode::from(2);
@@ -47,6 +50,50 @@ pub fn demo(args: DemoArgs) -> ExitCode {
         demo.run().await
     };
     match runtime.block_on(run) {
+        Ok(summary) => {
+            print!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("spillway demo: {err}");
+            ExitCode::from(if err.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+/// `--scenario tokens`: token budgets per API key in front of a fake LLM API.
+fn tokens(args: DemoArgs) -> ExitCode {
+    if args.seconds == 0 || args.sidecars == 0 || args.keys == 0 || args.budget == 0 {
+        eprintln!(
+            "spillway demo: --seconds, --sidecars, --keys and --budget must be at least 1 for --scenario tokens"
+        );
+        return ExitCode::from(2);
+    }
+    let shares = (0.0..=1.0).contains(&args.streamed) && args.offered.is_finite();
+    if !(shares && args.offered > 0.0) {
+        eprintln!(
+            "spillway demo: --streamed is a share from 0 to 1 and --offered a factor above 0 (2 offers twice the budget)"
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("spillway demo: cannot start the async runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut options = spillway_demo::TokensOptions::new(args.seconds);
+    options.sidecars = args.sidecars;
+    options.keys = args.keys;
+    options.budget = args.budget;
+    options.offered = args.offered;
+    options.streamed = args.streamed;
+    options.redis = args.redis_url;
+    match runtime.block_on(spillway_demo::run_tokens(options)) {
         Ok(summary) => {
             print!("{summary}");
             ExitCode::SUCCESS

@@ -179,3 +179,112 @@ fn get(addr: &str, path: &str) -> String {
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
 }
+
+/// `spillway demo --scenario tokens`: each API key is answered within 15% of the tokens its
+/// budget allows over the run (its rate times the run plus its burst; the requests in flight
+/// when it goes into debt overspend it by a few percent, and the load's own jitter may leave a
+/// little unspent), every answer's usage is read and debited, and keys offering twice their
+/// budget are refused.
+#[test]
+fn demo_tokens_holds_each_keys_budget_and_reads_every_usage() {
+    let summary = run_tokens(&["--seconds", "6"]);
+    for key in ["key-1", "key-2", "key-3"] {
+        assert_key_within(&summary, key, 15.0);
+    }
+    assert_every_usage_debited(&summary);
+}
+
+/// The Redis harness of bench/tokens/run.sh, briefly: four sidecars share one budget in a private
+/// `redis-server`, one key offering 4 times it over all of them, and its tokens admitted stay
+/// within 15% of the allowance over 6 s (the 60 s runs are within 1%: what is over is what was
+/// in flight or owed at the end, which a short run weighs more).
+#[test]
+fn demo_tokens_in_redis_holds_one_budget_across_four_sidecars() {
+    let redis = spillway_testkit::RedisServer::start().expect("private redis-server");
+    let summary = run_tokens(&[
+        "--seconds",
+        "6",
+        "--sidecars",
+        "4",
+        "--keys",
+        "1",
+        "--budget",
+        "10000",
+        "--offered",
+        "4",
+        "--redis-url",
+        &redis.url(),
+    ]);
+    assert!(summary.contains("4 sidecars, store: redis"), "{summary}");
+    assert_key_within(&summary, "key-1", 15.0);
+    assert_every_usage_debited(&summary);
+    assert!(summary.contains("wrongful refusals"), "{summary}");
+}
+
+/// Runs `spillway demo --scenario tokens ARGS` (bounded: a minute) and returns its summary.
+fn run_tokens(args: &[&str]) -> String {
+    let mut child = Command::new(SPILLWAY)
+        .args(["demo", "--scenario", "tokens"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spillway demo starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("spillway demo --scenario tokens {args:?} still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let output = child.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&output.stdout).into_owned();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(status.success(), "exit {status}\n{summary}\n{log}");
+    summary
+}
+
+/// `key` was admitted and refused, with no errors, and answered within `percent` of the tokens
+/// its budget allows.
+fn assert_key_within(summary: &str, key: &str, percent: f64) {
+    {
+        let line = summary
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("a line for {key}:\n{summary}"));
+        let numbers: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|n| n.trim_end_matches('%').parse().unwrap())
+            .collect();
+        let [_, admitted, refused, errors, _, share] = numbers[..] else {
+            panic!("{line}");
+        };
+        assert!(admitted > 0.0 && refused > 0.0, "{line}\n{summary}");
+        assert_eq!(errors, 0.0, "{line}");
+        assert!(
+            (100.0 - percent..=100.0 + percent).contains(&share),
+            "{key} was answered {share}% of what its budget allows:\n{summary}"
+        );
+    }
+}
+
+/// Every answer's usage was read and debited.
+fn assert_every_usage_debited(summary: &str) {
+    let admitted = number_after(summary, "tokens admitted").expect("tokens admitted");
+    let debited = number_after(summary, "tokens debited").expect("tokens debited");
+    assert_eq!(
+        admitted, debited,
+        "every answer's usage debited:\n{summary}"
+    );
+    assert_eq!(
+        number_after(summary, "unreported costs"),
+        Some(0.0),
+        "{summary}"
+    );
+}

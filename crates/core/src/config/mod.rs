@@ -37,8 +37,9 @@ pub(crate) use error::did_you_mean;
 pub use model::{
     Algorithm, BucketFile, CandidateFile, ConcurrencyAlgorithm, ConcurrencyFile, ConfigFile,
     Control, Cost, CostHeader, CostResponse, DescriptorAnswer, DescriptorEntryFile, DescriptorFile,
-    DocumentFile, FailurePolicy, IdentitySources, MatchFile, Mode, ProxyFile, RedisFile,
-    ResponseSource, Scope, SentinelFile, ServiceFile, Services, Source, Sources, StateStore,
+    DocumentFile, FailurePolicy, HITS_ADDEND, IdentitySources, MatchFile, Mode, ProxyFile,
+    RedisFile, ResponseSource, Scope, SentinelFile, ServiceFile, Services, Source, Sources,
+    StateStore,
 };
 pub use positions::Position;
 pub use secret::redact_url;

@@ -34,7 +34,7 @@ mod cost;
 mod duration;
 mod identity;
 mod redis;
-pub use self::cost::{Cost, CostHeader, CostResponse, ResponseSource};
+pub use self::cost::{Cost, CostHeader, CostResponse, HITS_ADDEND, ResponseSource};
 pub use self::duration::DurationText;
 pub(crate) use self::duration::{duration_text, option_duration_text};
 pub(crate) use self::identity::is_header_name;

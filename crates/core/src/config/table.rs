@@ -80,10 +80,11 @@ fn row(service: &str, bucket: &Bucket) -> [String; 11] {
             Some(n) => format!("{} (batch {n})", bucket.store),
             None => bucket.store.to_string(),
         },
-        // Envoy's request carries a descriptor's cost.
-        match descriptor {
-            Some(_) => "hits_addend".to_owned(),
-            None => bucket.cost.to_string(),
+        // Envoy's request carries a descriptor's cost; a token budget's, its call at the end.
+        match (descriptor, &bucket.cost) {
+            (Some(_), super::Cost::Response(_)) => "hits_addend at the response's end".to_owned(),
+            (Some(_), _) => "hits_addend".to_owned(),
+            (None, cost) => cost.to_string(),
         },
         bucket.on_store_failure.to_string(),
     ]

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::model::{
     Algorithm, BucketFile, ConfigFile, Control, Cost, CostResponse, DescriptorFile, FailurePolicy,
-    IdentitySources, MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, ResponseSource, Scope,
-    SentinelFile, Services, Source, Sources, StateStore, is_header_name,
+    HITS_ADDEND, IdentitySources, MIN_PEER_MULTIPLE, MatchFile, Mode, RedisFile, ResponseSource,
+    Scope, SentinelFile, Services, Source, Sources, StateStore, is_header_name,
 };
 use super::positions::{Located, Position, Positions, child, item};
 use super::secret::{redact_url, url_has_password};

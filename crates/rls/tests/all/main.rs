@@ -7,4 +7,5 @@ mod redis;
 mod rlqs;
 mod rlqs_identity;
 mod rls;
+mod settle;
 mod tls;

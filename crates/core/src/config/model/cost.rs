@@ -57,8 +57,10 @@ pub struct CostHeader {
 pub struct CostResponse {
     /// Where the response reports its cost: `header:NAME`, `trailer:NAME`, `json:PATH` (a
     /// dotted path into a JSON body, e.g. `json:usage.total_tokens`) or `sse:PATH` (the last
-    /// `data:` event of a `text/event-stream` body that carries PATH).
-    #[schemars(regex(pattern = r"^(header|trailer|json|sse):.+$"))]
+    /// `data:` event of a `text/event-stream` body that carries PATH); on an Envoy descriptor
+    /// bucket, `hits_addend` (the call Envoy makes when the response ends, its
+    /// `apply_on_stream_done` rate limit, carries the cost as the descriptor's `hits_addend`).
+    #[schemars(regex(pattern = r"^((header|trailer|json|sse):.+|hits_addend)$"))]
     pub response: String,
     /// The estimate reserved when the request is admitted, and refunded or topped up when the
     /// response reports. Default: nothing reserved (the request needs a bucket not in debt).
@@ -74,6 +76,10 @@ pub struct CostResponse {
     pub default: Option<NonZeroU64>,
 }
 
+/// The response source of an Envoy descriptor bucket whose cost Envoy's call at the end of the
+/// response reports in `hits_addend`.
+pub const HITS_ADDEND: &str = "hits_addend";
+
 /// Where in a response its cost is, parsed from [`CostResponse::response`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ResponseSource {
@@ -85,12 +91,18 @@ pub enum ResponseSource {
     Json(Vec<String>),
     /// A dotted path into the JSON of the last `data:` event that carries it.
     Sse(Vec<String>),
+    /// Envoy's settlement call at the end of the response (`apply_on_stream_done`): the
+    /// descriptor's `hits_addend` is the cost. Descriptor buckets only.
+    HitsAddend,
 }
 
 impl ResponseSource {
     /// Parses `header:NAME`, `trailer:NAME`, `json:PATH` or `sse:PATH`; the error says what is
     /// wrong and what would be right.
     pub fn parse(text: &str) -> Result<Self, String> {
+        if text == HITS_ADDEND {
+            return Ok(ResponseSource::HitsAddend);
+        }
         let Some((kind, rest)) = text.split_once(':') else {
             return Err(format!(
                 "response \"{text}\" names no source; use header:NAME, trailer:NAME, json:PATH or sse:PATH, like json:usage.total_tokens"

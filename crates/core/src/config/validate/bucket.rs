@@ -87,10 +87,21 @@ pub(super) fn check_bucket(
     }
     // The rules the control plane sends down write every default out (`cost: 1`), so only a
     // cost other than the default is refused.
-    if descriptor.is_some() && written("cost") && bucket.cost != Cost::default() {
+    let settled_by_envoy = matches!(&bucket.cost, Cost::Response(c) if c.response == HITS_ADDEND);
+    if descriptor.is_some()
+        && written("cost")
+        && bucket.cost != Cost::default()
+        && !settled_by_envoy
+    {
         return Err(check.at_key(
             &child(path, "cost"),
-            "a descriptor bucket's cost is the hits_addend of Envoy's request (1 when it sends none); leave `cost` out",
+            "a descriptor bucket's cost is the hits_addend of Envoy's request (1 when it sends none); leave `cost` out, or write `cost: { response: hits_addend }` for a token budget that Envoy charges when the response ends",
+        ));
+    }
+    if settled_by_envoy && descriptor.is_none() {
+        return Err(check.at_value(
+            &child(&child(path, "cost"), "response"),
+            "response hits_addend is Envoy's call at the end of a response, for descriptor buckets (`match: { descriptor: ... }`); an HTTP bucket reads the response itself: use header:NAME, trailer:NAME, json:PATH or sse:PATH",
         ));
     }
     if let Cost::Header(cost) = &bucket.cost
@@ -111,6 +122,12 @@ pub(super) fn check_bucket(
             .filter(|s| s.value == SubjectValue::Each)
             .map(|s| s.kind);
         check_response_cost(check, path, &bucket, cost, (store, each), &algorithm_name)?;
+        if store == StateStore::Redis && descriptor.as_ref().is_some_and(|d| d.is_per_value()) {
+            return Err(check.at_key(
+                &child(path, "cost"),
+                "a cost the response reports in store: redis is kept for one shared bucket; an entry without an exact value makes one per value, so give every entry its value or use store: local",
+            ));
+        }
     }
     let region_limits = check_region_limits(
         check,
@@ -339,6 +356,21 @@ fn check_response_cost(
                 "a cost the response reports in store: control-plane is one budget for the whole scope; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
             ),
         ));
+    }
+    if source == ResponseSource::HitsAddend {
+        let extra = [
+            ("request", cost.request.is_some()),
+            ("weights", cost.weights.is_some()),
+            ("default", cost.default.is_some()),
+        ];
+        if let Some((key, _)) = extra.iter().find(|(_, set)| *set) {
+            return Err(check.at_key(
+                &child(&at, key),
+                format!(
+                    "Envoy's call at the end of the response carries the whole cost in hits_addend, and its call at the request is admitted while the bucket is not in debt; leave `{key}` out"
+                ),
+            ));
+        }
     }
     if let Some(weights) = &cost.weights {
         if !source.reads_body() {
