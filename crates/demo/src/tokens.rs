@@ -3,7 +3,8 @@
 //! An OpenAI-compatible fake upstream (`POST /v1/chat/completions`: a JSON answer with `usage`,
 //! or with `"stream": true` an SSE stream whose last event carries it; 100 to 2,000 tokens
 //! each, drawn at random), sidecars in front of it with one token budget per API key (the
-//! response's `usage.total_tokens`, token-bucket, `store: local` or `store: redis`), and a few
+//! response's `usage.total_tokens`, token-bucket; `store: local`, a bucket per key, or
+//! `store: redis`, one bucket whose subject is the key), and a few
 //! API keys each offering more tokens than its budget. The summary compares the tokens each key
 //! was answered with what its budget allows over the run (`rate x seconds + burst`).
 //!
@@ -69,27 +70,38 @@ impl TokensOptions {
         }
     }
 
-    /// The sidecars' rules: one budget per key.
+    /// The sidecars' rules: one budget per key. In Redis, one bucket whose subject is the API
+    /// key (`api_key: "*"`): one meter per key, every sidecar charging it; locally, a bucket
+    /// per key, since each key is sent to one sidecar.
     pub fn rules(&self) -> String {
         let mut yaml = String::from("version: 1\n");
         if let Some(url) = &self.redis {
             yaml.push_str(&format!("redis: {{ url: \"{url}\", timeout: 200ms }}\n"));
         }
         yaml.push_str("services:\n  llm:\n    buckets:\n");
-        let store = if self.redis.is_some() {
-            "redis"
-        } else {
-            "local"
-        };
-        for key in 1..=self.keys {
-            yaml.push_str(&format!(
-                "      - name: tokens-key-{key}\n        match: {{ procedure: /v1/chat/completions, api_key: key-{key} }}\n        limit: {}/s\n        algorithm: token-bucket\n        store: {store}\n        cost: {{ response: json:usage.total_tokens }}\n",
+        let bucket = |name: &str, key: &str, store: &str| {
+            format!(
+                "      - name: {name}\n        match: {{ procedure: /v1/chat/completions, api_key: {key} }}\n        limit: {}/s\n        algorithm: token-bucket\n        store: {store}\n        cost: {{ response: json:usage.total_tokens }}\n",
                 self.budget
-            ));
+            )
+        };
+        if self.redis.is_some() {
+            yaml.push_str(&bucket(PER_KEY_BUCKET, "\"*\"", "redis"));
+        } else {
+            for key in 1..=self.keys {
+                yaml.push_str(&bucket(
+                    &format!("tokens-key-{key}"),
+                    &format!("key-{key}"),
+                    "local",
+                ));
+            }
         }
         yaml
     }
 }
+
+/// The Redis mode's one bucket, a budget per API key.
+const PER_KEY_BUCKET: &str = "tokens-per-key";
 
 /// What one key did.
 #[derive(Debug, Default)]
@@ -133,8 +145,6 @@ pub struct KeySummary {
     pub errors: u64,
     pub streamed: u64,
     pub tokens: u64,
-    /// Tokens the sidecars debited from the key's budget, summed over them.
-    pub debited: u64,
     /// Refusals while the budget, replayed from the answers' tokens, had room: at least one
     /// token, and at least 5 ms of refill.
     pub wrongful: (u64, u64),
@@ -148,6 +158,8 @@ pub struct TokensSummary {
     pub keys: Vec<KeySummary>,
     /// Responses whose usage could not be read (charged the default), over every sidecar.
     pub unreported: u64,
+    /// Tokens the sidecars debited from the keys' budgets, summed over them.
+    pub debited: u64,
 }
 
 impl TokensSummary {
@@ -222,8 +234,7 @@ impl fmt::Display for TokensSummary {
             f,
             "  wrongful refusals  {strict} while the budget (replayed from the answers) had a token, {loose} while it had 5 ms of refill"
         )?;
-        let debited: u64 = self.keys.iter().map(|k| k.debited).sum();
-        writeln!(f, "  tokens debited     {debited} by the sidecars")?;
+        writeln!(f, "  tokens debited     {} by the sidecars", self.debited)?;
         writeln!(
             f,
             "  unreported costs   {} (answers whose usage could not be read, charged the default)",
@@ -290,14 +301,17 @@ pub async fn run_tokens(options: TokensOptions) -> Result<TokensSummary, DemoErr
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut unreported = 0;
-    let mut debited = vec![0u64; options.keys];
+    // What the sidecars debited, over the keys' buckets (one per key locally, Redis's one
+    // bucket of a budget per key).
+    let mut debited = 0;
     for p in &proxies {
         let rules = p.client().rules();
-        for (key, debit) in debited.iter_mut().enumerate() {
-            if let Some(b) = rules.find("llm", &format!("tokens-key-{}", key + 1)) {
-                *debit += b.budget().debited();
-                unreported += b.budget().unreported();
-            }
+        let names = (1..=options.keys)
+            .map(|key| format!("tokens-key-{key}"))
+            .chain([PER_KEY_BUCKET.to_owned()]);
+        for b in names.filter_map(|name| rules.find("llm", &name)) {
+            debited += b.budget().debited();
+            unreported += b.budget().unreported();
         }
     }
     let burst = options.budget;
@@ -317,7 +331,6 @@ pub async fn run_tokens(options: TokensOptions) -> Result<TokensSummary, DemoErr
             errors: c.errors.load(Ordering::Relaxed),
             streamed: c.streamed.load(Ordering::Relaxed),
             tokens: c.tokens.load(Ordering::Relaxed),
-            debited: debited[i],
         })
         .collect();
     for p in proxies {
@@ -331,6 +344,7 @@ pub async fn run_tokens(options: TokensOptions) -> Result<TokensSummary, DemoErr
         seconds,
         keys,
         unreported,
+        debited,
     })
 }
 
