@@ -187,8 +187,9 @@ fn streams_beyond_a_hosts_cap_get_resource_exhausted() {
 
 /// 30 streams on 30 connections, each reporting 10,000 bucket ids of 200 bytes: 300,000 ids,
 /// about 70 MB of reports. The aggregator holds at most 50,000 (its default cap); its RSS peaks
-/// under 150 MB and is back within 1.5 times its idle RSS 10 s after the crowd's streams and
-/// connections close.
+/// under 150 MB, and 10 s after the crowd's streams and connections close it has given back at
+/// least three quarters of what the crowd added to its idle RSS (the 50,000 ids it held alone
+/// are about a third of it). Measured here: 6-11% kept, 21% once on a loaded machine.
 #[test]
 fn a_crowd_of_bucket_ids_is_capped_and_its_memory_given_back() {
     let zone = Zone::start(&[]);
@@ -281,9 +282,11 @@ fn a_crowd_of_bucket_ids_is_capped_and_its_memory_given_back() {
     let (after, peak) = zone.rss_kb();
     eprintln!("aggregator RSS: idle {idle} kB, peak {peak} kB, 10 s after close {after} kB");
     assert!(peak < 150 * 1024, "peak RSS {peak} kB, idle {idle} kB");
+    let added = peak.saturating_sub(idle);
     assert!(
-        after * 2 <= idle * 3,
-        "RSS {after} kB 10 s after the streams closed, idle {idle} kB"
+        after.saturating_sub(idle) * 4 <= added,
+        "RSS {after} kB 10 s after the streams closed: more than a quarter of the {added} kB the \
+         crowd added to the idle {idle} kB kept"
     );
     assert_eq!(
         zone.metric(
