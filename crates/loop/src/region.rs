@@ -537,12 +537,12 @@ impl RegionCore {
         };
         let mut smoothers = vec![Smoother::default(); next.len()];
         let mut views = vec![None; next.len()];
-        for old in 0..moves.len() {
+        for (old, moved) in moves.iter().enumerate() {
             if let Some(new) = kept(old, false) {
                 smoothers[new] = self.smoothers[old];
             }
-            if let Some(new) = moves[old] {
-                views[new as usize] = self.views[old];
+            if let Some(new) = moved {
+                views[*new as usize] = self.views[old];
             }
         }
         for by_bucket in self.zone_smoothers.values_mut() {
