@@ -2,7 +2,8 @@
 # One controller under many emulated aggregators: ZONES zones (each its own LinkZone stream, as
 # an aggregator's) x BUCKETS region-scope buckets at 1 s reports, for SECONDS. Prints the
 # controller's CPU (cores: CPU-seconds per second over the run's steady part) and peak RSS,
-# and the emulator's JSON line.
+# the emulator's CPU over the same part (it shares the machine: when the two together fill its
+# cores, the emulator may be what limits the run), and the emulator's JSON line.
 #
 #   bench/controller/run.sh [ZONES] [BUCKETS] [SECONDS]     # default 100 10000 30
 #
@@ -34,7 +35,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 kill -0 "$controller" 2>/dev/null || { echo "the controller did not start:" >&2; cat "$work/controller.log" >&2; exit 1; }
-ticks() { awk '{print $14 + $15}' "/proc/$controller/stat"; }
+ticks() { awk '{print $14 + $15}' "/proc/${1:-$controller}/stat"; }
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$controller/status"; }
 "$bin/examples/zones" -c "$work/controller.yaml" --controller "http://127.0.0.1:$port" \
   --zones "$zones" --seconds "$seconds" >"$work/zones.json" &
@@ -42,18 +43,19 @@ emulator=$!
 # The steady part: from 5 s in (every stream open, the first intervals closed) to 2 s before
 # the end.
 sleep 5
-t0=$(ticks) s0=$(date +%s.%N) peak=0
+t0=$(ticks) e0=$(ticks "$emulator") s0=$(date +%s.%N) peak=0
 for ((i = 0; i < seconds - 7; i++)); do
   r=$(rss_kb)
   ((r > peak)) && peak=$r
   sleep 1
 done
-t1=$(ticks) s1=$(date +%s.%N)
+t1=$(ticks) e1=$(ticks "$emulator") s1=$(date +%s.%N)
 wait "$emulator"
 hz=$(getconf CLK_TCK)
 cores=$(python3 -c "print(round(($t1 - $t0) / $hz / ($s1 - $s0), 3))")
+emulator_cores=$(python3 -c "print(round(($e1 - $e0) / $hz / ($s1 - $s0), 3))")
 if grep -q '"errors": [1-9]' "$work/zones.json"; then
   echo "the controller's last log lines:" >&2
   tail -5 "$work/controller.log" >&2
 fi
-echo "zones=$zones buckets=$buckets controller_cores=$cores controller_peak_rss_mb=$((peak / 1024)) $(cat "$work/zones.json")"
+echo "zones=$zones buckets=$buckets controller_cores=$cores controller_peak_rss_mb=$((peak / 1024)) emulator_cores=$emulator_cores $(cat "$work/zones.json")"

@@ -19,8 +19,6 @@ use std::time::Duration;
 use spillway_core::config::candidate_of;
 use spillway_proto::v1;
 
-use crate::sums::BucketKey;
-
 pub use spillway_core::history::{HistoryBatch, HistoryRow};
 
 /// Slots waiting for their reports; with reports about one interval late, two or three are open.
@@ -33,11 +31,16 @@ pub const LATE_MS: u64 = 2_000;
 /// Reports about intervals this far before the clock are not history any more.
 const TOO_OLD_MS: u64 = 10 * 60_000;
 
+type Fast = foldhash::fast::RandomState;
+
 #[derive(Debug, Default)]
 struct Slot {
     width_ms: u64,
-    /// Offered, admitted, shadow-dropped, candidate-dropped.
-    counts: HashMap<BucketKey, [u64; 4]>,
+    /// Offered, admitted, shadow-dropped, candidate-dropped; by service, then bucket, so a
+    /// report's entry is found by its own names, without a key built per entry.
+    counts: HashMap<String, HashMap<String, [u64; 4], Fast>, Fast>,
+    /// Buckets held in `counts`.
+    buckets: usize,
 }
 
 /// The slots of one region's history as reports fill them; see the module's documentation.
@@ -87,18 +90,19 @@ impl Ledger {
         let slot = self.slots.entry(slot_start).or_default();
         slot.width_ms = slot.width_ms.max(width);
         for b in &report.buckets {
-            let (key, add) = match candidate_of(&b.bucket) {
-                Some(parent) => (
-                    BucketKey::new(&b.service, parent),
-                    [0, 0, 0, b.shadow_dropped],
-                ),
+            let (bucket, add) = match candidate_of(&b.bucket) {
+                Some(parent) => (parent, [0, 0, 0, b.shadow_dropped]),
                 None => (
-                    BucketKey::new(&b.service, &b.bucket),
+                    b.bucket.as_str(),
                     [b.offered, b.allowed, b.shadow_dropped, 0],
                 ),
             };
-            let full = slot.counts.len() >= MAX_BUCKETS;
-            match slot.counts.get_mut(&key) {
+            let full = slot.buckets >= MAX_BUCKETS;
+            let counts = slot
+                .counts
+                .get_mut(b.service.as_str())
+                .and_then(|service| service.get_mut(bucket));
+            match counts {
                 Some(c) => {
                     for (count, n) in c.iter_mut().zip(add) {
                         *count = count.saturating_add(n);
@@ -106,7 +110,11 @@ impl Ledger {
                 }
                 None if full => self.refused += 1,
                 None => {
-                    slot.counts.insert(key, add);
+                    slot.counts
+                        .entry(b.service.clone())
+                        .or_default()
+                        .insert(bucket.to_owned(), add);
+                    slot.buckets += 1;
                 }
             }
         }
@@ -143,16 +151,20 @@ fn batch_of(start_ms: u64, slot: Slot) -> HistoryBatch {
     let mut rows: Vec<HistoryRow> = slot
         .counts
         .into_iter()
-        .map(
-            |(key, [offered, admitted, shadow_dropped, candidate_dropped])| HistoryRow {
-                service: key.service,
-                bucket: key.bucket,
-                offered,
-                admitted,
-                shadow_dropped,
-                candidate_dropped,
-            },
-        )
+        .flat_map(|(service, buckets)| {
+            buckets.into_iter().map(
+                move |(bucket, [offered, admitted, shadow_dropped, candidate_dropped])| {
+                    HistoryRow {
+                        service: service.clone(),
+                        bucket,
+                        offered,
+                        admitted,
+                        shadow_dropped,
+                        candidate_dropped,
+                    }
+                },
+            )
+        })
         .collect();
     rows.sort_by(|a, b| (&a.service, &a.bucket).cmp(&(&b.service, &b.bucket)));
     HistoryBatch {

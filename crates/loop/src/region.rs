@@ -34,12 +34,18 @@ use crate::rules::{RulesMessage, RulesSnapshot};
 use crate::sums::{BucketKey, Counts, Intervals, Sums};
 
 mod compute;
+mod indexed;
 mod partition;
 mod provisional;
-use self::compute::Sent;
+mod table;
+#[cfg(test)]
+mod tests;
+use self::compute::{PerZone, Sent};
 pub use self::compute::{global_sums, tier_drop_ratios};
+use self::indexed::IndexedSums;
 pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
+use self::table::{Index, Order, Table};
 
 /// One bucket as the controller last computed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,7 +87,9 @@ pub enum RegionStep {
 struct Peer {
     /// When its sums last arrived, in the owner's milliseconds.
     last_heard_ms: u64,
-    sums: BTreeMap<u64, Sums>,
+    sums: BTreeMap<u64, IndexedSums>,
+    /// Where its sums have each bucket.
+    order: Order,
 }
 
 /// An aggregator with an open stream. A zone may have several (its hosts split between them,
@@ -98,10 +106,12 @@ struct Zone {
     /// Its own part of the last interval it reported, and that interval: it stands in for the
     /// next one should it be missing when the interval closes, unless a host of it has since
     /// moved to another aggregator (whose part counts that host now).
-    last: Option<(u64, Sums)>,
+    last: Option<(u64, Arc<IndexedSums>)>,
     /// Its estimate of the open interval from its hosts' surge reports (`ZoneReport.surge`),
     /// and that interval.
-    surge: Option<(u64, Sums)>,
+    surge: Option<(u64, Arc<IndexedSums>)>,
+    /// Where its reports have each bucket.
+    order: Order,
 }
 
 /// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
@@ -117,10 +127,16 @@ struct Zone {
 /// up to one grace for their clients); its global sums are then announced to the peers, and it
 /// is computed when every live peer's sums for it are in, or three graces after its end. With 1 s
 /// intervals: interval 7 is computed at 8.750 s at the latest.
+///
+/// Inside, a bucket is a number ([`table`]): the sums it keeps are arrays by that number,
+/// shared between the intervals that hold them rather than copied, and a zone's report is
+/// added without a key built, hashed or freed per entry.
 #[derive(Debug, Clone)]
 pub struct RegionCore {
     region: String,
     rules: Arc<RulesSnapshot>,
+    /// The rules' buckets by index.
+    table: Table,
     /// The aggregators by stream, in the order they joined.
     zones: BTreeMap<u64, Zone>,
     window: Intervals<u64, Parts>,
@@ -130,9 +146,14 @@ pub struct RegionCore {
     /// The global sums each computed interval counted (this region's and its peers'), kept from
     /// the last interval every peer heard within [`PARTITION_HOLD`] sent: what a partition
     /// holds the silent peers' load against ([`RegionCore::held`]).
-    totals: BTreeMap<u64, Sums>,
-    smoothers: HashMap<(BucketKey, Option<String>), Smoother>,
+    totals: BTreeMap<u64, IndexedSums>,
+    /// The smoothing of each region-scoped and global bucket's ratio, by index.
+    smoothers: Vec<Smoother>,
+    /// The smoothing of each zone-scoped bucket's ratio, by zone, then index.
+    zone_smoothers: HashMap<String, HashMap<Index, Smoother, Fast>>,
+    /// [`RegionCore::view`], and the same by index.
     view: HashMap<BucketKey, BucketView>,
+    views: Vec<Option<BucketView>>,
     computed: u64,
     provisional: u64,
     /// When the first zone estimate not yet answered came ([`RegionCore::answer_surges`]).
@@ -143,14 +164,25 @@ pub struct RegionCore {
     moved: u64,
 }
 
-/// Each aggregator's part of one interval, by stream: its zone and its sums.
-pub(crate) type Parts = BTreeMap<u64, (String, Sums)>;
+type Fast = foldhash::fast::RandomState;
 
-/// The zones' sums of `parts`: each zone's parts added up.
-pub(crate) fn by_zone(parts: &Parts) -> HashMap<String, Sums> {
-    let mut zones: HashMap<String, Sums> = HashMap::new();
+/// Each aggregator's part of one interval, by stream: its zone and its sums.
+pub(crate) type Parts = BTreeMap<u64, (String, Arc<IndexedSums>)>;
+
+/// Each zone's sums of one interval, by zone.
+pub(crate) type ZoneSums = BTreeMap<String, Arc<IndexedSums>>;
+
+/// The zones' sums of `parts`: each zone's parts added up (a zone of one aggregator shares its
+/// part's sums).
+pub(crate) fn by_zone(parts: &Parts) -> ZoneSums {
+    let mut zones = ZoneSums::new();
     for (zone, sums) in parts.values() {
-        zones.entry(zone.clone()).or_default().add(sums);
+        match zones.get_mut(zone) {
+            Some(sum) => Arc::make_mut(sum).add(sums),
+            None => {
+                zones.insert(zone.clone(), sums.clone());
+            }
+        }
     }
     zones
 }
@@ -159,15 +191,20 @@ impl RegionCore {
     /// The controller of `region` running `rules`, started at `now_ms`.
     pub fn new(region: impl Into<String>, rules: Arc<RulesSnapshot>, now_ms: u64) -> Self {
         let interval = Interval::new(rules.config.control.report_interval);
+        let region = region.into();
+        let table = Table::new(&rules.config, &region);
         Self {
-            region: region.into(),
+            smoothers: vec![Smoother::default(); table.len()],
+            views: vec![None; table.len()],
+            table,
+            region,
             rules,
             zones: BTreeMap::new(),
             window: Intervals::new(interval.sequence_at(now_ms).saturating_sub(1)),
             awaiting: BTreeMap::new(),
             peers: HashMap::new(),
             totals: BTreeMap::new(),
-            smoothers: HashMap::new(),
+            zone_smoothers: HashMap::default(),
             view: HashMap::new(),
             computed: 0,
             provisional: 0,
@@ -252,6 +289,7 @@ impl RegionCore {
     pub fn set_rules(&mut self, rules: Arc<RulesSnapshot>, now_ms: u64) {
         let old = self.interval();
         self.rules = rules;
+        self.renumber();
         let new = self.interval();
         if old != new {
             self.window.reset(new.sequence_at(now_ms).saturating_sub(1));
@@ -293,7 +331,8 @@ impl RegionCore {
             if let Some(zone) = self.zones.get_mut(&member)
                 && open
             {
-                zone.surge = Some((report.sequence, Sums::from_wire(&report.buckets)));
+                let sums = IndexedSums::from_wire(&self.table, &report.buckets);
+                zone.surge = Some((report.sequence, Arc::new(sums)));
                 self.surge_at.get_or_insert(now_ms);
             }
             return self.poll(now_ms);
@@ -309,6 +348,7 @@ impl RegionCore {
                 }
             }
         }
+        let interval_ms = self.interval().ms();
         let zone = self.zones.entry(member).or_default();
         zone.name.clone_from(&report.zone);
         for h in &report.hosts {
@@ -317,14 +357,13 @@ impl RegionCore {
         for h in &report.gone {
             zone.hosts.remove(h);
         }
-        if report.interval_ms == self.interval().ms()
+        if report.interval_ms == interval_ms
             && let Some(parts) = self.window.accept(report.sequence, member)
         {
-            parts
+            let (_, sums) = parts
                 .entry(member)
-                .or_insert_with(|| (report.zone, Sums::default()))
-                .1
-                .add_wire(&report.buckets);
+                .or_insert_with(|| (report.zone, Arc::default()));
+            Arc::make_mut(sums).add_wire(&self.table, Some(&mut zone.order), &report.buckets);
         }
         self.poll(now_ms)
     }
@@ -340,14 +379,16 @@ impl RegionCore {
         let peer = self.peers.entry(sums.region).or_insert_with(|| Peer {
             last_heard_ms: now_ms,
             sums: BTreeMap::new(),
+            order: Order::default(),
         });
         peer.last_heard_ms = now_ms;
         // Sums of intervals the clock has not reached are bogus; kept, they would push the
         // peer's real ones out of its window.
         let current = interval.sequence_at(now_ms);
         if sums.interval_ms == interval.ms() && sums.sequence <= current.saturating_add(1) {
-            peer.sums
-                .insert(sums.sequence, Sums::from_wire(&sums.buckets));
+            let mut counts = IndexedSums::default();
+            counts.add_wire(&self.table, Some(&mut peer.order), &sums.buckets);
+            peer.sums.insert(sums.sequence, counts);
             while peer.sums.len() as u64 > keep {
                 peer.sums.pop_first();
             }
@@ -382,7 +423,7 @@ impl RegionCore {
                 region: self.region.clone(),
                 sequence,
                 interval_ms: interval.ms(),
-                buckets: global_sums(config, &zone_sums).to_wire(),
+                buckets: self.own_global(&zone_sums).to_wire(&self.table),
             }));
             let waits = self
                 .peers
@@ -421,12 +462,14 @@ impl RegionCore {
             };
             let mut zone_sums = by_zone(&parts);
             for zone in self.zones.values().filter(|z| !z.name.is_empty()) {
-                zone_sums.entry(zone.name.clone()).or_default();
+                if !zone_sums.contains_key(&zone.name) {
+                    zone_sums.insert(zone.name.clone(), Arc::default());
+                }
             }
-            let own = global_sums(config, &zone_sums);
-            let peers = self.peer_sums(sequence, now_ms, ttl, &HashMap::new(), &own);
+            let own = self.own_global(&zone_sums);
+            let peers = self.peer_sums(sequence, now_ms, ttl, &[], &own);
             self.record_total(sequence, own, &peers);
-            let per_zone = self.compute(config, &zone_sums, &peers, interval);
+            let (per_zone, _) = self.compute(&zone_sums, &peers, interval, true);
             self.instruct(
                 &mut steps,
                 sequence,
@@ -449,6 +492,81 @@ impl RegionCore {
     /// Provisional instructions sent so far ([`RegionCore::provisional`]).
     pub fn provisionals(&self) -> u64 {
         self.provisional
+    }
+}
+
+impl RegionCore {
+    /// Numbers the buckets of the rules now in force, and renumbers what is kept by the old
+    /// numbers: the open and awaited intervals' sums, the zones' last ones and estimates, the
+    /// peers' sums, the totals, the smoothing state and the view. A bucket that left the rules
+    /// takes its counts and smoothing with it; one that stays keeps them, wherever it moved.
+    fn renumber(&mut self) {
+        let next = Table::new(&self.rules.config, &self.region);
+        if self.table.same_buckets(&next) {
+            self.table = next;
+            return;
+        }
+        let moves = self.table.moves_to(&next);
+        let remap = |sums: &mut Arc<IndexedSums>| *sums = Arc::new(sums.remap(&moves));
+        for parts in self.window.pending_mut() {
+            parts.values_mut().for_each(|(_, sums)| remap(sums));
+        }
+        for (parts, _) in self.awaiting.values_mut() {
+            parts.values_mut().for_each(|(_, sums)| remap(sums));
+        }
+        for zone in self.zones.values_mut() {
+            zone.order.clear();
+            for (_, sums) in zone.last.iter_mut().chain(zone.surge.iter_mut()) {
+                remap(sums);
+            }
+        }
+        for peer in self.peers.values_mut() {
+            peer.order.clear();
+            for sums in peer.sums.values_mut() {
+                *sums = sums.remap(&moves);
+            }
+        }
+        for sums in self.totals.values_mut() {
+            *sums = sums.remap(&moves);
+        }
+        // Smoothing state follows its bucket while it keeps a scope it is kept for.
+        let kept = |old: usize, zone: bool| {
+            let new = moves[old]?;
+            let spec = next.spec(new);
+            (spec.computed() && (spec.scope == Scope::Zone) == zone).then_some(new as usize)
+        };
+        let mut smoothers = vec![Smoother::default(); next.len()];
+        let mut views = vec![None; next.len()];
+        for (old, moved) in moves.iter().enumerate() {
+            if let Some(new) = kept(old, false) {
+                smoothers[new] = self.smoothers[old];
+            }
+            if let Some(new) = moved {
+                views[*new as usize] = self.views[old];
+            }
+        }
+        for by_bucket in self.zone_smoothers.values_mut() {
+            *by_bucket = by_bucket
+                .iter()
+                .filter_map(|(&old, &s)| Some((kept(old as usize, true)? as Index, s)))
+                .collect();
+        }
+        self.smoothers = smoothers;
+        self.views = views;
+        self.table = next;
+    }
+
+    /// The region's sums of its global buckets only, from its zones' sums: what peers need,
+    /// and all they get.
+    fn own_global(&self, zones: &ZoneSums) -> IndexedSums {
+        let mut global = IndexedSums::default();
+        if self.table.global().is_empty() {
+            return global;
+        }
+        for sums in zones.values() {
+            global.add(&sums.filtered(|i| self.table.is_global(i)));
+        }
+        global
     }
 }
 

@@ -111,6 +111,23 @@ impl Counts {
 }
 
 impl Counts {
+    /// One bucket's counts as they came over the wire.
+    pub fn from_wire(b: &v1::BucketCounts) -> Counts {
+        let mut counts = Counts {
+            offered: b.offered,
+            // Unknown: a quarter of the interval, as a steady load would have it.
+            offered_tail: b.offered_tail.unwrap_or(b.offered / TAIL_PARTS),
+            allowed: b.allowed,
+            shadow_dropped: b.shadow_dropped,
+            // A host's own report: one host, when it offered anything.
+            hosts: b.hosts.unwrap_or(u64::from(b.offered > 0)),
+            // Anything but four values says nothing about tiers: all the default tier.
+            tiers: <[u64; TIERS]>::try_from(b.tier_offered.as_slice()).unwrap_or_default(),
+        };
+        counts.fit_tiers();
+        counts
+    }
+
     /// These counts times `factor` (rounded), hosts unchanged: one interval's counts standing
     /// in for a later one whose load is `factor` times as high.
     pub fn scaled(self, factor: f64) -> Counts {
@@ -160,22 +177,10 @@ impl Sums {
     /// Adds counts as they came over the wire.
     pub fn add_wire(&mut self, buckets: &[v1::BucketCounts]) {
         for b in buckets {
-            let mut counts = Counts {
-                offered: b.offered,
-                // Unknown: a quarter of the interval, as a steady load would have it.
-                offered_tail: b.offered_tail.unwrap_or(b.offered / TAIL_PARTS),
-                allowed: b.allowed,
-                shadow_dropped: b.shadow_dropped,
-                // A host's own report: one host, when it offered anything.
-                hosts: b.hosts.unwrap_or(u64::from(b.offered > 0)),
-                // Anything but four values says nothing about tiers: all the default tier.
-                tiers: <[u64; TIERS]>::try_from(b.tier_offered.as_slice()).unwrap_or_default(),
-            };
-            counts.fit_tiers();
             *self
                 .0
                 .entry(BucketKey::new(&b.service, &b.bucket))
-                .or_default() += counts;
+                .or_default() += Counts::from_wire(b);
         }
     }
 
@@ -297,6 +302,12 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
     /// The payloads of the open intervals, oldest first.
     pub fn pending(&self) -> impl Iterator<Item = &P> {
         self.pending.values().map(|(payload, _)| payload)
+    }
+
+    /// The payloads of the open intervals, to change in place (a new rules table renumbered
+    /// what they hold).
+    pub fn pending_mut(&mut self) -> impl Iterator<Item = &mut P> {
+        self.pending.values_mut().map(|(payload, _)| payload)
     }
 
     /// The payload of interval `sequence` for `member` to add into, or `None` when the interval

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Each zone's instructions of one interval, by zone.
+pub(super) type PerZone = BTreeMap<String, Vec<v1::BucketInstruction>>;
+
 impl RegionCore {
     /// One [`RegionStep::Send`] per aggregator with its zone's part of `per_zone`, the rules to
     /// aggregators that have not had them. Of a zone with several aggregators, each is given
@@ -12,35 +15,60 @@ impl RegionCore {
         &mut self,
         steps: &mut Vec<RegionStep>,
         sequence: u64,
-        per_zone: HashMap<String, Vec<v1::BucketInstruction>>,
+        mut per_zone: PerZone,
         parts: &Parts,
         now_ms: u64,
         sent: Sent,
     ) {
-        let mut members: HashMap<String, u32> = HashMap::new();
+        let mut members: HashMap<&str, u32> = HashMap::new();
         for zone in self.zones.values() {
-            *members.entry(zone.name.clone()).or_default() += 1;
+            *members.entry(zone.name.as_str()).or_default() += 1;
         }
-        let zone_sums = by_zone(parts);
+        // Per aggregator: how many of its zone's share its instructions, and whether it is the
+        // last of them (which takes the zone's instructions rather than a copy).
+        let mut left = members.clone();
+        let shares: Vec<(u32, bool)> = self
+            .zones
+            .values()
+            .map(|zone| {
+                let name = zone.name.as_str();
+                let count = left.get_mut(name).map_or(1, |n| {
+                    *n -= 1;
+                    *n
+                });
+                (members.get(name).copied().unwrap_or(1), count == 0)
+            })
+            .collect();
+        let zone_sums = shares
+            .iter()
+            .any(|&(shared, _)| shared > 1)
+            .then(|| by_zone(parts));
         let rules = &self.rules;
+        let table = &self.table;
         let ttl_ms =
             u64::try_from(rules.config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
         let interval_ms = Interval::new(rules.config.control.report_interval).ms();
-        for (&member, zone) in &mut self.zones {
+        for ((&member, zone), &(shared, last)) in self.zones.iter_mut().zip(&shares) {
             let send_rules = zone.sent_rules != rules.version;
             if send_rules {
                 zone.sent_rules = rules.version;
             }
-            let mut buckets = per_zone.get(&zone.name).cloned().unwrap_or_default();
-            let shared = members.get(&zone.name).copied().unwrap_or(1);
+            let mut buckets = if last {
+                per_zone.remove(&zone.name).unwrap_or_default()
+            } else {
+                per_zone.get(&zone.name).cloned().unwrap_or_default()
+            };
             if shared > 1 {
                 let own = parts.get(&member).map(|(_, sums)| sums);
+                let whole = zone_sums.as_ref().and_then(|z| z.get(&zone.name));
                 for b in &mut buckets {
                     let Some(share) = b.share else { continue };
-                    let key = BucketKey::new(&b.service, &b.bucket);
-                    let whole = zone_sums.get(&zone.name).map_or(0, |s| s.offered(&key));
+                    let Some(index) = table.find(&b.service, &b.bucket) else {
+                        continue;
+                    };
+                    let whole = whole.map_or(0, |s| s.offered(index));
                     let part = match own {
-                        Some(own) if whole > 0 => own.offered(&key) as f64 / whole as f64,
+                        Some(own) if whole > 0 => own.offered(index) as f64 / whole as f64,
                         _ => 1.0 / f64::from(shared),
                     };
                     b.share = Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
@@ -70,131 +98,226 @@ impl RegionCore {
 
     /// One interval's instructions per zone from the zones' sums and the live peers' sums: a
     /// smoothed drop ratio per bucket and scope, and each zone's share of the scope's load
-    /// for adaptive token buckets.
+    /// for adaptive token buckets; and the view they give, by index. With `commit`, the
+    /// smoothing state and the view move on; without, they are left as they were (for
+    /// instructions that estimate: [`RegionCore::provisional`], [`RegionCore::answer_surges`]).
     ///
     /// The ratio's target comes from the scope's offered load, or from its tail when that shows
     /// a surge that started within the interval ([`crate::sums::Counts::offered_for_rise`]): the first
     /// instruction after the surge already carries its whole ratio, one interval earlier than
     /// the offered count alone would give it. Shares and the offered load sent down stay the
     /// interval's own.
+    ///
+    /// Region-wide figures are worked out once per bucket, then each zone's instructions in
+    /// one pass over the buckets beside its own sums (both in index order).
     pub(super) fn compute(
         &mut self,
-        config: &Config,
-        zone_sums: &HashMap<String, Sums>,
-        peers: &Sums,
+        zone_sums: &ZoneSums,
+        peers: &IndexedSums,
         interval: Interval,
-    ) -> HashMap<String, Vec<v1::BucketInstruction>> {
+        commit: bool,
+    ) -> (PerZone, Vec<Option<BucketView>>) {
         let secs = interval.secs();
-        let mut region = Sums::default();
+        let table = &self.table;
+        let buckets = table.len();
+        let mut region = vec![Counts::default(); buckets];
         for sums in zone_sums.values() {
-            region.add(sums);
+            for &(index, counts) in sums.iter() {
+                region[index as usize] += counts;
+            }
         }
-        let mut per_zone: HashMap<String, Vec<v1::BucketInstruction>> = HashMap::new();
-        let mut view = HashMap::new();
-        let mut live_keys = HashSet::new();
-        for (service, bucket) in config.buckets() {
-            if !matches!(
-                bucket.algorithm,
-                Kind::DropRatio | Kind::AdaptiveTokenBucket
-            ) {
+        // Region-scoped and global buckets: one ratio for every zone.
+        let mut scoped: Vec<Option<Scoped>> = vec![None; buckets];
+        let mut views: Vec<Option<BucketView>> = vec![None; buckets];
+        let mut computed = 0;
+        for (index, _, spec) in table.iter() {
+            if !spec.computed() {
                 continue;
             }
-            let key = BucketKey::new(&service.name, &bucket.name);
-            // A region-scoped bucket may have a limit of this region's own.
-            let limit = bucket.limit_in(&self.region).per_second();
-            let adaptive = bucket.algorithm == Kind::AdaptiveTokenBucket;
-            // `tiers`: the scope's load per criticality tier, which the ratio is split by so the
-            // lowest tiers absorb it first.
-            let mut instruction =
-                |zone: &str, ratio: f64, share: f64, scope: &Counts, scope_offered: f64| {
-                    per_zone
-                        .entry(zone.to_owned())
-                        .or_default()
-                        .push(v1::BucketInstruction {
-                            service: key.service.clone(),
-                            bucket: key.bucket.clone(),
-                            drop_ratio: if adaptive {
-                                0
-                            } else {
-                                Ratio::from_f64(ratio).raw()
-                            },
-                            share: adaptive.then(|| Ratio::from_f64(share).raw()),
-                            scope_offered_rps: scope_offered,
-                            scope_hosts: scope.hosts,
-                            tier_drop_ratio: if adaptive {
-                                Vec::new()
-                            } else {
-                                tier_drop_ratios(ratio, scope)
-                            },
-                        });
-                };
+            computed += 1;
+            let i = index as usize;
+            if spec.scope == Scope::Zone {
+                views[i] = Some(BucketView {
+                    limit_rps: spec.limit,
+                    observed_rps: 0.0,
+                    drop_ratio: 0.0,
+                    admitted_rps: 0.0,
+                });
+                continue;
+            }
+            let mut counts = region[i];
+            if spec.scope == Scope::Global {
+                counts += peers.counts(index);
+            }
+            let scope = counts.offered as f64 / secs;
+            let rise = counts.offered_for_rise() as f64 / secs;
             // `count`: the requests the target was computed from, so a clear fall is taken at
             // once (`Smoother::update_counted`).
-            let mut smoother = |zone: Option<&str>, target: f64, count: u64| {
-                live_keys.insert((key.clone(), zone.map(str::to_owned)));
-                self.smoothers
-                    .entry((key.clone(), zone.map(str::to_owned)))
-                    .or_default()
-                    .update_counted(target, count as f64)
-            };
-            let zones_count = zone_sums.len().max(1) as f64;
-            match bucket.scope {
-                Scope::Zone => {
-                    let mut observed = 0.0;
-                    let mut admitted = 0.0;
-                    let mut highest: f64 = 0.0;
-                    for (zone, sums) in zone_sums {
-                        let counts = sums.counts(&key);
-                        let offered = counts.offered as f64 / secs;
-                        admitted += counts.allowed as f64 / secs;
-                        let rise = counts.offered_for_rise() as f64 / secs;
-                        let ratio = smoother(Some(zone), target_drop(limit, rise), counts.offered);
-                        instruction(zone, ratio, 1.0, &counts, offered);
-                        observed += offered;
-                        highest = highest.max(ratio);
-                    }
-                    view.insert(
-                        key.clone(),
-                        BucketView {
-                            limit_rps: limit,
-                            observed_rps: observed,
-                            drop_ratio: highest,
-                            admitted_rps: admitted,
-                        },
-                    );
+            let mut smoother = self.smoothers[i];
+            let ratio =
+                smoother.update_counted(target_drop(spec.limit, rise), counts.offered as f64);
+            if commit {
+                self.smoothers[i] = smoother;
+            }
+            scoped[i] = Some(Scoped {
+                counts,
+                scope,
+                ratio,
+                tiers: tier_drop_ratios(ratio, &counts),
+            });
+            views[i] = Some(BucketView {
+                limit_rps: spec.limit,
+                observed_rps: scope,
+                drop_ratio: ratio,
+                admitted_rps: counts.allowed as f64 / secs,
+            });
+        }
+        let zones_count = zone_sums.len().max(1) as f64;
+        let mut per_zone = PerZone::new();
+        for (zone, sums) in zone_sums {
+            let mut instructions = Vec::with_capacity(computed);
+            let own = sums.as_slice();
+            let mut at = 0;
+            for (index, key, spec) in table.iter() {
+                if !spec.computed() {
+                    continue;
                 }
-                Scope::Region | Scope::Global => {
-                    let mut counts = region.counts(&key);
-                    if bucket.scope == Scope::Global {
-                        counts += peers.counts(&key);
-                    }
-                    let scope = counts.offered as f64 / secs;
-                    let rise = counts.offered_for_rise() as f64 / secs;
-                    let ratio = smoother(None, target_drop(limit, rise), counts.offered);
-                    for (zone, sums) in zone_sums {
-                        let share = if scope > 0.0 {
-                            sums.offered(&key) as f64 / secs / scope
+                let i = index as usize;
+                while own.get(at).is_some_and(|&(j, _)| j < index) {
+                    at += 1;
+                }
+                let mine = match own.get(at) {
+                    Some(&(j, counts)) if j == index => counts,
+                    _ => Counts::default(),
+                };
+                let adaptive = spec.kind == Kind::AdaptiveTokenBucket;
+                let instruction = match &scoped[i] {
+                    Some(s) => {
+                        let share = if s.scope > 0.0 {
+                            mine.offered as f64 / secs / s.scope
                         } else {
                             1.0 / zones_count
                         };
-                        instruction(zone, ratio, share, &counts, scope);
+                        bucket_instruction(
+                            key,
+                            adaptive,
+                            s.ratio,
+                            share,
+                            &s.counts,
+                            s.scope,
+                            || s.tiers.clone(),
+                        )
                     }
-                    view.insert(
-                        key.clone(),
-                        BucketView {
-                            limit_rps: limit,
-                            observed_rps: scope,
-                            drop_ratio: ratio,
-                            admitted_rps: counts.allowed as f64 / secs,
-                        },
-                    );
+                    None => {
+                        // Zone-scoped: this zone's own ratio.
+                        let offered = mine.offered as f64 / secs;
+                        let rise = mine.offered_for_rise() as f64 / secs;
+                        let target = target_drop(spec.limit, rise);
+                        let ratio = match self.zone_smoothers.get_mut(zone.as_str()) {
+                            Some(by_bucket) if commit => by_bucket
+                                .entry(index)
+                                .or_default()
+                                .update_counted(target, mine.offered as f64),
+                            Some(by_bucket) => {
+                                let mut s = by_bucket.get(&index).copied().unwrap_or_default();
+                                s.update_counted(target, mine.offered as f64)
+                            }
+                            None => {
+                                let mut s = Smoother::default();
+                                let ratio = s.update_counted(target, mine.offered as f64);
+                                if commit {
+                                    self.zone_smoothers
+                                        .entry(zone.clone())
+                                        .or_default()
+                                        .insert(index, s);
+                                }
+                                ratio
+                            }
+                        };
+                        if let Some(view) = &mut views[i] {
+                            view.observed_rps += offered;
+                            view.admitted_rps += mine.allowed as f64 / secs;
+                            view.drop_ratio = view.drop_ratio.max(ratio);
+                        }
+                        bucket_instruction(key, adaptive, ratio, 1.0, &mine, offered, || {
+                            tier_drop_ratios(ratio, &mine)
+                        })
+                    }
+                };
+                instructions.push(instruction);
+            }
+            per_zone.insert(zone.clone(), instructions);
+        }
+        if commit {
+            // Zones that left take their smoothing state with them (buckets that left the rules
+            // did when the rules changed).
+            self.zone_smoothers
+                .retain(|zone, _| zone_sums.contains_key(zone));
+            self.publish(&views, computed);
+            self.views.clone_from(&views);
+        }
+        (per_zone, views)
+    }
+
+    /// Writes `views` into [`RegionCore::view`] in place (the same buckets interval after
+    /// interval: no key is built), dropping buckets that are no longer computed.
+    fn publish(&mut self, views: &[Option<BucketView>], computed: usize) {
+        for (index, key, _) in self.table.iter() {
+            let Some(view) = views[index as usize] else {
+                continue;
+            };
+            match self.view.get_mut(key) {
+                Some(old) => *old = view,
+                None => {
+                    self.view.insert(key.clone(), view);
                 }
             }
         }
-        // Buckets that left the rules take their smoothing state with them.
-        self.smoothers.retain(|k, _| live_keys.contains(k));
-        self.view = view;
-        per_zone
+        if self.view.len() > computed {
+            let table = &self.table;
+            self.view.retain(|key, _| {
+                table
+                    .find(&key.service, &key.bucket)
+                    .is_some_and(|i| views[i as usize].is_some())
+            });
+        }
+    }
+}
+
+/// What a region-scoped or global bucket's instructions carry in every zone.
+#[derive(Debug, Clone)]
+struct Scoped {
+    counts: Counts,
+    /// Offered load over the scope, per second.
+    scope: f64,
+    ratio: f64,
+    tiers: Vec<u64>,
+}
+
+/// One bucket's instruction: `ratio` (none for an adaptive bucket, which gets `share`), and the
+/// scope's load (`scope`, `scope_offered`) it came from. `tiers` gives the ratio per criticality
+/// tier, asked for only when the bucket drops by ratio.
+fn bucket_instruction(
+    key: &BucketKey,
+    adaptive: bool,
+    ratio: f64,
+    share: f64,
+    scope: &Counts,
+    scope_offered: f64,
+    tiers: impl FnOnce() -> Vec<u64>,
+) -> v1::BucketInstruction {
+    v1::BucketInstruction {
+        service: key.service.clone(),
+        bucket: key.bucket.clone(),
+        drop_ratio: if adaptive {
+            0
+        } else {
+            Ratio::from_f64(ratio).raw()
+        },
+        share: adaptive.then(|| Ratio::from_f64(share).raw()),
+        scope_offered_rps: scope_offered,
+        scope_hosts: scope.hosts,
+        tier_drop_ratio: if adaptive { Vec::new() } else { tiers() },
     }
 }
 

@@ -38,19 +38,24 @@ impl RegionCore {
     /// for the others, and each drops a third: 300/s admitted in all, as before the partition.
     /// Were the third region lost and its 150/s failed over, the two would see 450/s and hold
     /// nothing.
-    pub(super) fn held(&self, silent: &[&Peer], own: &Sums, counted: &Sums) -> Sums {
+    pub(super) fn held(
+        &self,
+        silent: &[&Peer],
+        own: &IndexedSums,
+        counted: &IndexedSums,
+    ) -> IndexedSums {
         let Some(since) = silent
             .iter()
             .filter_map(|p| p.sums.last_key_value().map(|(&s, _)| s))
             .min()
         else {
-            return Sums::default();
+            return IndexedSums::default();
         };
         // Not computed here (this controller started later): nothing to hold against.
         let Some(then) = self.totals.get(&since) else {
-            return Sums::default();
+            return IndexedSums::default();
         };
-        let mut gone = Sums::default();
+        let mut gone = IndexedSums::default();
         for peer in silent {
             if let Some((_, sums)) = peer
                 .sums
@@ -63,8 +68,8 @@ impl RegionCore {
         }
         let mut seen = own.clone();
         seen.add(counted);
-        let mut held = Sums::default();
-        for (key, counts) in &gone.0 {
+        let mut held = IndexedSums::default();
+        for &(key, counts) in gone.iter() {
             let s = counts.offered as f64;
             if s <= 0.0 {
                 continue;
@@ -79,7 +84,7 @@ impl RegionCore {
             };
             let part = (global - v) / s;
             if part > 0.0 {
-                held.0.insert(key.clone(), counts.scaled(part));
+                held.push(key, counts.scaled(part));
             }
         }
         held
@@ -87,7 +92,7 @@ impl RegionCore {
 
     /// Keeps interval `sequence`'s global sums as counted (`own` and `peers`), and forgets those
     /// no peer's silence could still be held against.
-    pub(super) fn record_total(&mut self, sequence: u64, own: Sums, peers: &Sums) {
+    pub(super) fn record_total(&mut self, sequence: u64, own: IndexedSums, peers: &IndexedSums) {
         let mut total = own;
         total.add(peers);
         self.totals.insert(sequence, total);

@@ -46,11 +46,11 @@ impl RegionCore {
         }
         let (zone_sums, before) = (by_zone(&now), by_zone(&was));
         // The open interval's estimate: the peers' sums of the intervals before it, scaled.
-        let rises = rising(config, &zone_sums, &before, None);
+        let rises = rising(&self.table, &zone_sums, &before, None);
         let ttl = config.control.instruction_ttl;
-        let own = global_sums(config, &zone_sums);
+        let own = self.own_global(&zone_sums);
         let peers = self.peer_sums(sequence + 1, now_ms, ttl, &rises, &own);
-        let (per_zone, _) = self.compute_aside(config, &zone_sums, &peers, interval);
+        let (per_zone, _) = self.compute(&zone_sums, &peers, interval, false);
         self.provisional += 1;
         self.instruct(steps, sequence, per_zone, &now, now_ms, Sent::FromRatesNow);
     }
@@ -81,7 +81,7 @@ impl RegionCore {
 
     /// The zones' sums of the interval before `sequence`, by zone, as their aggregators
     /// reported them.
-    pub(super) fn zones_before(&self, sequence: u64) -> HashMap<String, Sums> {
+    pub(super) fn zones_before(&self, sequence: u64) -> ZoneSums {
         let parts: Parts = self
             .zones
             .iter()
@@ -111,31 +111,30 @@ impl RegionCore {
         &mut self,
         config: &Config,
         sequence: u64,
-        zone_sums: &HashMap<String, Sums>,
-        before: &HashMap<String, Sums>,
+        zone_sums: &ZoneSums,
+        before: &ZoneSums,
         now_ms: u64,
         interval: Interval,
-    ) -> Option<HashMap<String, Vec<v1::BucketInstruction>>> {
-        let rises = rising(config, zone_sums, before, Some(Kind::DropRatio));
+    ) -> Option<PerZone> {
+        let rises = rising(&self.table, zone_sums, before, Some(Kind::DropRatio));
         if rises.is_empty() {
             return None;
         }
         let ttl = config.control.instruction_ttl;
-        let own = global_sums(config, zone_sums);
+        let own = self.own_global(zone_sums);
         let peers = self.peer_sums(sequence, now_ms, ttl, &rises, &own);
-        let (per_zone, computed) = self.compute_aside(config, zone_sums, &peers, interval);
-        let raised = rises.keys().any(|k| {
-            let old = self.view.get(k).map_or(0.0, |v| v.drop_ratio);
-            computed
-                .get(k)
-                .is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
+        let (per_zone, computed) = self.compute(zone_sums, &peers, interval, false);
+        let raised = rises.iter().any(|&(i, _)| {
+            let old = self.views[i as usize].map_or(0.0, |v| v.drop_ratio);
+            computed[i as usize].is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
         });
         raised.then_some(per_zone)
     }
 
     /// The peers' sums for interval `target`: each live peer's sums of it, or else the latest
     /// of its two before (the peer was late, or one of its messages was lost), scaled by
-    /// `rises` per bucket (a rise this region's own zones saw since); and for the peers silent
+    /// `rises` per bucket (a rise this region's own zones saw since, by index in order); and
+    /// for the peers silent
     /// longer, their last sums held as [`RegionCore::held`] says, given `own`, this region's
     /// global sums of `target`.
     pub(super) fn peer_sums(
@@ -143,10 +142,10 @@ impl RegionCore {
         target: u64,
         now_ms: u64,
         ttl: Duration,
-        rises: &HashMap<BucketKey, f64>,
-        own: &Sums,
-    ) -> Sums {
-        let mut peers = Sums::default();
+        rises: &[(Index, f64)],
+        own: &IndexedSums,
+    ) -> IndexedSums {
+        let mut peers = IndexedSums::default();
         let mut silent = Vec::new();
         for peer in self.peers.values() {
             let live = is_live(peer, now_ms, ttl);
@@ -158,13 +157,17 @@ impl RegionCore {
                 .next_back()
                 .filter(|_| live)
             {
-                let mut scaled = sums.clone();
-                for (key, counts) in &mut scaled.0 {
-                    if let Some(&rise) = rises.get(key) {
-                        *counts = counts.scaled(rise);
-                    }
+                if rises.is_empty() {
+                    peers.add(sums);
+                } else {
+                    let mut scaled = sums.clone();
+                    scaled.for_each_mut(|index, counts| {
+                        if let Ok(at) = rises.binary_search_by_key(&index, |&(i, _)| i) {
+                            *counts = counts.scaled(rises[at].1);
+                        }
+                    });
+                    peers.add(&scaled);
                 }
-                peers.add(&scaled);
             } else if peer
                 .sums
                 .last_key_value()
@@ -176,26 +179,6 @@ impl RegionCore {
         let held = self.held(&silent, own, &peers);
         peers.add(&held);
         peers
-    }
-
-    /// [`RegionCore::compute`] on the side, for instructions that estimate (provisional ones,
-    /// answers to surges): the instructions and the view they give, with the smoothing state
-    /// and the view left as they were for the instructions computed from the real sums.
-    pub(super) fn compute_aside(
-        &mut self,
-        config: &Config,
-        zone_sums: &HashMap<String, Sums>,
-        peers: &Sums,
-        interval: Interval,
-    ) -> (
-        HashMap<String, Vec<v1::BucketInstruction>>,
-        HashMap<BucketKey, BucketView>,
-    ) {
-        let (smoothers, view) = (self.smoothers.clone(), self.view.clone());
-        let per_zone = self.compute(config, zone_sums, peers, interval);
-        self.smoothers = smoothers;
-        let computed = std::mem::replace(&mut self.view, view);
-        (per_zone, computed)
     }
 }
 
@@ -216,21 +199,22 @@ pub const PROVISIONAL_STEP: f64 = 0.02;
 /// about its rise.
 pub(super) const RISE_MIN_REQUESTS: u64 = 10;
 
-/// Per global bucket of `config` (of algorithm `kind` only, when given), the median zone's rise
-/// from `before` to `now` ([`median_rise`]), when it is at least [`PROVISIONAL_RISE`].
+/// Per global bucket of `table` (of algorithm `kind` only, when given), the median zone's rise
+/// from `before` to `now` ([`median_rise`]), when it is at least [`PROVISIONAL_RISE`]; by
+/// index, in order.
 pub(super) fn rising(
-    config: &Config,
-    now: &HashMap<String, Sums>,
-    before: &HashMap<String, Sums>,
+    table: &Table,
+    now: &ZoneSums,
+    before: &ZoneSums,
     kind: Option<Kind>,
-) -> HashMap<BucketKey, f64> {
-    config
-        .buckets()
-        .filter(|(_, b)| b.scope == Scope::Global && kind.is_none_or(|k| b.algorithm == k))
-        .filter_map(|(service, bucket)| {
-            let key = BucketKey::new(&service.name, &bucket.name);
-            let rise = median_rise(&key, now, before)?;
-            (rise >= PROVISIONAL_RISE).then_some((key, rise))
+) -> Vec<(Index, f64)> {
+    table
+        .global()
+        .iter()
+        .filter(|&&i| kind.is_none_or(|k| table.spec(i).kind == k))
+        .filter_map(|&i| {
+            let rise = median_rise(i, now, before)?;
+            (rise >= PROVISIONAL_RISE).then_some((i, rise))
         })
         .collect()
 }
@@ -238,17 +222,13 @@ pub(super) fn rising(
 /// The median over the zones of `now` that also reported `before` of how much one bucket's load
 /// rose (`offered_for_rise` now over `offered` before); `None` when no zone had enough load
 /// before to tell ([`RISE_MIN_REQUESTS`]).
-pub(super) fn median_rise(
-    key: &BucketKey,
-    now: &HashMap<String, Sums>,
-    before: &HashMap<String, Sums>,
-) -> Option<f64> {
+pub(super) fn median_rise(index: Index, now: &ZoneSums, before: &ZoneSums) -> Option<f64> {
     let mut rises: Vec<f64> = now
         .iter()
         .filter_map(|(zone, sums)| {
-            let was = before.get(zone)?.offered(key);
+            let was = before.get(zone)?.offered(index);
             (was >= RISE_MIN_REQUESTS)
-                .then(|| sums.counts(key).offered_for_rise() as f64 / was as f64)
+                .then(|| sums.counts(index).offered_for_rise() as f64 / was as f64)
         })
         .collect();
     if rises.is_empty() {
