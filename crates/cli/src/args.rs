@@ -851,7 +851,8 @@ pub enum AdminCommand {
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// The scenario: surge-15x, overload-1.5x, many-callers, host-burst, control-plane-down,
-    /// region-loss, criticality, sidecar-leaves, controller-failover, or `all` of them.
+    /// region-loss, criticality, sidecar-leaves, controller-failover, tokens (a token budget,
+    /// drop-ratio only), or `all` of them.
     #[arg(long)]
     pub scenario: String,
     /// Seed of the simulation; the same seed gives the same run.
@@ -860,7 +861,7 @@ pub struct SimArgs {
     /// Write CSV and SVG charts here.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Algorithms to compare (default: all of them).
+    /// Algorithms to compare (default: all of them that run the scenario).
     #[arg(long = "algorithm")]
     pub algorithms: Vec<String>,
     /// Simulated seconds to run (default: the scenario's own length).

@@ -77,15 +77,12 @@ impl ResponseCost {
     /// At least 1. The drop ratio does not look at a request's size, so what it drops costs the
     /// same on average as what it admits.
     pub(crate) fn dropped_cost(&self, state: &BucketState) -> u64 {
-        let mean = state.budget.mean_cost().map_or(
-            if self.estimate > 0 {
-                self.estimate
-            } else {
-                self.fallback
-            },
-            |mean| mean.round() as u64,
-        );
-        mean.max(1)
+        let before_any = if self.estimate > 0 {
+            self.estimate
+        } else {
+            self.fallback
+        };
+        state.budget.moments().dropped_cost(before_any)
     }
 
     /// Where the response reports its cost.

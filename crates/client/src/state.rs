@@ -6,6 +6,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use spillway_core::algo::Limiter;
+use spillway_core::counters::CostMoments;
 use spillway_core::pattern::SubjectKind;
 
 use crate::store::ExactBucket;
@@ -205,24 +206,24 @@ impl BudgetCounters {
             });
     }
 
-    /// The mean cost of the responses settled so far; `None` before the first.
-    pub fn mean_cost(&self) -> Option<f64> {
-        let settled = self.settled();
-        (settled > 0).then(|| self.debited() as f64 / settled as f64)
+    /// What the responses settled so far cost: their number, sum and sum of squares.
+    pub fn moments(&self) -> CostMoments {
+        CostMoments {
+            settled: self.settled(),
+            sum: self.debited(),
+            squares: f64::from_bits(self.squares.load(Ordering::Relaxed)),
+        }
     }
 
-    /// The units one request stands for when counts of units are read as counts of requests:
-    /// `E[cost^2] / E[cost]`, so that a sum of costs over a stretch of time, divided by it, has
-    /// the spread of a Poisson count (a compound Poisson sum of costs has the variance
-    /// `n E[cost^2]`). 1 before any response settled, or when costs are all 1.
+    /// The mean cost of the responses settled so far; `None` before the first.
+    pub fn mean_cost(&self) -> Option<f64> {
+        self.moments().mean()
+    }
+
+    /// The units one request stands for when counts of units are read as counts of requests
+    /// (`CostMoments::unit`): 1 before any response settled, or when costs are all 1.
     pub fn count_unit(&self) -> f64 {
-        let debited = self.debited() as f64;
-        let squares = f64::from_bits(self.squares.load(Ordering::Relaxed));
-        if debited > 0.0 && squares > 0.0 {
-            (squares / debited).max(1.0)
-        } else {
-            1.0
-        }
+        self.moments().unit()
     }
 }
 

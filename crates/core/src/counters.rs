@@ -217,6 +217,55 @@ impl BucketCounters {
     }
 }
 
+/// What the settled responses of a token budget cost: their number, their sum and the sum of
+/// their squares. A host counts a request its control-plane budget drops at the mean
+/// ([`CostMoments::dropped_cost`]) and its surge guard counts in requests' worth of tokens
+/// ([`CostMoments::unit`]); the client keeps these sums in atomics, the simulator in a plain
+/// value, and both read them here.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CostMoments {
+    pub settled: u64,
+    pub sum: u64,
+    pub squares: f64,
+}
+
+impl CostMoments {
+    /// Counts one settled response of `cost` units.
+    pub fn add(&mut self, cost: u64) {
+        self.settled += 1;
+        self.sum = self.sum.saturating_add(cost);
+        self.squares += (cost as f64) * (cost as f64);
+    }
+
+    /// The mean cost; `None` before the first response settled.
+    pub fn mean(&self) -> Option<f64> {
+        (self.settled > 0).then(|| self.sum as f64 / self.settled as f64)
+    }
+
+    /// The units one request stands for when counts of units are read as counts of requests:
+    /// `E[cost^2] / E[cost]`, so that a sum of costs over a stretch of time, divided by it, has
+    /// the spread of a Poisson count (a compound Poisson sum of costs has the variance
+    /// `n E[cost^2]`). Answers of 100 to 2,000 tokens drawn evenly stand for 1,336 tokens each
+    /// (their mean is 1,050). 1 before any response settled, or when costs are all 1.
+    pub fn unit(&self) -> f64 {
+        if self.sum > 0 && self.squares > 0.0 {
+            (self.squares / self.sum as f64).max(1.0)
+        } else {
+            1.0
+        }
+    }
+
+    /// What a request that was never answered is counted at: the mean cost rounded, or
+    /// `before_any` (the estimate, else the default) before the first response settled; at
+    /// least 1. The drop ratio does not look at a request's size, so what it drops costs the
+    /// same on average as what it admits.
+    pub fn dropped_cost(&self, before_any: u64) -> u64 {
+        self.mean()
+            .map_or(before_any, |mean| mean.round() as u64)
+            .max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +314,19 @@ mod tests {
             ..Snapshot::default()
         };
         assert_eq!(by_hand.offered_by_tier(), [0, 12, 0, 0]);
+    }
+
+    #[test]
+    fn cost_moments_give_the_mean_and_the_unit_of_a_spread_of_sizes() {
+        let mut m = CostMoments::default();
+        assert_eq!((m.mean(), m.unit(), m.dropped_cost(500)), (None, 1.0, 500));
+        assert_eq!(m.dropped_cost(0), 1);
+        // 100 and 300: a mean of 200, E[c^2] / E[c] = 50,000 / 200 = 250.
+        m.add(100);
+        m.add(300);
+        assert_eq!(
+            (m.mean(), m.unit(), m.dropped_cost(500)),
+            (Some(200.0), 250.0, 200)
+        );
     }
 }

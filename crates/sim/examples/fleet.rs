@@ -17,7 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         scenario.set_hosts(hosts.parse()?)?;
     }
     let started = Instant::now();
-    let results = run_all(&scenario, &Algorithm::ALL, seed, false)?;
+    let algorithms: Vec<Algorithm> = Algorithm::ALL
+        .into_iter()
+        .filter(|a| scenario.runs(*a))
+        .collect();
+    let results = run_all(&scenario, &algorithms, seed, false)?;
     let took = started.elapsed();
     println!("{}", output::table(&results));
     if let Some(dir) = out {

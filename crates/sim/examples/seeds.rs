@@ -1,7 +1,9 @@
 //! One scenario over a range of seeds, drop-ratio by default: `cargo run --release -p
 //! spillway-sim --example seeds -- SCENARIO FROM TO [ALGORITHM] [--no-surge-guard]`, for
 //! example `many-callers 1 20`. Prints a row per seed and the range of each figure over the
-//! seeds, with the scenario's noise band: what docs/simulation.md quotes.
+//! seeds, with the scenario's noise band: what docs/simulation.md quotes. A token budget
+//! (`tokens`) adds the tokens admitted over the window against the budget and the requests
+//! refused while the fleet offered under it (wrongly: while the budget had room).
 
 use spillway_sim::{Algorithm, Metrics, Scenario, run};
 
@@ -16,7 +18,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut scenario = Scenario::named(&name, None)?;
     scenario.surge_guard = guard;
     println!("{name}, {}, seeds {from}-{to}", algorithm.name());
-    println!("seed | delay s | steady error | peak overshoot | 2nd after 1st | Jain | wrongful");
+    let tokens = scenario.answers.is_some();
+    println!(
+        "seed | delay s | steady error | peak overshoot | 2nd after 1st | Jain | wrongful{}",
+        if tokens {
+            " | tokens admitted / budget | under the budget: refused / offered (with room)"
+        } else {
+            ""
+        }
+    );
     let seeds: Vec<u64> = (from..=to).collect();
     let mut all: Vec<Metrics> = Vec::new();
     for pair in seeds.chunks(2) {
@@ -33,8 +43,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for r in runs {
             let r = r?;
             let m = r.metrics;
+            let budget = m.tokens.map_or(String::new(), |t| {
+                format!(
+                    " | {:.3} | {} / {} ({})",
+                    t.admitted, t.under_refused, t.under_offered, t.under_wrongful
+                )
+            });
             println!(
-                "{} | {} | {} | {} | {} | {} | {}",
+                "{} | {} | {} | {} | {} | {} | {}{budget}",
                 r.seed,
                 fmt(m.enforcement_delay_s, 1.0, 1),
                 fmt(m.steady_error, 100.0, 1),
@@ -55,8 +71,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         format!("{:.digits$}-{:.digits$}", lo * scale, hi * scale)
     };
+    let budget = if tokens {
+        let sum = |f: &dyn Fn(&spillway_sim::TokenFigures) -> u64| {
+            all.iter()
+                .filter_map(|m| m.tokens.as_ref())
+                .map(f)
+                .sum::<u64>()
+        };
+        format!(
+            " | {:.3}-{:.3} | {} / {} ({}) in all",
+            all.iter()
+                .filter_map(|m| m.tokens.map(|t| t.admitted))
+                .fold(f64::INFINITY, f64::min),
+            all.iter()
+                .filter_map(|m| m.tokens.map(|t| t.admitted))
+                .fold(f64::NEG_INFINITY, f64::max),
+            sum(&|t| t.under_refused),
+            sum(&|t| t.under_offered),
+            sum(&|t| t.under_wrongful),
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "range | {} | {}% | {}% | {}% | {} | {}",
+        "range | {} | {}% | {}% | {}% | {} | {}{budget}",
         range(&|m| m.enforcement_delay_s, 1.0, 1),
         range(&|m| m.steady_error, 100.0, 1),
         range(&|m| m.peak_overshoot, 100.0, 1),

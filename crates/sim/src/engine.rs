@@ -7,7 +7,9 @@
 //! surge guard and share expiry), each aggregator `spillway_loop::ZoneCore`, each controller
 //! `spillway_loop::RegionCore`, the very cores the link and the gRPC servers drive; hosts decide
 //! with `spillway_core::algo::{DropRatio, AdaptiveTokenBucket}`, and the central counter is the
-//! core's `TokenBucket`. This file holds only the network, the clock and the load.
+//! core's `TokenBucket`. This file holds only the network, the clock and the load; a token
+//! budget's answers, which reach their hosts' counts only when they end, are in
+//! `engine/answers.rs`.
 //!
 //! How a tick's requests are decided (the only shortcut, and why it changes nothing):
 //! - drop-ratio: one `DropRatio::decide_with` call per request with the simulation's seeded
@@ -44,6 +46,9 @@ use spillway_proto::v1;
 
 use crate::scenario::Scenario;
 use crate::{Algorithm, SimError};
+
+mod answers;
+pub use answers::TokenTrace;
 
 /// One tick of simulated time.
 pub const TICK_NS: Nanos = 10_000_000;
@@ -86,7 +91,9 @@ impl Default for Network {
     }
 }
 
-/// The fleet's totals over one 100 ms sample.
+/// The fleet's totals over one 100 ms sample. For a token budget `offered` and `admitted` are
+/// tokens (every request's, and those of the answers that ended in the sample), `dropped` is
+/// requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FleetSample {
     /// Start of the sample, seconds since the start of the run.
@@ -114,6 +121,8 @@ pub struct Trace {
     /// What a controller's failover took, when the scenario kills one (and the algorithm has a
     /// control plane).
     pub failover: Option<FailoverTrace>,
+    /// A token budget's figures, when the scenario's bucket is one.
+    pub tokens: Option<TokenTrace>,
 }
 
 /// When a controller's failover happened, in seconds since the start of the run.
@@ -261,17 +270,20 @@ impl Ord for Scheduled {
 }
 
 /// The rules every tier runs: one global bucket of the scenario's limit, with the surge guard as
-/// the scenario says.
+/// the scenario says; a token budget (`cost: { response: ... }`) when the scenario has answers.
 pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<RulesSnapshot, SimError> {
     let algorithm = match algorithm {
         Algorithm::AdaptiveTokenBucket => "adaptive-token-bucket",
         _ => "drop-ratio",
     };
-    let yaml = format!(
+    let mut yaml = format!(
         "version: 1\ncontrol:\n  report_interval: 1s\n  instruction_ttl: 5s\n  surge_guard: {}\nservices:\n  {SERVICE}:\n    buckets:\n      - name: {BUCKET}\n        limit: {}/s\n        scope: global\n        algorithm: {algorithm}\n",
         scenario.surge_guard,
         scenario.limit_rps.round() as u64
     );
+    if scenario.answers.is_some() {
+        yaml.push_str("        cost: { response: json:usage.total_tokens }\n");
+    }
     RulesSnapshot::parse(1, &yaml, "the simulated rules")
         .map_err(|e| SimError::Rules(e.to_string()))
 }
@@ -301,6 +313,8 @@ pub struct Engine<'a> {
     in_flight_hosts: Vec<Vec<usize>>,
     control_bytes: u64,
     failover: Option<FailoverTrace>,
+    /// A token budget's answers in flight.
+    flight: Option<answers::Flight>,
 }
 
 impl<'a> Engine<'a> {
@@ -311,6 +325,12 @@ impl<'a> Engine<'a> {
         network: Network,
         seed: u64,
     ) -> Result<Self, SimError> {
+        if !scenario.runs(algorithm) {
+            return Err(SimError::Unsupported {
+                scenario: scenario.name,
+                algorithm: algorithm.name(),
+            });
+        }
         let rules = Arc::new(rules(scenario, algorithm)?);
         // The same seed gives the same fleet for every algorithm; each algorithm's own draws
         // come from a stream of its own.
@@ -462,6 +482,7 @@ impl<'a> Engine<'a> {
             store,
             control_bytes: 0,
             failover: None,
+            flight: answers::Flight::new(scenario, seed)?,
         })
     }
 
@@ -510,6 +531,17 @@ impl<'a> Engine<'a> {
                 self.leave(host, now);
             }
             self.deliver(now);
+            if let Some(flight) = &mut self.flight {
+                let alive = &self.lanes.alive;
+                flight.settle(
+                    s,
+                    (tick, now),
+                    &mut self.hosts,
+                    alive,
+                    &mut samples,
+                    &mut measured,
+                );
+            }
             if tick > 0 && (tick * TICK_NS).is_multiple_of(surge::TICK_NS) {
                 self.guard_surges(now);
             }
@@ -602,6 +634,21 @@ impl<'a> Engine<'a> {
                     allowed_by_tier[Criticality::Critical.index()] =
                         allowed - allowed_by_tier[shed];
                 }
+                if let Some(flight) = &mut self.flight {
+                    let sample = &mut samples[current];
+                    let measured = in_window.then_some(&mut measured[i]);
+                    let host = (i, &mut self.hosts[i]);
+                    flight.decided(
+                        s,
+                        host,
+                        (tick, now),
+                        &by_tier,
+                        &allowed_by_tier,
+                        sample,
+                        measured,
+                    );
+                    continue;
+                }
                 let host = &mut self.hosts[i];
                 host.totals.allowed += allowed;
                 host.totals.dropped += n - allowed;
@@ -677,6 +724,7 @@ impl<'a> Engine<'a> {
             round_trips,
             measured_tiers: (self.algorithm != Algorithm::CentralCounter).then_some(measured_tiers),
             failover: self.failover,
+            tokens: self.flight.map(|f| f.trace),
         }
     }
 

@@ -20,9 +20,9 @@ pub mod output;
 pub mod scenario;
 pub mod shape;
 
-pub use engine::{FleetSample, Network, Trace};
-pub use metrics::{Metrics, TierDrops};
-pub use scenario::{Failover, Scenario};
+pub use engine::{FleetSample, Network, TokenTrace, Trace};
+pub use metrics::{Metrics, TierDrops, TokenFigures};
+pub use scenario::{Answers, Failover, Scenario};
 pub use shape::StepAndLeave;
 
 /// Why a simulation could not run.
@@ -40,6 +40,13 @@ pub enum SimError {
     FixedFleet { name: &'static str },
     #[error("{hosts} hosts are too few for this scenario; give it at least {least}, one per zone")]
     Hosts { hosts: usize, least: usize },
+    #[error(
+        "`{scenario}` is a token budget of the control plane, a drop-ratio bucket: run it with drop-ratio or drop-ratio-coin, not {algorithm}"
+    )]
+    Unsupported {
+        scenario: &'static str,
+        algorithm: &'static str,
+    },
     #[error("the simulated rules are invalid: {0}")]
     Rules(String),
     #[error("cannot write {path}: {message}")]

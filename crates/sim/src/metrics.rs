@@ -72,6 +72,25 @@ pub struct Metrics {
     /// The share of each tier's requests dropped in the measured window, when the scenario
     /// sends more than one tier.
     pub tier_drops: Option<TierDrops>,
+    /// A token budget's figures, when the scenario's bucket is one.
+    pub tokens: Option<TokenFigures>,
+}
+
+/// What a token budget admitted and refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenFigures {
+    /// The tokens of the answers that ended in the measured window over what the budget allows
+    /// in it (limit x seconds): 1 is the budget exactly.
+    pub admitted: f64,
+    /// The answers that ended in the window.
+    pub answers: u64,
+    /// The load before the step, a factor of the budget in tokens (0.5: half of it).
+    pub under_factor: f64,
+    /// Requests offered then, refused, and refused while the budget had room (a replay of the
+    /// budget, charged each answer's tokens when it ended, held a token): wrongful refusals.
+    pub under_offered: u64,
+    pub under_refused: u64,
+    pub under_wrongful: u64,
 }
 
 /// What each criticality tier lost in the measured window: its dropped requests over its
@@ -89,6 +108,9 @@ impl Metrics {
         let limit = scenario.limit_rps;
         let samples = &trace.samples;
         let rps = |s: &FleetSample| s.admitted as f64 / SAMPLE_S;
+        // A token budget's count is a sum of answers of spread sizes: the noise of a Poisson
+        // count of answers of `unit` tokens each (`Answers::unit`).
+        let unit = scenario.answers.map_or(1.0, |a| a.unit());
         // The surge is over when the load falls, or when the scenario breaks the control plane
         // or a region (what happens then is another question than enforcement).
         let surge_end = [
@@ -102,7 +124,7 @@ impl Metrics {
         .fold(f64::INFINITY, f64::min);
         let enforcement_delay_s = scenario.surge_at().map(|at| {
             let expected = limit * SAMPLE_S;
-            let bound = 1.1 * expected + 3.0 * expected.sqrt();
+            let bound = 1.1 * expected + 3.0 * (expected * unit).sqrt();
             let during: Vec<&FleetSample> = samples
                 .iter()
                 .filter(|s| s.t_s >= at && s.t_s < surge_end)
@@ -119,7 +141,7 @@ impl Metrics {
                 .map_or(surge_end - at, |i| during[i].t_s - at)
         });
         let (m0, m1) = scenario.measure;
-        let overloaded = scenario.offered_rps(m0) > limit;
+        let overloaded = scenario.offered_per_s(m0) > limit;
         let window: Vec<&FleetSample> = samples
             .iter()
             .filter(|s| s.t_s >= m0 && s.t_s < m1)
@@ -149,7 +171,7 @@ impl Metrics {
             (!second.is_empty() && at + 2.0 <= surge_end)
                 .then(|| (second.iter().sum::<f64>() / second.len() as f64 - limit) / limit)
         });
-        let band = |seconds: f64| 3.0 / (limit * seconds).max(1e-9).sqrt();
+        let band = |seconds: f64| 3.0 / (limit / unit * seconds).max(1e-9).sqrt();
         let kept = {
             let (offered, admitted) = trace
                 .measured
@@ -218,7 +240,19 @@ impl Metrics {
                     all: lost(all),
                 }
             });
+        let tokens = trace
+            .tokens
+            .zip(scenario.answers)
+            .map(|(t, answers)| TokenFigures {
+                admitted: t.window_tokens as f64 / (limit * (m1 - m0)).max(1e-9),
+                answers: t.window_answers,
+                under_factor: scenario.base_rps * answers.mean() / limit,
+                under_offered: t.under_offered,
+                under_refused: t.under_refused,
+                under_wrongful: t.under_wrongful,
+            });
         Metrics {
+            tokens,
             tier_drops,
             enforcement_delay_s,
             steady_error,

@@ -64,6 +64,23 @@ pub fn table(results: &[RunResult]) -> String {
         }
     }
     for r in results {
+        if let Some(t) = r.metrics.tokens {
+            let (from, to) = r.scenario.measure;
+            let _ = writeln!(
+                out,
+                "\n{}'s token budget: {:.3} of the budget admitted over {from}-{to} s ({} answers); offered {}x the budget before {} s, {} of {} requests refused, {} of them while the budget had room.",
+                r.algorithm.name(),
+                t.admitted,
+                t.answers,
+                t.under_factor,
+                r.scenario.step_from_s,
+                t.under_refused,
+                t.under_offered,
+                t.under_wrongful,
+            );
+        }
+    }
+    for r in results {
         if let Some(f) = r.trace.failover {
             let _ = writeln!(out, "\n{}", failover_line(r, &f));
         }
@@ -86,7 +103,7 @@ pub fn table(results: &[RunResult]) -> String {
 }
 
 /// Every sample of every run, one row per (algorithm, sample): `algorithm,t_s,offered_rps,
-/// admitted_rps,limit_rps`.
+/// admitted_rps,limit_rps`; for a token budget the rates are tokens a second.
 pub fn csv(results: &[RunResult]) -> String {
     let mut out = String::from("algorithm,t_s,offered_rps,admitted_rps,limit_rps\n");
     for r in results {
@@ -160,13 +177,19 @@ fn chart(path: &Path, results: &[RunResult]) -> Result<(), Box<dyn std::error::E
             limit,
             duration,
         };
+        // A token budget counts tokens: its offered and admitted load is tokens a second.
+        let unit = if r.scenario.answers.is_some() {
+            "tokens/s"
+        } else {
+            "requests/s"
+        };
         if max > 8.0 * limit {
             let chart =
                 builder.build_cartesian_2d(0.0..duration, (limit / 20.0..max).log_scale())?;
-            lines.draw(chart, "requests/s (log)")?;
+            lines.draw(chart, &format!("{unit} (log)"))?;
         } else {
             let chart = builder.build_cartesian_2d(0.0..duration, 0.0..max)?;
-            lines.draw(chart, "requests/s")?;
+            lines.draw(chart, unit)?;
         }
     }
     root.present()?;

@@ -2,9 +2,10 @@
 //!
 //! Every scenario is one global bucket (`api/limited`) over caller hosts spread evenly over
 //! regions and zones. The fleet's offered load follows [`Scenario::offered_rps`]; each host takes
-//! a fixed part of it by weight, drawn once from the seed.
+//! a fixed part of it by weight, drawn once from the seed. In `tokens` the bucket is a token
+//! budget: its limit counts the tokens of the answers ([`Answers`]), not requests.
 
-use crate::SimError;
+use crate::{Algorithm, SimError};
 
 /// A burst of one host on top of its usual load.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +28,42 @@ pub struct Failover {
     /// higher epoch (the leader renews four times per TTL, so its last renewal is taken to be
     /// the instant it died, the longest takeover).
     pub lease_ttl_s: f64,
+}
+
+/// The answers of a token budget (`cost: { response: ... }`): each admitted request's answer
+/// costs a number of tokens that the host learns only when the answer ends, and is charged then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Answers {
+    /// Each answer's tokens, drawn evenly from this range (both ends included).
+    pub tokens: (u64, u64),
+    /// The part of the answers that is streamed.
+    pub streamed: f64,
+    /// A plain answer ends this long after its request was admitted, drawn evenly, in seconds.
+    pub plain_s: (f64, f64),
+    /// A streamed answer's first token comes this long after admission, in seconds...
+    pub first_token_s: f64,
+    /// ...and the rest at this many tokens a second: 100 to 2,000 tokens at 200 a second after
+    /// 0.5 s end 1.0-10.5 s after admission.
+    pub streamed_tokens_per_s: f64,
+}
+
+impl Answers {
+    /// The mean tokens of an answer.
+    pub fn mean(&self) -> f64 {
+        (self.tokens.0 + self.tokens.1) as f64 / 2.0
+    }
+
+    /// The tokens one answer stands for in the spread of a count of tokens, `E[c^2] / E[c]`
+    /// (`spillway_core::counters::CostMoments::unit`): a sum of answers' tokens over a Poisson
+    /// count has the variance of a Poisson count of answers of this many tokens each. 1,336 for
+    /// 100 to 2,000 tokens (whose mean is 1,050).
+    pub fn unit(&self) -> f64 {
+        let (a, b) = (self.tokens.0 as f64, self.tokens.1 as f64);
+        let n = b - a + 1.0;
+        // The mean of c^2 over a..=b: the variance of a discrete uniform plus the mean squared.
+        let squares = (n * n - 1.0) / 12.0 + self.mean() * self.mean();
+        squares / self.mean()
+    }
 }
 
 /// A simulated fleet and what happens to it.
@@ -67,10 +104,13 @@ pub struct Scenario {
     /// The part of the fleet's requests that is `sheddable`, the rest `critical`:
     /// half the hosts send twice this share, the other half the rest.
     pub sheddable_share: f64,
+    /// The bucket is a token budget, its limit in tokens a second and its answers these; the
+    /// offered load (`base_rps`, `step_rps`) stays in requests a second.
+    pub answers: Option<Answers>,
 }
 
 /// The names of every scenario, in the order `--scenario all` runs them.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "surge-15x",
     "overload-1.5x",
     "many-callers",
@@ -80,6 +120,7 @@ pub const NAMES: [&str; 9] = [
     "criticality",
     "sidecar-leaves",
     "controller-failover",
+    "tokens",
 ];
 
 impl Scenario {
@@ -236,6 +277,39 @@ impl Scenario {
                 measure: (5.0, 9.0),
                 ..Scenario::base()
             },
+            // The control-plane token budget's benchmark (docs/token-budgets.md): four sidecars
+            // share one global budget of 10,000 tokens a second; answers of 100 to 2,000
+            // tokens (1,050 on average), half of them streamed. They offer half the budget in
+            // tokens for 30 s (what the budget refuses then, it refuses wrongly), then 4 times
+            // it; the measured window starts 10 s after the step, when every answer admitted
+            // before it has ended.
+            "tokens" => {
+                let answers = Answers {
+                    tokens: (100, 2_000),
+                    streamed: 0.5,
+                    plain_s: (0.2, 1.0),
+                    first_token_s: 0.5,
+                    streamed_tokens_per_s: 200.0,
+                };
+                let limit = 10_000.0;
+                Scenario {
+                    name: "tokens",
+                    about: "4 hosts share a budget of 10,000 tokens/s; answers of 100-2,000 tokens, half streamed, charged when they end; 0.5x the budget in tokens, then 4x from 30 s",
+                    regions: 1,
+                    zones_per_region: 1,
+                    hosts: 4,
+                    limit_rps: limit,
+                    duration_s: 90.0,
+                    base_rps: 0.5 * limit / answers.mean(),
+                    step_rps: 4.0 * limit / answers.mean(),
+                    step_from_s: 30.0,
+                    step_to_s: 90.0,
+                    weight_sigma: 0.0,
+                    measure: (40.0, 90.0),
+                    answers: Some(answers),
+                    ..Scenario::base()
+                }
+            }
             other => {
                 return Err(SimError::UnknownScenario {
                     name: other.to_owned(),
@@ -273,6 +347,7 @@ impl Scenario {
             measure: (0.0, 0.0),
             surge_guard: true,
             sheddable_share: 0.0,
+            answers: None,
         }
     }
 
@@ -321,10 +396,31 @@ impl Scenario {
         }
     }
 
+    /// The fleet's offered load at `t_s` in the limit's units: requests a second, or for a
+    /// token budget tokens a second (requests times an answer's mean tokens).
+    pub fn offered_per_s(&self, t_s: f64) -> f64 {
+        self.offered_rps(t_s) * self.unit_mean()
+    }
+
     /// The instant the load steps above the limit, when it does.
     pub fn surge_at(&self) -> Option<f64> {
-        (self.step_rps > self.limit_rps && self.base_rps <= self.limit_rps)
-            .then_some(self.step_from_s)
+        let (base, step) = (
+            self.base_rps * self.unit_mean(),
+            self.step_rps * self.unit_mean(),
+        );
+        (step > self.limit_rps && base <= self.limit_rps).then_some(self.step_from_s)
+    }
+
+    /// What a request counts for in the limit, on average: 1, or an answer's mean tokens.
+    fn unit_mean(&self) -> f64 {
+        self.answers.map_or(1.0, |a| a.mean())
+    }
+
+    /// Whether `algorithm` can run the scenario: a token budget is a drop-ratio bucket of the
+    /// control plane (or a bucket of a local or Redis store, which the simulator does not run).
+    pub fn runs(&self, algorithm: Algorithm) -> bool {
+        self.answers.is_none()
+            || matches!(algorithm, Algorithm::DropRatio | Algorithm::DropRatioCoin)
     }
 
     /// Zones in all.
@@ -345,6 +441,23 @@ mod tests {
             assert!(s.measure.0 < s.measure.1);
         }
         assert!(Scenario::named("surge", None).is_err());
+    }
+
+    #[test]
+    fn tokens_offers_half_its_budget_then_four_times_it_and_runs_only_drop_ratio() {
+        let s = Scenario::named("tokens", None).unwrap();
+        let answers = s.answers.unwrap();
+        assert_eq!(answers.mean(), 1_050.0);
+        // E[c^2] / E[c] of 100..=2,000 drawn evenly.
+        assert!((answers.unit() - 1_336.5).abs() < 1.0, "{}", answers.unit());
+        assert!((s.offered_per_s(0.0) / s.limit_rps - 0.5).abs() < 1e-9);
+        assert!((s.offered_per_s(s.step_from_s) / s.limit_rps - 4.0).abs() < 1e-9);
+        assert_eq!(s.surge_at(), Some(s.step_from_s));
+        assert!(s.runs(Algorithm::DropRatio) && s.runs(Algorithm::DropRatioCoin));
+        assert!(!s.runs(Algorithm::AdaptiveTokenBucket) && !s.runs(Algorithm::CentralCounter));
+        let mut more = s.clone();
+        more.set_hosts(40).unwrap();
+        assert_eq!((more.hosts, more.step_rps), (40, s.step_rps));
     }
 
     #[test]

@@ -48,7 +48,25 @@ pub fn sim(args: SimArgs) -> ExitCode {
     }
     let progress = std::io::stderr().is_terminal();
     for scenario in &scenarios {
-        let results = match run_all(scenario, &algorithms, args.seed, progress) {
+        // A token budget is a drop-ratio bucket: the other algorithms have no such bucket to run.
+        let (runs, others): (Vec<Algorithm>, Vec<Algorithm>) =
+            algorithms.iter().partition(|a| scenario.runs(**a));
+        if let Some(other) = others.first()
+            && !args.algorithms.is_empty()
+        {
+            let err = SimError::Unsupported {
+                scenario: scenario.name,
+                algorithm: other.name(),
+            };
+            if args.scenario != "all" {
+                return usage(&err);
+            }
+            eprintln!("spillway sim: {err}");
+        }
+        if runs.is_empty() {
+            continue;
+        }
+        let results = match run_all(scenario, &runs, args.seed, progress) {
             Ok(r) => r,
             Err(err) => {
                 eprintln!("spillway sim: {err}");

@@ -46,3 +46,41 @@ fn a_lone_hosts_burst_is_dropped_only_until_its_surge_report_is_answered() {
     );
     assert_eq!(unguarded, 0);
 }
+
+#[test]
+fn the_tokens_scenario_runs_drop_ratio_and_prints_what_its_budget_admitted() {
+    let output = Command::new(SPILLWAY)
+        .args(["sim", "--scenario", "tokens", "--seed", "2"])
+        .output()
+        .expect("spillway sim runs");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{table}");
+    // A token budget is a drop-ratio bucket: the other algorithms are left out by default.
+    assert!(table.contains("| drop-ratio |"), "{table}");
+    assert!(!table.contains("| central-counter |"), "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("drop-ratio's token budget: "))
+        .unwrap_or_else(|| panic!("the budget's line:\n{table}"));
+    let admitted: f64 = line["drop-ratio's token budget: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Within the 50 s window's noise band of answers of spread sizes (±15.5%).
+    assert!((0.85..=1.15).contains(&admitted), "{line}");
+
+    let refused = Command::new(SPILLWAY)
+        .args([
+            "sim",
+            "--scenario",
+            "tokens",
+            "--algorithm",
+            "central-counter",
+        ])
+        .output()
+        .expect("spillway sim runs");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("drop-ratio"));
+}

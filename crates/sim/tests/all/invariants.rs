@@ -207,3 +207,28 @@ fn the_surge_guard_leaves_a_steady_crowd_of_small_callers_alone() {
     assert!(m.steady_error.unwrap() < 0.05, "{m:?}");
     assert!(m.wrongful_drops < 50, "{m:?}");
 }
+
+#[test]
+fn a_token_budget_counts_its_answers_when_they_end_and_a_seed_gives_the_same_run() {
+    let a = sim("tokens", 50.0, Algorithm::DropRatio, 5);
+    let b = sim("tokens", 50.0, Algorithm::DropRatio, 5);
+    let c = sim("tokens", 50.0, Algorithm::DropRatio, 6);
+    assert_eq!(a.trace.samples, b.trace.samples);
+    assert_eq!(a.trace.tokens, b.trace.tokens);
+    assert_ne!(a.trace.samples, c.trace.samples);
+    let t = a.trace.tokens.unwrap();
+    // Tokens, not requests: answers of 100 to 2,000 each.
+    assert!(
+        (100 * t.window_answers..=2_000 * t.window_answers).contains(&t.window_tokens),
+        "{t:?}"
+    );
+    // Under the budget nothing is in debt at the start: the first second admits all it is
+    // offered, and charges it only as its answers end.
+    let first: Vec<_> = a.trace.samples.iter().take(10).collect();
+    assert!(first.iter().all(|s| s.dropped == 0), "{first:?}");
+    assert!(first.iter().any(|s| s.offered > 0));
+    assert_eq!(first[0].admitted, 0, "no answer ends in its first 100 ms");
+    // The other algorithms have no token budget to run.
+    let s = Scenario::named("tokens", None).unwrap();
+    assert!(run(&s, Algorithm::CentralCounter, 1, &|_| {}).is_err());
+}
