@@ -19,8 +19,7 @@
 //!   denial. Time does not move within a tick and a denial leaves the state unchanged, so every
 //!   later request of the same instant would be denied too: the calls are skipped, not guessed.
 
-use std::cmp::Ordering as CmpOrdering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +41,7 @@ use spillway_loop::{
 };
 use spillway_proto::v1;
 
+use crate::queue::Queue;
 use crate::scenario::Scenario;
 use crate::{Algorithm, SimError};
 
@@ -240,30 +240,6 @@ enum Event {
     },
 }
 
-struct Scheduled {
-    at: Nanos,
-    order: u64,
-    event: Event,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.order) == (other.at, other.order)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        // Reversed: the heap pops the earliest first, ties in scheduling order.
-        (other.at, other.order).cmp(&(self.at, self.order))
-    }
-}
-
 /// The rules every tier runs: one global bucket of the scenario's limit, with the surge guard as
 /// the scenario says.
 pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<RulesSnapshot, SimError> {
@@ -292,8 +268,7 @@ pub struct Engine<'a> {
     steps: Vec<HostStep>,
     zones: Vec<Zone>,
     regions: Vec<Region>,
-    events: BinaryHeap<Scheduled>,
-    order: u64,
+    events: Queue<Event>,
     /// Arrivals, delays and losses.
     rng: StdRng,
     /// The coin of drop-ratio decisions.
@@ -460,8 +435,7 @@ impl<'a> Engine<'a> {
             steps: Vec::new(),
             zones,
             regions,
-            events: BinaryHeap::new(),
-            order: 0,
+            events: Queue::new(EPOCH_NS, TICK_NS),
             rng,
             coin,
             store,
@@ -695,12 +669,7 @@ impl<'a> Engine<'a> {
     }
 
     fn schedule(&mut self, at: Nanos, event: Event) {
-        self.order += 1;
-        self.events.push(Scheduled {
-            at,
-            order: self.order,
-            event,
-        });
+        self.events.schedule(at, event);
     }
 
     /// A message over a link with delay `(base, mean extra)` ms: delivered later, or lost.
@@ -831,10 +800,8 @@ impl<'a> Engine<'a> {
     }
 
     fn deliver(&mut self, now: Nanos) {
-        while self.events.peek().is_some_and(|e| e.at <= now) {
-            let Some(Scheduled { at, event, .. }) = self.events.pop() else {
-                break;
-            };
+        self.events.start_tick(now);
+        while let Some((at, event)) = self.events.next() {
             self.handle(at, event);
         }
     }
