@@ -5,8 +5,10 @@
 //! boundary puts 100,000 reports in it at once, and a zone's instructions 11,000 messages, one
 //! per host: each pop walked 17 levels of a heap far larger than the cache. Here an event waits
 //! in the list of the tick that delivers it, unsorted; a tick's list is sorted once when its
-//! turn comes. Events scheduled while a tick is delivered, for an instant within it, go to a
-//! small heap that is merged with the sorted list, so the order is the heap's exactly.
+//! turn comes. Events scheduled while a tick is delivered, for an instant within it (a zone's
+//! instructions relayed to its hosts), are sorted in a run of their own when there are many of
+//! them, or go to a small heap; the next event is the earliest of the runs and the heap, so the
+//! order is the one heap's exactly.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -39,6 +41,10 @@ impl<E> Ord for Scheduled<E> {
     }
 }
 
+/// Events scheduled together within a tick, from which on they are sorted as a run rather than
+/// pushed on the heap one by one.
+const RUN: usize = 64;
+
 /// Events by delivery tick: a tick of `tick_ns` starting at `start` delivers everything due at
 /// or before its instant.
 pub struct Queue<E> {
@@ -46,9 +52,11 @@ pub struct Queue<E> {
     tick_ns: Nanos,
     /// Events of later ticks, by the first tick at or after their instant.
     later: BTreeMap<u64, Vec<Scheduled<E>>>,
-    /// The tick being delivered, earliest last.
-    due: Vec<Scheduled<E>>,
-    /// Events scheduled while it is delivered, due within it.
+    /// The tick being delivered, in runs sorted earliest last.
+    runs: Vec<Vec<Scheduled<E>>>,
+    /// Events scheduled since the last [`Queue::next`], due within the tick.
+    fresh: Vec<Scheduled<E>>,
+    /// Due within the tick, scheduled a few at a time.
     soon: BinaryHeap<Scheduled<E>>,
     /// The instant of the tick being delivered, or last delivered.
     delivering: Nanos,
@@ -62,7 +70,8 @@ impl<E> Queue<E> {
             start,
             tick_ns,
             later: BTreeMap::new(),
-            due: Vec::new(),
+            runs: Vec::new(),
+            fresh: Vec::new(),
             soon: BinaryHeap::new(),
             delivering: start,
             order: 0,
@@ -78,7 +87,7 @@ impl<E> Queue<E> {
             event,
         };
         if at <= self.delivering {
-            self.soon.push(scheduled);
+            self.fresh.push(scheduled);
         } else {
             let tick = (at - self.start).div_ceil(self.tick_ns);
             self.later.entry(tick).or_default().push(scheduled);
@@ -90,31 +99,53 @@ impl<E> Queue<E> {
     pub fn start_tick(&mut self, now: Nanos) {
         self.delivering = now;
         let tick = now.saturating_sub(self.start) / self.tick_ns;
+        let mut due = Vec::new();
         while let Some(entry) = self.later.first_entry() {
             if *entry.key() > tick {
                 break;
             }
             let events = entry.remove();
-            if self.due.is_empty() {
-                self.due = events;
+            if due.is_empty() {
+                due = events;
             } else {
-                self.due.extend(events);
+                due.extend(events);
             }
         }
-        self.due.sort_unstable();
+        self.add_run(due);
+    }
+
+    fn add_run(&mut self, mut run: Vec<Scheduled<E>>) {
+        if !run.is_empty() {
+            run.sort_unstable();
+            self.runs.push(run);
+        }
     }
 
     /// The next event of the tick being delivered, with its instant.
     pub fn next(&mut self) -> Option<(Nanos, E)> {
-        let soon_first = match (self.due.last(), self.soon.peek()) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some(due), Some(soon)) => soon > due,
-        };
-        let next = if soon_first {
-            self.soon.pop()
+        if self.fresh.len() >= RUN {
+            let fresh = std::mem::take(&mut self.fresh);
+            self.add_run(fresh);
         } else {
-            self.due.pop()
+            self.soon.extend(self.fresh.drain(..));
+        }
+        // The run whose earliest is the earliest of all runs.
+        let run =
+            (0..self.runs.len()).max_by(|&a, &b| self.runs[a].last().cmp(&self.runs[b].last()));
+        let from_run = match (run.and_then(|r| self.runs[r].last()), self.soon.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(due), Some(soon)) => due > soon,
+        };
+        let next = if let (true, Some(r)) = (from_run, run) {
+            let next = self.runs[r].pop();
+            if self.runs[r].is_empty() {
+                self.runs.swap_remove(r);
+            }
+            next
+        } else {
+            self.soon.pop()
         }?;
         Some((next.at, next.event))
     }
@@ -173,12 +204,21 @@ mod tests {
                 q.schedule(at, order);
             }
             q.start_tick(now);
+            let mut spawned = 0;
             while let Some((at, event)) = q.next() {
                 let top = heap.pop().unwrap();
                 assert!(top.at <= now);
                 assert_eq!((at, event), (top.at, top.event));
-                // Now and then an event schedules another within the tick, or later.
-                if rng.u8(..) < 40 {
+                // Now and then an event schedules another within the tick, or later; now and
+                // then a hundred, as a zone relays its instructions.
+                let more = match rng.u8(..) {
+                    _ if spawned > 500 => 0,
+                    0..4 => 100,
+                    4..40 => 1,
+                    _ => 0,
+                };
+                spawned += more;
+                for _ in 0..more {
                     let at = at + rng.u64(0..15);
                     order += 1;
                     heap.push(Scheduled {
