@@ -342,6 +342,14 @@ impl SurgeGuard {
         let most = usize::try_from(part.interval_ns / TICK_NS)
             .unwrap_or(usize::MAX)
             .clamp(1, FALL_TICKS);
+        // A count `c >= 0` is under `e - FALL_SIGMAS sqrt(e) - FALL_MARGIN` only where that is
+        // positive, from `e` = 10.9 on: a client expecting less over its longest run (0.2 a tick,
+        // 4 a second, at 100,000 hosts of surge-15x) never sees a fall, and need not look.
+        let least =
+            ((FALL_SIGMAS + (FALL_SIGMAS * FALL_SIGMAS + 4.0 * FALL_MARGIN).sqrt()) / 2.0).powi(2);
+        if expected * most as f64 <= 0.99 * least {
+            return None;
+        }
         // Counts of the newest ticks, newest first, and their running sums.
         let mut sums = [0u64; FALL_TICKS + 1];
         let mut best = None::<(f64, f64, f64)>;
@@ -638,6 +646,19 @@ mod tests {
             (0.2..0.5).contains(&kept),
             "kept {kept:.2} of a load at 3x its part"
         );
+    }
+
+    #[test]
+    fn no_count_is_a_fall_where_the_guard_does_not_look() {
+        // `fallen` returns early when its longest run expects at most 0.99 of `least`: below
+        // that, no count of 0 or more is under the bar of a fall.
+        let least =
+            ((FALL_SIGMAS + (FALL_SIGMAS * FALL_SIGMAS + 4.0 * FALL_MARGIN).sqrt()) / 2.0).powi(2);
+        assert!((10.9..10.91).contains(&least), "{least}");
+        for k in 0..=10_000 {
+            let e = 0.99 * least * k as f64 / 10_000.0;
+            assert!(e - FALL_SIGMAS * e.sqrt() - FALL_MARGIN < 0.0, "{e}");
+        }
     }
 
     proptest::proptest! {

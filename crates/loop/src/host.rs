@@ -541,6 +541,27 @@ impl HostCore {
         }
     }
 
+    /// Whether the next [`HostCore::guard_tick`], with the buckets at `totals`, cannot engage any
+    /// guard: every drop-ratio bucket was offered nothing since the guard's last tick, and that
+    /// tick counted nothing. The guard tests the count of its window, the last two ticks, against
+    /// a bar of at least [`surge::MARGIN`] requests, so a window of 0 never engages it, and no
+    /// surge report can follow. The tick still changes the guard's state (its counts, its
+    /// ratio): an owner with many idle hosts (the simulator) may run it later, with the same
+    /// instants and totals, before anything reads the host again.
+    pub fn guard_quiet(&self, totals: &[Snapshot]) -> bool {
+        if !self.surge_guard {
+            return true;
+        }
+        self.buckets
+            .iter()
+            .zip(totals)
+            .filter(|(b, _)| b.kind == Kind::DropRatio)
+            .all(|(b, total)| {
+                b.guard_at.is_none()
+                    || (total.offered() == b.guard_offered && b.guard.last_tick_rps() == 0.0)
+            })
+    }
+
     /// What one request stands for in each bucket's counts, in [`HostCore::buckets`] order: 1
     /// for a bucket counted in requests; for a token budget, whose counts are tokens, the
     /// tokens of a typical request (its owner's `E[cost^2] / E[cost]`). The surge guard tests a

@@ -21,8 +21,7 @@
 //!   denial. Time does not move within a tick and a denial leaves the state unchanged, so every
 //!   later request of the same instant would be denied too: the calls are skipped, not guessed.
 
-use std::cmp::Ordering as CmpOrdering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +43,7 @@ use spillway_loop::{
 };
 use spillway_proto::v1;
 
+use crate::queue::Queue;
 use crate::scenario::Scenario;
 use crate::{Algorithm, SimError};
 
@@ -177,6 +177,10 @@ struct Lanes {
     due_ms: Vec<u64>,
     /// When each host's core next has a share to expire, or `Nanos::MAX`.
     expires: Vec<Nanos>,
+    /// The last surge guard tick each host's core ran. A host whose next tick is quiet
+    /// (`HostCore::guard_quiet`) falls behind and runs the ticks it missed, at their own
+    /// instants, just before its next arrivals or instructions ([`Engine::guard_catch_up`]).
+    guarded: Vec<Nanos>,
 }
 
 impl Lanes {
@@ -245,30 +249,6 @@ enum Event {
     },
 }
 
-struct Scheduled {
-    at: Nanos,
-    order: u64,
-    event: Event,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.order) == (other.at, other.order)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        // Reversed: the heap pops the earliest first, ties in scheduling order.
-        (other.at, other.order).cmp(&(self.at, self.order))
-    }
-}
-
 /// The rules every tier runs: one global bucket of the scenario's limit, with the surge guard as
 /// the scenario says; a token budget (`cost: { response: ... }`) when the scenario has answers.
 pub fn rules(scenario: &Scenario, algorithm: Algorithm) -> Result<RulesSnapshot, SimError> {
@@ -300,8 +280,7 @@ pub struct Engine<'a> {
     steps: Vec<HostStep>,
     zones: Vec<Zone>,
     regions: Vec<Region>,
-    events: BinaryHeap<Scheduled>,
-    order: u64,
+    events: Queue<Event>,
     /// Arrivals, delays and losses.
     rng: StdRng,
     /// The coin of drop-ratio decisions.
@@ -462,6 +441,7 @@ impl<'a> Engine<'a> {
                 .iter()
                 .map(|h| h.core.shares_expire_at().unwrap_or(Nanos::MAX))
                 .collect(),
+            guarded: vec![EPOCH_NS; hosts.len()],
         };
         Ok(Self {
             scenario,
@@ -475,8 +455,7 @@ impl<'a> Engine<'a> {
             steps: Vec::new(),
             zones,
             regions,
-            events: BinaryHeap::new(),
-            order: 0,
+            events: Queue::new(EPOCH_NS, TICK_NS),
             rng,
             coin,
             store,
@@ -578,6 +557,15 @@ impl<'a> Engine<'a> {
                 let n = arrivals.map_or(0, |p| p.sample(&mut self.rng) as u64);
                 if n == 0 {
                     continue;
+                }
+                if let Limiter::Drop(_) = self.hosts[i].limiter {
+                    // The guard ticks it missed come before these arrivals, as they did.
+                    guard_catch_up(
+                        &mut self.hosts[i],
+                        &mut self.lanes.guarded[i],
+                        now,
+                        &mut self.steps,
+                    );
                 }
                 // Requests per tier: all `critical` unless the host sends sheddable traffic.
                 let mut by_tier = [0u64; TIERS];
@@ -729,12 +717,7 @@ impl<'a> Engine<'a> {
     }
 
     fn schedule(&mut self, at: Nanos, event: Event) {
-        self.order += 1;
-        self.events.push(Scheduled {
-            at,
-            order: self.order,
-            event,
-        });
+        self.events.schedule(at, event);
     }
 
     /// A message over a link with delay `(base, mean extra)` ms: delivered later, or lost.
@@ -758,22 +741,41 @@ impl<'a> Engine<'a> {
     /// A tick of every live drop-ratio host's surge guard (every 50 ms), as the link's
     /// housekeeping runs it.
     /// A host whose guard engaged says so at once: its surge report goes to its aggregator.
+    ///
+    /// Only hosts whose tick may engage their guard tick now. A host whose tick is quiet
+    /// (`HostCore::guard_quiet`: nothing offered over the guard's window, so it cannot engage)
+    /// falls behind, and stays behind without being looked at until its next arrivals or
+    /// instructions, which first run the ticks it missed ([`guard_catch_up`]). At 100,000 hosts
+    /// most hosts see a request every few seconds: their ticks run a second's worth at a time,
+    /// with their state in the cache, where a walk over every host's guard every 50 ms missed
+    /// the cache for each of them. What every host's limiter and guard hold when they are next
+    /// read, and every surge report and its order, are what ticking every host gave.
     fn guard_surges(&mut self, now: Nanos) {
+        if !matches!(
+            self.algorithm,
+            Algorithm::DropRatio | Algorithm::DropRatioCoin
+        ) {
+            return;
+        }
         let mut reports = Vec::new();
         let steps = &mut self.steps;
         for (i, host) in self.hosts.iter_mut().enumerate() {
-            if !self.lanes.alive[i] {
+            let guarded = &mut self.lanes.guarded[i];
+            // Behind already: quiet since, as no arrival caught it up.
+            if !self.lanes.alive[i]
+                || *guarded + surge::TICK_NS < now
+                || host.core.guard_quiet(&[host.totals])
+            {
                 continue;
             }
-            if let Limiter::Drop(_) = host.limiter {
-                steps.clear();
-                host.core.guard_tick_into(now, &[host.totals], steps);
-                apply(host, now, steps);
-                if let Some(report) = host.core.take_surge_report() {
-                    reports.push((host.zone, report));
-                }
-                self.lanes.due_ms[i] = host.core.deadline();
+            steps.clear();
+            host.core.guard_tick_into(now, &[host.totals], steps);
+            *guarded = now;
+            apply(host, now, steps);
+            if let Some(report) = host.core.take_surge_report() {
+                reports.push((host.zone, report));
             }
+            self.lanes.due_ms[i] = host.core.deadline();
         }
         for (zone, report) in reports {
             self.send_report(now, zone, report);
@@ -846,10 +848,8 @@ impl<'a> Engine<'a> {
     }
 
     fn deliver(&mut self, now: Nanos) {
-        while self.events.peek().is_some_and(|e| e.at <= now) {
-            let Some(Scheduled { at, event, .. }) = self.events.pop() else {
-                break;
-            };
+        self.events.start_tick(now);
+        while let Some((at, event)) = self.events.next() {
             self.handle(at, event);
         }
     }
@@ -924,6 +924,10 @@ impl<'a> Engine<'a> {
                     unix_ns: now,
                 };
                 let steps = &mut self.steps;
+                if let Limiter::Drop(_) = host.limiter {
+                    // The guard ticks before the instructions' instant: those at it come after.
+                    guard_catch_up(host, &mut self.lanes.guarded[i], now - 1, steps);
+                }
                 steps.clear();
                 host.core.on_shared_instructions(at, &instructions, steps);
                 if let Some(HostStep::Rules { version, .. }) = steps.first() {
@@ -1115,6 +1119,22 @@ fn host_name(i: usize) -> String {
 /// The host of a name from [`host_name`].
 fn host_index(name: &str) -> Option<u32> {
     name.strip_prefix("host-")?.parse().ok()
+}
+
+/// Runs the surge guard ticks a quiet host missed after `guarded`, up to `upto`, each at its
+/// own instant with the totals it had then (unchanged: it had no arrivals since), and applies
+/// their steps to its limiter: what ticking it every 50 ms would have left.
+fn guard_catch_up(host: &mut Host, guarded: &mut Nanos, upto: Nanos, steps: &mut Vec<HostStep>) {
+    while *guarded + surge::TICK_NS <= upto {
+        *guarded += surge::TICK_NS;
+        steps.clear();
+        host.core.guard_tick_into(*guarded, &[host.totals], steps);
+        apply(host, *guarded, steps);
+        debug_assert!(
+            host.core.take_surge_report().is_none(),
+            "a quiet guard tick engaged"
+        );
+    }
 }
 
 /// Applies a host core's steps to the host's limiter at `now`, as a client's link does.

@@ -17,6 +17,7 @@
 pub mod engine;
 pub mod metrics;
 pub mod output;
+mod queue;
 pub mod scenario;
 pub mod shape;
 

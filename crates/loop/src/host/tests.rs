@@ -318,3 +318,64 @@ fn a_token_budgets_guard_counts_requests_worth_of_tokens_and_takes_no_burst_of_s
         "counted in requests of 1,000 tokens, it does not"
     );
 }
+
+#[test]
+fn a_quiet_guard_tick_cannot_engage_and_gives_the_same_steps_when_run_later() {
+    // One host ticked every 50 ms, and a copy that skips the ticks `guard_quiet` calls quiet and
+    // runs them, with the same instants and totals, just before its next arrival or instruction.
+    let mut rng = fastrand::Rng::with_seed(7);
+    let (mut eager, mut lazy) = (core(DROP), core(DROP));
+    let mut instruction = instruction("all", 0.0, None);
+    instruction.scope_offered_rps = 40.0;
+    instruction.scope_hosts = 4;
+    let mut total = 0;
+    let mut late: Vec<Nanos> = Vec::new();
+    let catch_up = |lazy: &mut HostCore, late: &mut Vec<Nanos>, total: u64| {
+        let mut last = Vec::new();
+        for now in late.drain(..) {
+            last = lazy.guard_tick(now, &[offered(total)]);
+            assert_eq!(lazy.take_surge_report(), None);
+        }
+        last
+    };
+    let (mut quiet, mut engaged) = (0, 0);
+    for tick in 0..200u64 {
+        let now = at(7_000 + 50 * tick).clock;
+        let is_quiet = eager.guard_quiet(&[offered(total)]);
+        let eager_last = eager.guard_tick(now, &[offered(total)]);
+        let report = eager.take_surge_report();
+        if is_quiet {
+            assert_eq!(report, None, "a quiet tick engaged at {now}");
+            quiet += 1;
+            late.push(now);
+        } else {
+            catch_up(&mut lazy, &mut late, total);
+            assert_eq!(lazy.guard_tick(now, &[offered(total)]), eager_last);
+            assert_eq!(lazy.take_surge_report(), report);
+            engaged += usize::from(report.is_some());
+        }
+        if tick == 20 {
+            // An instruction 10 ms after the tick.
+            let last = catch_up(&mut lazy, &mut late, total);
+            assert!(last.is_empty() || last == eager_last);
+            let set = instructions(vec![instruction.clone()]);
+            assert_eq!(
+                lazy.on_instructions(at(8_010), set.clone()),
+                eager.on_instructions(at(8_010), set)
+            );
+        }
+        // Calm: one request in a tick now and then; from 5 s to 7 s, a surge of 20 a tick.
+        let n = if (100..140).contains(&tick) {
+            15 + rng.u64(0..10)
+        } else {
+            u64::from(rng.u8(..) < 12)
+        };
+        if n > 0 {
+            let last = catch_up(&mut lazy, &mut late, total);
+            assert!(last.is_empty() || last == eager_last);
+            total += n;
+        }
+    }
+    assert!(quiet > 100, "{quiet} quiet ticks");
+    assert!(engaged > 0, "the surge engaged the guard");
+}
