@@ -134,10 +134,7 @@ impl Rules {
         cost: u64,
         tier: Criticality,
     ) -> DescriptorStep {
-        let Some(bucket) = self.buckets.get(id.index()) else {
-            return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
-        };
-        let Some(spec) = &bucket.config().descriptor else {
+        let Some((bucket, spec)) = self.compiled_descriptor(id) else {
             return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
         };
         // A descriptor of another shape than the bucket's has no value for some counted entry:
@@ -232,10 +229,7 @@ impl Rules {
         entries: &E,
         cost: u64,
     ) -> DescriptorStep {
-        let Some(bucket) = self.buckets.get(id.index()) else {
-            return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
-        };
-        let Some(spec) = &bucket.config().descriptor else {
+        let Some((bucket, spec)) = self.compiled_descriptor(id) else {
             return DescriptorStep::Done(DescriptorStatus::UNMATCHED);
         };
         if entries.len() != spec.entries.len() || spec.answer != Answer::Limit {
@@ -268,10 +262,7 @@ impl Rules {
     /// Asks Redis for a `store: redis` descriptor bucket, through the store's circuit breaker;
     /// when Redis cannot answer in time, the bucket's `on_store_failure` decides. Counts it.
     pub async fn finish_descriptor(&self, check: DescriptorCheck) -> DescriptorStatus {
-        let Some(bucket) = self.buckets.get(check.id.index()) else {
-            return DescriptorStatus::UNMATCHED;
-        };
-        let Some(spec) = &bucket.config().descriptor else {
+        let Some((bucket, spec)) = self.compiled_descriptor(check.id) else {
             return DescriptorStatus::UNMATCHED;
         };
         if check.settle {
@@ -304,6 +295,12 @@ impl Rules {
 }
 
 impl Rules {
+    /// Bucket `id` and its descriptor, when it is a descriptor bucket of these rules.
+    fn compiled_descriptor(&self, id: BucketId) -> Option<(&CompiledBucket, &DescriptorSpec)> {
+        let bucket = self.buckets.get(id.index())?;
+        Some((bucket, bucket.config().descriptor.as_ref()?))
+    }
+
     /// Debits a `store: redis` budget in Redis (one script call) and keeps how long it is in
     /// debt, which this process's admissions honour without asking Redis. A debit Redis cannot
     /// take is held and carried by the bucket's next one, as the HTTP path's is.

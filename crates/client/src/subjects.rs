@@ -205,47 +205,47 @@ impl SubjectMap {
         estimate: u64,
     ) -> (Verdict, Quota) {
         let (verdict, quota) = self.decide_then(subject, now, (estimate, true), |l| l.quota(now));
-        let quota = quota.unwrap_or(Quota {
-            remaining: self.rate.count(),
-            reset: std::time::Duration::ZERO,
-        });
+        let quota = quota.unwrap_or_else(|| self.full_quota());
         (verdict, quota)
     }
 
     /// Settles what a response of `subject` reported against what it reserved. A subject
     /// evicted meanwhile (idle so long its limiter was as good as new) is not brought back.
     pub(crate) fn settle(&self, subject: &str, now: Nanos, reserved: u64, actual: u64) {
-        let mut hex = [0; 64];
-        let subject = subject_key(subject, &mut hex);
-        let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
-        let mut shard = shard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(slot) = shard.get_mut(subject) {
-            slot.last_seen = slot.last_seen.max(now);
-            slot.limiter.settle(now, reserved, actual);
-        }
+        self.settle_then(subject, now, (reserved, actual), |_| ());
     }
 
     /// [`SubjectMap::settle`] with nothing reserved, and what the subject's limiter holds
     /// right after (the whole limit for a subject it does not hold).
     pub(crate) fn settle_quota(&self, subject: &str, now: Nanos, actual: u64) -> Quota {
+        self.settle_then(subject, now, (0, actual), |l| l.quota(now))
+            .unwrap_or_else(|| self.full_quota())
+    }
+
+    fn settle_then<T>(
+        &self,
+        subject: &str,
+        now: Nanos,
+        (reserved, actual): (u64, u64),
+        then: impl FnOnce(&SubjectLimiter) -> T,
+    ) -> Option<T> {
         let mut hex = [0; 64];
         let subject = subject_key(subject, &mut hex);
         let shard = &self.shards[(self.hasher.hash_one(subject) as usize) % SHARDS];
         let mut shard = shard
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match shard.get_mut(subject) {
-            Some(slot) => {
-                slot.last_seen = slot.last_seen.max(now);
-                slot.limiter.settle(now, 0, actual);
-                slot.limiter.quota(now)
-            }
-            None => Quota {
-                remaining: self.rate.count(),
-                reset: std::time::Duration::ZERO,
-            },
+        let slot = shard.get_mut(subject)?;
+        slot.last_seen = slot.last_seen.max(now);
+        slot.limiter.settle(now, reserved, actual);
+        Some(then(&slot.limiter))
+    }
+
+    /// What a subject with a limiter as good as new has left: the whole limit.
+    fn full_quota(&self) -> Quota {
+        Quota {
+            remaining: self.rate.count(),
+            reset: std::time::Duration::ZERO,
         }
     }
 
@@ -254,10 +254,7 @@ impl SubjectMap {
     /// admitted without a limiter because the map is full has the whole limit left.
     pub(crate) fn decide_quota(&self, subject: &str, now: Nanos, cost: u64) -> (Verdict, Quota) {
         let (verdict, quota) = self.decide_then(subject, now, (cost, false), |l| l.quota(now));
-        let quota = quota.unwrap_or(Quota {
-            remaining: self.rate.count(),
-            reset: std::time::Duration::ZERO,
-        });
+        let quota = quota.unwrap_or_else(|| self.full_quota());
         (verdict, quota)
     }
 

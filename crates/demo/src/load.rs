@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::service::service_fn;
+use hyper::body::Incoming;
+use hyper::service::{Service, service_fn};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -28,22 +29,37 @@ pub const BIN: Duration = Duration::from_millis(50);
 pub async fn upstream(
     stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<()>), DemoError> {
+    let ok = service_fn(|_request: Request<Incoming>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    });
+    serve_http1("the demo upstream", stop, ok).await
+}
+
+/// Serves `service` over HTTP/1.1 on `127.0.0.1:0` (named `what` in errors) until `stop`, each
+/// connection on a task of its own.
+pub(crate) async fn serve_http1<S>(
+    what: &str,
+    stop: watch::Receiver<bool>,
+    service: S,
+) -> Result<(SocketAddr, JoinHandle<()>), DemoError>
+where
+    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(DemoError::io("the demo upstream"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(DemoError::io("the demo upstream"))?;
+        .map_err(DemoError::io(what))?;
+    let addr = listener.local_addr().map_err(DemoError::io(what))?;
     let task = tokio::spawn(async move {
         let mut stop = stop;
         while let Some((stream, _)) = spillway_net::accept_or_stop(&listener, &mut stop).await {
             let _ = stream.set_nodelay(true);
-            let service = service_fn(|_request: Request<hyper::body::Incoming>| async {
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-            });
             tokio::spawn(
                 hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service),
+                    .serve_connection(TokioIo::new(stream), service.clone()),
             );
         }
     });

@@ -25,9 +25,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use spillway_proxy::{Proxy, ProxyOptions};
-use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::DemoError;
@@ -421,28 +420,11 @@ async fn fake_llm(
     stop: watch::Receiver<bool>,
     counts: Arc<Counts>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), DemoError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(DemoError::io("the fake LLM upstream"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(DemoError::io("the fake LLM upstream"))?;
-    let task = tokio::spawn(async move {
-        let mut stop = stop;
-        while let Some((stream, _)) = spillway_net::accept_or_stop(&listener, &mut stop).await {
-            let _ = stream.set_nodelay(true);
-            let counts = counts.clone();
-            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let counts = counts.clone();
-                async move { Ok::<_, Infallible>(complete(request, &counts).await) }
-            });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service),
-            );
-        }
+    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+        let counts = counts.clone();
+        async move { Ok::<_, Infallible>(complete(request, &counts).await) }
     });
-    Ok((addr, task))
+    crate::load::serve_http1("the fake LLM upstream", stop, service).await
 }
 
 /// One chat completion.

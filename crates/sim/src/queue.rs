@@ -192,16 +192,19 @@ mod tests {
         let mut q = Queue::new(0, 10);
         let mut heap = BinaryHeap::new();
         let mut order = 0;
+        // Each event is its order of scheduling, in both.
+        let mut schedule = |q: &mut Queue<u64>, heap: &mut BinaryHeap<Scheduled<u64>>, at| {
+            order += 1;
+            heap.push(Scheduled {
+                at,
+                order,
+                event: order,
+            });
+            q.schedule(at, order);
+        };
         for now in (0..2_000).step_by(10) {
             for _ in 0..rng.usize(0..20) {
-                let at = now + 1 + rng.u64(0..60);
-                order += 1;
-                heap.push(Scheduled {
-                    at,
-                    order,
-                    event: order,
-                });
-                q.schedule(at, order);
+                schedule(&mut q, &mut heap, now + 1 + rng.u64(0..60));
             }
             q.start_tick(now);
             let mut spawned = 0;
@@ -219,14 +222,7 @@ mod tests {
                 };
                 spawned += more;
                 for _ in 0..more {
-                    let at = at + rng.u64(0..15);
-                    order += 1;
-                    heap.push(Scheduled {
-                        at,
-                        order,
-                        event: order,
-                    });
-                    q.schedule(at, order);
+                    schedule(&mut q, &mut heap, at + rng.u64(0..15));
                 }
             }
             assert!(heap.peek().is_none_or(|e| e.at > now));

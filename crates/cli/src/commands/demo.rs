@@ -19,16 +19,6 @@ pub fn demo(args: DemoArgs) -> ExitCode {
         eprintln!("spillway demo: --seconds must be at least 4 (a base load, then the surge)");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("spillway demo: cannot start the async runtime: {err}");
-            return ExitCode::from(1);
-        }
-    };
     if let Some(phase) = args.surge_phase
         && !(0.0..1.0).contains(&phase)
     {
@@ -49,16 +39,7 @@ pub fn demo(args: DemoArgs) -> ExitCode {
         }
         demo.run().await
     };
-    match runtime.block_on(run) {
-        Ok(summary) => {
-            print!("{summary}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("spillway demo: {err}");
-            ExitCode::from(if err.is_usage() { 2 } else { 1 })
-        }
-    }
+    block_on(run)
 }
 
 /// `--scenario tokens`: token budgets per API key in front of a fake LLM API.
@@ -76,6 +57,21 @@ fn tokens(args: DemoArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let mut options = spillway_demo::TokensOptions::new(args.seconds);
+    options.sidecars = args.sidecars;
+    options.keys = args.keys;
+    options.budget = args.budget;
+    options.offered = args.offered;
+    options.streamed = args.streamed;
+    options.redis = args.redis_url;
+    block_on(spillway_demo::run_tokens(options))
+}
+
+/// Runs a scenario on a runtime of its own and prints its summary on stdout: exit 0, or 2 for
+/// a usage error and 1 for any other.
+fn block_on<S: std::fmt::Display>(
+    run: impl Future<Output = Result<S, spillway_demo::DemoError>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -86,14 +82,7 @@ fn tokens(args: DemoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut options = spillway_demo::TokensOptions::new(args.seconds);
-    options.sidecars = args.sidecars;
-    options.keys = args.keys;
-    options.budget = args.budget;
-    options.offered = args.offered;
-    options.streamed = args.streamed;
-    options.redis = args.redis_url;
-    match runtime.block_on(spillway_demo::run_tokens(options)) {
+    match runtime.block_on(run) {
         Ok(summary) => {
             print!("{summary}");
             ExitCode::SUCCESS

@@ -25,30 +25,12 @@ fn number_after(summary: &str, label: &str) -> Option<f64> {
 #[test]
 fn demo_runs_a_surge_prints_a_sane_summary_and_writes_the_chart() {
     let out = tempfile::tempdir().unwrap();
-    let mut child = Command::new(SPILLWAY)
-        .args(["demo", "--seconds", "10", "--out"])
-        .arg(out.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spillway demo starts");
+    let out_dir = out.path().to_str().unwrap();
     // Bounded: the demo runs 10 s plus its start and stop.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("spillway demo --seconds 10 still running after 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = child.wait_with_output().unwrap();
-    let summary = String::from_utf8_lossy(&output.stdout);
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(status.success(), "exit {status}\n{summary}\n{log}");
+    let (summary, log) = run_demo(
+        &["--seconds", "10", "--out", out_dir],
+        Duration::from_secs(90),
+    );
     assert!(
         log.contains("shop/checkout") && log.contains("drop ratio"),
         "plain live lines on a non-terminal stderr:\n{log}"
@@ -226,30 +208,37 @@ fn demo_tokens_in_redis_holds_each_keys_budget_across_four_sidecars() {
 
 /// Runs `spillway demo --scenario tokens ARGS` (bounded: a minute) and returns its summary.
 fn run_tokens(args: &[&str]) -> String {
+    let args = [&["--scenario", "tokens"], args].concat();
+    run_demo(&args, Duration::from_secs(60)).0
+}
+
+/// Runs `spillway demo ARGS`, killed after `bound`, asserts it exits 0, and returns its stdout
+/// (the summary) and stderr (the log).
+fn run_demo(args: &[&str], bound: Duration) -> (String, String) {
     let mut child = Command::new(SPILLWAY)
-        .args(["demo", "--scenario", "tokens"])
+        .arg("demo")
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spillway demo starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + bound;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("spillway demo --scenario tokens {args:?} still running after 60 s");
+            panic!("spillway demo {args:?} still running after {bound:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     let output = child.wait_with_output().unwrap();
     let summary = String::from_utf8_lossy(&output.stdout).into_owned();
-    let log = String::from_utf8_lossy(&output.stderr);
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(status.success(), "exit {status}\n{summary}\n{log}");
-    summary
+    (summary, log)
 }
 
 /// `key` was admitted and refused, with no errors, and answered within `percent` of the tokens

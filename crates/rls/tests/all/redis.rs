@@ -7,19 +7,14 @@ use std::sync::Arc;
 use spillway_client::Client;
 use spillway_core::config::load_str;
 use spillway_rls::pb::{self, Code, RateLimitServiceClient};
-use spillway_rls::{Rls, RlsOptions, RlsServer, serve};
-use tokio::net::TcpListener;
+use spillway_rls::{RlsOptions, RlsServer};
 use tonic::transport::Channel;
+
+use crate::support::serve_rls;
 
 async fn start(yaml: &str) -> (RlsServer, RateLimitServiceClient<Channel>) {
     let client = Arc::new(Client::new(load_str(yaml, "test.yaml").unwrap()).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = serve(listener, Rls::new(client, RlsOptions::default()), None);
-    let rls = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    (server, rls)
+    serve_rls(client, RlsOptions::default()).await
 }
 
 fn request(user: &str) -> pb::RateLimitRequest {

@@ -11,9 +11,10 @@ use spillway_client::Client;
 use spillway_core::clock::FakeClock;
 use spillway_core::config::load_str;
 use spillway_rls::pb::{self, Code, RateLimitServiceClient, Unit, request};
-use spillway_rls::{Rls, RlsOptions, RlsServer, serve};
-use tokio::net::TcpListener;
+use spillway_rls::{RlsOptions, RlsServer};
 use tonic::transport::Channel;
+
+use crate::support::serve_rls;
 
 const SEC: u64 = 1_000_000_000;
 const EXAMPLE: &str = include_str!("../../../../examples/envoy-ratelimit.yaml");
@@ -29,12 +30,7 @@ async fn start(yaml: &str, options: RlsOptions) -> Server {
     let clock = Arc::new(FakeClock::new(0));
     let config = load_str(yaml, "examples/envoy-ratelimit.yaml").unwrap();
     let client = Arc::new(Client::with_clock(config, clock.clone()).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = serve(listener, Rls::new(client.clone(), options), None);
-    let rls = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let (server, rls) = serve_rls(client.clone(), options).await;
     Server {
         rls,
         client,

@@ -11,10 +11,11 @@ use std::time::Duration;
 use spillway_client::Client;
 use spillway_core::clock::FakeClock;
 use spillway_core::config::load_str;
+use spillway_rls::RlsOptions;
 use spillway_rls::pb::{self, Code, RateLimitServiceClient};
-use spillway_rls::{Rls, RlsOptions, RlsServer, serve};
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
+
+use crate::support::serve_rls;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -33,16 +34,6 @@ services:
         limit: 1000/h
         algorithm: token-bucket
 ";
-
-async fn start(client: Arc<Client>) -> (RlsServer, RateLimitServiceClient<Channel>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = serve(listener, Rls::new(client, RlsOptions::default()), None);
-    let rls = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    (server, rls)
-}
 
 /// The descriptor `(key, value)`, with `hits_addend` when Envoy sets one.
 fn call(key: &str, value: &str, hits_addend: Option<u64>) -> pb::RateLimitRequest {
@@ -84,7 +75,7 @@ async fn a_settlement_charges_past_the_limit_and_answers_ok_then_admissions_wait
     let clock = Arc::new(FakeClock::new(SEC));
     let config = load_str(LOCAL, "test.yaml").unwrap();
     let client = Arc::new(Client::with_clock(config, clock.clone()).unwrap());
-    let (_server, mut rls) = start(client.clone()).await;
+    let (_server, mut rls) = serve_rls(client.clone(), RlsOptions::default()).await;
 
     // The request-time call takes nothing: the budget is whole after it.
     assert_eq!(
@@ -150,8 +141,8 @@ services:
     );
     let client = |yaml: &str| Arc::new(Client::new(load_str(yaml, "test.yaml").unwrap()).unwrap());
     let (a_client, b_client) = (client(&yaml), client(&yaml));
-    let (_a, mut a) = start(a_client.clone()).await;
-    let (_b, mut b) = start(b_client).await;
+    let (_a, mut a) = serve_rls(a_client.clone(), RlsOptions::default()).await;
+    let (_b, mut b) = serve_rls(b_client, RlsOptions::default()).await;
 
     assert_eq!(ask(&mut a, call("model", "gpt", None)).await.0, Code::Ok);
     assert_eq!(ask(&mut b, call("model", "gpt", None)).await.0, Code::Ok);

@@ -1,10 +1,30 @@
-//! What the RLS and RLQS TLS tests share: a development CA and leaves issued from it.
+//! What the RLS and RLQS tests share: a plaintext RLS server on loopback, and a development CA
+//! and leaves issued from it for the TLS tests.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use spillway_client::Client;
+use spillway_rls::pb::RateLimitServiceClient;
+use spillway_rls::{Rls, RlsOptions, RlsServer, serve};
 use spillway_tls::certs::{self, Leaf, LeafRole};
 use spillway_tls::{TlsFiles, TlsSource};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+/// An RLS server for `client` with `options` on a free loopback port, and a client of it.
+pub async fn serve_rls(
+    client: Arc<Client>,
+    options: RlsOptions,
+) -> (RlsServer, RateLimitServiceClient<Channel>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = serve(listener, Rls::new(client, options), None);
+    let rls = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (server, rls)
+}
 
 pub const TRUST: &str = "spillway.local";
 
