@@ -189,7 +189,8 @@ fn streams_beyond_a_hosts_cap_get_resource_exhausted() {
 /// about 70 MB of reports. The aggregator holds at most 50,000 (its default cap); its RSS peaks
 /// under 150 MB, and 10 s after the crowd's streams and connections close it has given back at
 /// least three quarters of what the crowd added to its idle RSS (the 50,000 ids it held alone
-/// are about a third of it). Measured here: 6-11% kept, 21% once on a loaded machine.
+/// are about a third of it). Measured here: 5-11% kept over three runs, about 21% once on a
+/// loaded machine.
 #[test]
 fn a_crowd_of_bucket_ids_is_capped_and_its_memory_given_back() {
     let zone = Zone::start(&[]);
