@@ -77,8 +77,9 @@ impl Smoother {
         self.current
     }
 
-    /// Like [`Smoother::update`], for a target computed from `count` requests (the interval's
-    /// offered count): a fall larger than [`Smoother::FALL_SIGMAS`] standard deviations of the
+    /// Like [`Smoother::update`], for a target computed from `count` independent arrivals (the
+    /// interval's offered count of requests; for a sum of costs, a token budget's tokens, the
+    /// arrivals it stands for, `(sum c)^2 / sum c^2`): a fall larger than [`Smoother::FALL_SIGMAS`] standard deviations of the
     /// target's own noise is taken at once, since the load clearly fell; a smaller one is eased
     /// as before, since it may be noise.
     ///
@@ -90,7 +91,9 @@ impl Smoother {
     /// admitted 82-98/s of the 100/s meanwhile. At a steady 150 an interval against 100 a fall
     /// this clear comes by chance about one interval in 14 and lasts one interval, and the mean
     /// ratio sits nearer the exact 1/3 than with easing alone (0.349 against 0.359: rises act
-    /// at once, so both sit above it).
+    /// at once, so both sit above it). A budget of 10,000 tokens a second offered 15,000 in
+    /// answers of 100 to 2,000 tokens is about 11 arrivals an interval, not 15,000: the same
+    /// fall from 1/3 to 0.091 is 0.9 deviations of its noise and is eased.
     pub fn update_counted(&mut self, target: f64, count: f64) -> f64 {
         let clean = Self::clean(target);
         if clean > 0.0 && clean < self.current {

@@ -151,11 +151,10 @@ impl RegionCore {
             }
             let scope = counts.offered as f64 / secs;
             let rise = counts.offered_for_rise() as f64 / secs;
-            // `count`: the requests the target was computed from, so a clear fall is taken at
-            // once (`Smoother::update_counted`).
+            // `count`: the arrivals the target was computed from (a token budget's answers, not
+            // its tokens), so a clear fall is taken at once (`Smoother::update_counted`).
             let mut smoother = self.smoothers[i];
-            let ratio =
-                smoother.update_counted(target_drop(spec.limit, rise), counts.offered as f64);
+            let ratio = smoother.update_counted(target_drop(spec.limit, rise), counts.arrivals());
             if commit {
                 self.smoothers[i] = smoother;
             }
@@ -217,14 +216,14 @@ impl RegionCore {
                             Some(by_bucket) if commit => by_bucket
                                 .entry(index)
                                 .or_default()
-                                .update_counted(target, mine.offered as f64),
+                                .update_counted(target, mine.arrivals()),
                             Some(by_bucket) => {
                                 let mut s = by_bucket.get(&index).copied().unwrap_or_default();
-                                s.update_counted(target, mine.offered as f64)
+                                s.update_counted(target, mine.arrivals())
                             }
                             None => {
                                 let mut s = Smoother::default();
-                                let ratio = s.update_counted(target, mine.offered as f64);
+                                let ratio = s.update_counted(target, mine.arrivals());
                                 if commit {
                                     self.zone_smoothers
                                         .entry(zone.clone())
