@@ -79,9 +79,10 @@ impl Smoother {
 
     /// Like [`Smoother::update`], for a target computed from `count` independent arrivals (the
     /// interval's offered count of requests; for a sum of costs, a token budget's tokens, the
-    /// arrivals it stands for, `(sum c)^2 / sum c^2`): a fall larger than [`Smoother::FALL_SIGMAS`] standard deviations of the
-    /// target's own noise is taken at once, since the load clearly fell; a smaller one is eased
-    /// as before, since it may be noise.
+    /// arrivals it stands for, `(sum c)^2 / sum c^2`): a fall larger than
+    /// [`Smoother::FALL_SIGMAS`] standard deviations of the target's own noise is taken at
+    /// once, since the load clearly fell; a smaller one is eased as before, since it may be
+    /// noise.
     ///
     /// The target `1 - L / x` from a Poisson count `n` has a standard deviation of about
     /// `(1 - target) / sqrt(n)`. Worked example (a proxy offering 40 of 150/s leaves a bucket of
