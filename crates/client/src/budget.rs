@@ -33,7 +33,9 @@ pub struct ResponseCost {
     /// A budget of the control plane (`store: control-plane`): the bucket's counters, which
     /// count tokens rather than requests, so that what the hosts report is tokens offered and
     /// admitted. A request admitted is counted when it settles, at its cost; one dropped at
-    /// once, at the mean cost of those settled ([`ResponseCost::dropped_cost`]).
+    /// once, at the mean cost of those settled ([`ResponseCost::dropped_cost`]). Each with its
+    /// square (`BucketCounters::record_cost_tier`), so the reports carry the spread of the
+    /// tokens offered.
     pub(crate) tokens: Option<Arc<BucketCounters>>,
 }
 
@@ -196,14 +198,14 @@ impl BudgetCharge {
     pub fn cancel(&self, now: Nanos) {
         self.debit(now, 0);
         if let Some(tokens) = &self.cost.tokens {
-            tokens.record_tier(self.tier, self.outcome, self.cost.dropped_cost(&self.state));
+            tokens.record_cost_tier(self.tier, self.outcome, self.cost.dropped_cost(&self.state));
         }
     }
 
     fn count(&self, settled: Settled) {
         self.state.budget.settle(settled.cost, settled.unreported);
         if let Some(tokens) = &self.cost.tokens {
-            tokens.record_tier(self.tier, self.outcome, settled.cost);
+            tokens.record_cost_tier(self.tier, self.outcome, settled.cost);
         }
     }
 

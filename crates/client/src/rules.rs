@@ -129,15 +129,24 @@ impl CompiledBucket {
         verdict: Verdict,
         tier: Criticality,
     ) -> Decision {
-        self.record_tier_n(id, verdict, tier, 1)
+        self.record_tier_n(id, verdict, tier, (1, false))
     }
 
     /// [`CompiledBucket::record_tier`] counting `n` (nothing when 0): a budget of the control
-    /// plane counts in tokens, a request it forwards only when its response settles.
-    fn record_tier_n(&self, id: BucketId, verdict: Verdict, tier: Criticality, n: u64) -> Decision {
-        if n > 0 {
-            self.counters
-                .record_tier(tier, Outcome::of(verdict, self.mode), n);
+    /// plane counts in tokens (`tokens`: `n` is one request's cost, counted with its square),
+    /// a request it forwards only when its response settles.
+    fn record_tier_n(
+        &self,
+        id: BucketId,
+        verdict: Verdict,
+        tier: Criticality,
+        (n, tokens): (u64, bool),
+    ) -> Decision {
+        let outcome = Outcome::of(verdict, self.mode);
+        match (n, tokens) {
+            (0, _) => {}
+            (_, false) => self.counters.record_tier(tier, outcome, n),
+            (_, true) => self.counters.record_cost_tier(tier, outcome, n),
         }
         if self.trial {
             return Decision::Allow;
@@ -497,8 +506,12 @@ impl Rules {
                     (Some(_), true) => 0,
                     (Some(_), false) => cost.dropped_cost(&bucket.state),
                 };
-                decision =
-                    decision.combine(bucket.record_tier_n(id, verdict, attrs.criticality, counted));
+                decision = decision.combine(bucket.record_tier_n(
+                    id,
+                    verdict,
+                    attrs.criticality,
+                    (counted, cost.tokens.is_some()),
+                ));
                 if forwarded {
                     charges.push(BudgetCharge {
                         reserved: if verdict.is_allow() {

@@ -203,6 +203,7 @@ fn report(host: &str) -> v1::Report {
         allowed,
         shadow_dropped: 0,
         offered_tail: Some(offered / 4),
+        offered_squares: None,
         hosts: None,
         tier_offered: Vec::new(),
     };

@@ -72,6 +72,10 @@ pub struct Snapshot {
     /// Per tier in [`Criticality::ALL`] order. A reading made by hand may leave them at zero:
     /// whatever the tiers do not hold counts as the default tier ([`Snapshot::tier`]).
     pub tiers: [TierCounts; TIERS],
+    /// The sum of the squares of the costs counted with [`BucketCounters::record_cost_tier`]
+    /// (a token budget's tokens; 0 for a bucket counted in requests), wrapping: the spread of
+    /// what `offered` counted, which the control plane tells noise from a change of load by.
+    pub squares: u64,
 }
 
 impl Snapshot {
@@ -129,6 +133,8 @@ impl Sub for Snapshot {
             dropped: self.dropped.saturating_sub(earlier.dropped),
             shadow_dropped: self.shadow_dropped.saturating_sub(earlier.shadow_dropped),
             tiers: std::array::from_fn(tier),
+            // A wrapping total: the difference of two readings is right across the wrap.
+            squares: self.squares.wrapping_sub(earlier.squares),
         }
     }
 }
@@ -140,6 +146,9 @@ impl Sub for Snapshot {
 struct Stripe {
     /// By tier, then by [`Outcome`] (allowed, dropped, shadow-dropped).
     counts: [[AtomicU64; 3]; TIERS],
+    /// The squares of the costs counted by [`BucketCounters::record_cost_tier`], on the same
+    /// line as the counts it goes with.
+    squares: AtomicU64,
 }
 
 /// Gives each thread a stripe number once, round robin, so the first threads get distinct ones:
@@ -197,10 +206,26 @@ impl BucketCounters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds a request of `cost` units (a token budget's tokens) to the counter of `outcome` in
+    /// `tier`, and its square to the sum of squares ([`Snapshot::squares`]): two adds on the
+    /// thread's own stripe, one cache line.
+    #[inline]
+    pub fn record_cost_tier(&self, tier: Criticality, outcome: Outcome, cost: u64) {
+        let stripe = &self.stripes[thread_stripe() & (self.stripes.len() - 1)];
+        stripe.counts[tier.index()][outcome as usize].fetch_add(cost, Ordering::Relaxed);
+        // Wrapping (readings subtract across the wrap); a cost over 2^32 counts 2^64 - 1.
+        stripe
+            .squares
+            .fetch_add(cost.saturating_mul(cost), Ordering::Relaxed);
+    }
+
     /// Sums the stripes.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::default();
         for stripe in self.stripes.iter() {
+            snapshot.squares = snapshot
+                .squares
+                .wrapping_add(stripe.squares.load(Ordering::Relaxed));
             for (tier, counts) in snapshot.tiers.iter_mut().zip(&stripe.counts) {
                 tier.allowed += counts[Outcome::Allowed as usize].load(Ordering::Relaxed);
                 tier.dropped += counts[Outcome::Dropped as usize].load(Ordering::Relaxed);
@@ -296,6 +321,27 @@ mod tests {
         c.record(Outcome::Allowed, 1);
         let delta = c.snapshot() - first;
         assert_eq!((delta.allowed, delta.dropped, delta.offered()), (1, 2, 3));
+        assert_eq!(delta.squares, 0, "counted in requests");
+    }
+
+    #[test]
+    fn costs_count_their_squares_and_readings_subtract_across_the_wrap() {
+        let c = BucketCounters::default();
+        c.record_cost_tier(Criticality::default(), Outcome::Allowed, 300);
+        c.record_cost_tier(Criticality::Sheddable, Outcome::Dropped, 100);
+        let s = c.snapshot();
+        assert_eq!((s.offered(), s.squares), (400, 100_000));
+        assert_eq!(s.tier(Criticality::Sheddable).dropped, 100);
+        // A total that wrapped since the earlier reading.
+        let earlier = Snapshot {
+            squares: u64::MAX - 9,
+            ..Snapshot::default()
+        };
+        let later = Snapshot {
+            squares: 5,
+            ..Snapshot::default()
+        };
+        assert_eq!((later - earlier).squares, 15);
     }
 
     #[test]

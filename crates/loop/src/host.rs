@@ -729,6 +729,8 @@ impl HostCore {
                     allowed: offered,
                     shadow_dropped: 0,
                     offered_tail: Some(offered / TAIL_PARTS),
+                    // A token budget's requests stand for `unit` tokens each (`set_units`).
+                    offered_squares: (b.unit > 1.0).then_some((offered as f64 * b.unit) as u64),
                     hosts: None,
                     tier_offered: Vec::new(),
                 })
@@ -761,6 +763,7 @@ impl HostCore {
                     allowed: delta.allowed,
                     shadow_dropped: delta.shadow_dropped,
                     tiers: delta.offered_by_tier(),
+                    offered_squares: delta.squares,
                 }
             })
             .collect()

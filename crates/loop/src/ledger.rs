@@ -193,6 +193,7 @@ mod tests {
                     allowed,
                     shadow_dropped: shadow,
                     offered_tail: None,
+                    offered_squares: None,
                     hosts: Some(1),
                     tier_offered: Vec::new(),
                 })

@@ -222,8 +222,11 @@ pub fn check_report(
                 *value = bound;
             }
         };
-        lower(&mut c.offered, most, ClampReason::HostCapacity);
-        let offered = c.offered;
+        // A sum of costs over n requests has `sum c^2 <= (sum c)^2`: at least one arrival.
+        c.offered_squares = c.offered_squares.min(c.offered.saturating_mul(c.offered));
+        let mut offered = c.offered;
+        lower(&mut offered, most, ClampReason::HostCapacity);
+        c.lower_offered(offered);
         lower(&mut c.allowed, offered, ClampReason::AllowedOverOffered);
         lower(
             &mut c.shadow_dropped,
@@ -433,7 +436,7 @@ pub fn bound_peers_by<K: Clone>(
     }
     for (at, key, offered, tail) in lowered {
         if let Some(c) = hosts[at].1.0.get_mut(&key) {
-            c.offered = offered;
+            c.lower_offered(offered);
             c.offered_tail = tail;
             c.allowed = c.allowed.min(offered);
             c.shadow_dropped = c.shadow_dropped.min(offered);
@@ -456,6 +459,7 @@ mod tests {
             shadow_dropped: 0,
             hosts: 1,
             tiers: [0; TIERS],
+            offered_squares: 0,
         }
     }
 
@@ -660,6 +664,7 @@ mod tests {
                 shadow_dropped: 6_000_000,
                 hosts: 40,
                 tiers: [0; TIERS],
+                offered_squares: 0,
             },
         )]));
         let mut seen = Vec::new();
@@ -679,6 +684,8 @@ mod tests {
                 shadow_dropped: 500_000,
                 hosts: 1,
                 tiers: [0; TIERS],
+                // Each unit one arrival, as before the clamp.
+                offered_squares: 500_000,
             }
         );
         assert_eq!(

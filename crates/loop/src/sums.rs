@@ -37,6 +37,10 @@ pub struct Counts {
     /// `offered` per criticality tier, in [`Criticality::ALL`] order, summing to `offered`
     /// ([`Counts::fit_tiers`]); all zero when it is all the default tier.
     pub tiers: [u64; TIERS],
+    /// The sum of the squares of the costs counted in `offered`, for a bucket counted in units
+    /// of a cost (a token budget's tokens); under `offered` (0 included) it is read as
+    /// `offered`, each unit one arrival ([`Counts::squares`]).
+    pub offered_squares: u64,
 }
 
 /// The tail is the last `1 / TAIL_PARTS` of an interval: 250 ms of a 1 s interval.
@@ -53,7 +57,8 @@ pub const TAIL_RISE: f64 = 1.25;
 /// (`3 sqrt(3n)`) are passed by chance about once in 740 intervals, and then the ratio
 /// overshoots and is released by the smoother within a few intervals: an average bias of about
 /// 0.001 in the ratio. Below about 430 requests per interval this is the stricter test: at 100
-/// requests a tail needs 4t over 152.
+/// requests a tail needs 4t over 152. For a sum of costs (a token budget's tokens) the variance
+/// is `3 sum c^2` ([`Counts::squares`]) and the same three deviations apply.
 pub const TAIL_NOISE_SIGMAS: f64 = 3.0;
 
 impl Counts {
@@ -88,20 +93,48 @@ impl Counts {
         self.tiers = fitted;
     }
 
-    /// The offered load to compute a drop ratio from, in requests per interval: the interval's
-    /// offered count, or [`TAIL_PARTS`] times its tail when that is clearly higher (a surge
-    /// that started within the interval), by more than [`TAIL_RISE`] times and more than
-    /// [`TAIL_NOISE_SIGMAS`] deviations of a steady load's noise.
+    /// The sum of the squares of the costs counted in `offered`: `offered_squares`, or
+    /// `offered` itself when that is more (a bucket counted in requests, a sender that does not
+    /// say: each unit one arrival). A steady load's count over an interval has this variance,
+    /// a Poisson count `n` and a compound Poisson sum of costs `sum c^2` alike, so the field
+    /// can only make the noise tests more patient than a count of requests, never less.
+    pub fn squares(&self) -> u64 {
+        self.offered_squares.max(self.offered)
+    }
+
+    /// How many independent arrivals `offered` stands for: `offered^2 / sum c^2`, the count a
+    /// Poisson count of the same relative spread would have; `offered` for a bucket counted in
+    /// requests. Worked example: 40 answers of 100 to 2,000 tokens (42,000 tokens, 1,336 per
+    /// answer in `sum c^2 / sum c`) are 31.4 arrivals, not 42,000.
+    pub fn arrivals(&self) -> f64 {
+        let squares = self.squares();
+        if squares == self.offered {
+            self.offered as f64
+        } else {
+            (self.offered as f64).powi(2) / squares as f64
+        }
+    }
+
+    /// The offered load to compute a drop ratio from, in requests (or a budget's units) per
+    /// interval: the interval's offered count, or [`TAIL_PARTS`] times its tail when that is
+    /// clearly higher (a surge that started within the interval), by more than [`TAIL_RISE`]
+    /// times and more than [`TAIL_NOISE_SIGMAS`] deviations of a steady load's noise
+    /// (`sqrt(3 x squares)`, [`Counts::squares`]).
     ///
     /// Worked example: 1 s intervals, 22,000 req/s until 0.4 s, then 330,000 req/s. The interval
     /// offers 8,800 + 198,000 = 206,800, a drop ratio of 0.894 against a limit of 22,000/s; its
     /// tail holds 82,500, four times that is 330,000, over 1.25 x 206,800, and the ratio sent
     /// is the whole surge's 14/15 at once. A load that falls within an interval has a low tail,
-    /// so falls always go by the interval's own count.
+    /// so falls always go by the interval's own count. For a token budget the noise is that of
+    /// the answers' sizes: 42,000 tokens in 40 answers of 100 to 2,000 tokens (`sum c^2` about
+    /// 56.1M) need a tail over 20,233 (4t over `42,000 + 3 sqrt(3 x 56.1M)` = 80,931), where
+    /// counted as requests 13,126 would pass (the 1.25 ratio), which the spread of ten answers'
+    /// sizes in a tail reaches about one interval in five.
     pub fn offered_for_rise(&self) -> u64 {
         let offered = self.offered as f64;
         let rise = self.offered_tail.saturating_mul(TAIL_PARTS);
-        let clear = (TAIL_RISE * offered).max(offered + TAIL_NOISE_SIGMAS * (3.0 * offered).sqrt());
+        let noise = TAIL_NOISE_SIGMAS * (3.0 * self.squares() as f64).sqrt();
+        let clear = (TAIL_RISE * offered).max(offered + noise);
         if rise as f64 > clear {
             rise
         } else {
@@ -123,13 +156,16 @@ impl Counts {
             hosts: b.hosts.unwrap_or(u64::from(b.offered > 0)),
             // Anything but four values says nothing about tiers: all the default tier.
             tiers: <[u64; TIERS]>::try_from(b.tier_offered.as_slice()).unwrap_or_default(),
+            // Unknown: each unit one arrival.
+            offered_squares: b.offered_squares.unwrap_or(b.offered),
         };
         counts.fit_tiers();
         counts
     }
 
     /// These counts times `factor` (rounded), hosts unchanged: one interval's counts standing
-    /// in for a later one whose load is `factor` times as high.
+    /// in for a later one whose load is `factor` times as high (as many more requests of the
+    /// same sizes, so the sum of squares scales alike).
     pub fn scaled(self, factor: f64) -> Counts {
         let scale = |n: u64| (n as f64 * factor.max(0.0)).round() as u64;
         let mut scaled = Counts {
@@ -139,9 +175,21 @@ impl Counts {
             shadow_dropped: scale(self.shadow_dropped),
             hosts: self.hosts,
             tiers: self.tiers.map(scale),
+            offered_squares: scale(self.squares()),
         };
         scaled.fit_tiers();
         scaled
+    }
+
+    /// Sets `offered` to `offered` (a clamp lowered it) and the sum of squares in proportion,
+    /// the same requests fewer: the spread a count of that size would have.
+    pub fn lower_offered(&mut self, offered: u64) {
+        if offered < self.offered {
+            let squares =
+                u128::from(self.squares()) * u128::from(offered) / u128::from(self.offered);
+            self.offered_squares = u64::try_from(squares).unwrap_or(u64::MAX);
+            self.offered = offered;
+        }
     }
 }
 
@@ -154,6 +202,8 @@ impl std::ops::AddAssign for Counts {
                 *t = a.saturating_add(b);
             }
         }
+        // Before `offered` changes: a side that does not say counts each unit as one arrival.
+        self.offered_squares = self.squares().saturating_add(other.squares());
         self.offered = self.offered.saturating_add(other.offered);
         self.offered_tail = self.offered_tail.saturating_add(other.offered_tail);
         self.allowed = self.allowed.saturating_add(other.allowed);
@@ -204,6 +254,7 @@ impl Sums {
                     allowed: c.allowed,
                     shadow_dropped: c.shadow_dropped,
                     offered_tail: Some(c.offered_tail),
+                    offered_squares: squares_to_wire(&c),
                     hosts: Some(c.hosts),
                     tier_offered: tiers_to_wire(&c),
                 }
@@ -220,6 +271,12 @@ impl Sums {
     pub fn counts(&self, key: &BucketKey) -> Counts {
         self.0.get(key).copied().unwrap_or_default()
     }
+}
+
+/// A count's sum of squares for the wire: none when each unit is one arrival (a bucket counted
+/// in requests), which is what a receiver takes when the field is absent.
+pub fn squares_to_wire(c: &Counts) -> Option<u64> {
+    (c.squares() > c.offered).then_some(c.squares())
 }
 
 /// A count's tiers for the wire: none when all of it is the default tier.
@@ -417,6 +474,7 @@ mod tests {
                     shadow_dropped: 1,
                     hosts: 1,
                     tiers: [0; TIERS],
+                    offered_squares: 0,
                 },
             )]))
         };
@@ -507,6 +565,231 @@ mod tests {
                 passed <= 16,
                 "{passed} of 4,000 steady intervals of {offered}"
             );
+        }
+    }
+
+    #[test]
+    fn squares_add_across_senders_that_say_and_those_that_do_not() {
+        let wire = |offered, offered_squares| v1::BucketCounts {
+            service: "llm".into(),
+            bucket: "tokens".into(),
+            offered,
+            offered_squares,
+            ..Default::default()
+        };
+        // A host of a token budget (40 answers, 42,000 tokens) and one older than the field.
+        let sums = Sums::from_wire(&[wire(42_000, Some(56_000_000)), wire(1_000, None)]);
+        let key = BucketKey::new("llm", "tokens");
+        let c = sums.counts(&key);
+        assert_eq!((c.offered, c.squares()), (43_000, 56_001_000));
+        // The zone's sum goes on as it is, and adds again at the region with another zone's.
+        let wired = sums.to_wire();
+        assert_eq!(wired[0].offered_squares, Some(56_001_000));
+        let mut region = Sums::from_wire(&wired);
+        region.add(&Sums::from_wire(&[wire(21_000, Some(28_000_000))]));
+        let c = region.counts(&key);
+        assert_eq!((c.offered, c.squares()), (64_000, 84_001_000));
+        // Not sqrt-additive: the region's arrivals are its sums' ratio, not the zones' total.
+        assert!((c.arrivals() - 64_000f64.powi(2) / 84_001_000.0).abs() < 1e-9);
+        // A stand-in scaled up or a clamp lowering it keeps the sizes of its requests.
+        assert_eq!(c.scaled(2.0).squares(), 168_002_000);
+        let mut lowered = c;
+        lowered.lower_offered(32_000);
+        assert_eq!(lowered.squares(), 42_000_500);
+    }
+
+    #[test]
+    fn without_squares_the_counts_read_as_requests_as_before() {
+        let wire = |offered_squares| v1::BucketCounts {
+            service: "api".into(),
+            bucket: "a".into(),
+            offered: 100,
+            offered_tail: Some(38),
+            offered_squares,
+            ..Default::default()
+        };
+        let key = BucketKey::new("api", "a");
+        let absent = Sums::from_wire(&[wire(None)]).counts(&key);
+        // Each unit one arrival: the rise test and the arrivals of a count of requests.
+        assert_eq!(absent.offered_for_rise(), 152);
+        assert_eq!(absent.arrivals(), 100.0);
+        // Saying so changes nothing, nor does less than that (never stricter than requests).
+        for said in [Some(100), Some(1), Some(0)] {
+            let c = Sums::from_wire(&[wire(said)]).counts(&key);
+            assert_eq!(
+                (c.offered_for_rise(), c.arrivals()),
+                (152, 100.0),
+                "{said:?}"
+            );
+        }
+        // Nor is it sent for a count of requests.
+        assert_eq!(
+            Sums::from_wire(&[wire(None)]).to_wire()[0].offered_squares,
+            None
+        );
+    }
+
+    /// One interval of a token load: a Poisson count of answers of 100 to 2,000 tokens (1,050
+    /// on average, `E[c^2] / E[c]` = 1,336), `answers` expected over the first three quarters'
+    /// rate and `rise` times that rate in the last quarter. With `squares` false the counts do
+    /// not say (a report before the field): each token reads as one arrival.
+    fn token_interval(rng: &mut fastrand::Rng, answers: f64, rise: f64, squares: bool) -> Counts {
+        let mut c = Counts::default();
+        let head = poisson(rng, answers * 0.75);
+        let tail = poisson(rng, answers * 0.25 * rise);
+        for at in 0..head + tail {
+            let cost = rng.u64(100..=2_000);
+            c.offered += cost;
+            c.offered_squares += cost * cost;
+            if at >= head {
+                c.offered_tail += cost;
+            }
+        }
+        if !squares {
+            c.offered_squares = 0;
+        }
+        c
+    }
+
+    /// A Poisson draw (Knuth's, fine for the means here).
+    fn poisson(rng: &mut fastrand::Rng, mean: f64) -> u64 {
+        let floor = (-mean).exp();
+        let (mut n, mut p) = (0, rng.f64());
+        while p > floor {
+            n += 1;
+            p *= rng.f64();
+        }
+        n
+    }
+
+    #[test]
+    fn a_steady_token_load_rarely_passes_for_a_surge_by_its_squares() {
+        // 10 to 200 answers an interval (the simulator's token budget sees about 40 at the
+        // budget): 4,000 steady intervals each.
+        let mut rng = fastrand::Rng::with_seed(11);
+        for answers in [10.0, 40.0, 200.0] {
+            let passed = |rng: &mut fastrand::Rng, squares| {
+                (0..4_000)
+                    .filter(|_| {
+                        let c = token_interval(rng, answers, 1.0, squares);
+                        c.offered_for_rise() != c.offered
+                    })
+                    .count()
+            };
+            let by_squares = passed(&mut rng, true);
+            let as_requests = passed(&mut rng, false);
+            eprintln!("{answers} answers: {by_squares} by squares, {as_requests} as requests");
+            // Three deviations of a skewed sum: a few in a thousand at 10 answers, fewer above.
+            assert!(by_squares <= 20, "{by_squares} of 4,000 at {answers}");
+            // Read as requests, the answers' sizes pass for a surge every few intervals.
+            assert!(as_requests >= 100, "{as_requests} of 4,000 at {answers}");
+        }
+    }
+
+    #[test]
+    fn a_token_surge_in_the_tail_still_passes() {
+        // 40 answers an interval's rate, four times it in the last quarter: the tail's rate is
+        // 168,000 tokens against an interval of 73,500, over its bar of about 125,000.
+        let mut rng = fastrand::Rng::with_seed(12);
+        let seen = (0..4_000)
+            .filter(|_| {
+                let c = token_interval(&mut rng, 40.0, 4.0, true);
+                c.offered_for_rise() == c.offered_tail * TAIL_PARTS
+            })
+            .count();
+        eprintln!("{seen} of 4,000 surges seen from the tail");
+        assert!(seen >= 3_400, "{seen} of 4,000");
+    }
+
+    /// A steady token load of `answers` an interval at four times `budget`, every interval's
+    /// ratio computed as the controller does (the rise test, then the smoother with the
+    /// arrivals the count stands for): how often a fall is taken at once, and the tokens
+    /// admitted against the budget, each interval under the ratio from the one before.
+    fn steady_over_budget(answers: f64, budget: f64, squares: bool, weighed: bool) -> (f64, f64) {
+        use spillway_core::control::{Smoother, target_drop};
+        let mut rng = fastrand::Rng::with_seed(13);
+        let mut s = Smoother::default();
+        let (mut snaps, mut admitted) = (0, 0.0);
+        let intervals = 4_000;
+        for _ in 0..intervals {
+            let c = token_interval(&mut rng, answers, 1.0, squares);
+            let before = s.current();
+            admitted += (1.0 - before) * c.offered as f64;
+            let target = target_drop(budget, c.offered_for_rise() as f64);
+            let after = if weighed {
+                s.update_weighed(target, c.arrivals())
+            } else {
+                s.update_counted(target, c.arrivals())
+            };
+            // A fall further than easing's step towards the target: taken at once.
+            let eased = before - Smoother::DEFAULT_RELEASE * (before - target);
+            if target < before && after < eased - 1e-9 {
+                snaps += 1;
+            }
+        }
+        (
+            snaps as f64 / intervals as f64,
+            admitted / intervals as f64 / budget,
+        )
+    }
+
+    #[test]
+    fn a_steady_token_load_over_its_budget_is_not_read_as_falls_and_admits_its_budget() {
+        // 152 answers an interval, 4x a budget of 40,000 tokens. Read as requests, every dip of
+        // the sizes is a clear fall; by the squares a fall within the noise is eased.
+        let (snaps, _) = steady_over_budget(152.0, 40_000.0, true, false);
+        let (old_snaps, _) = steady_over_budget(152.0, 40_000.0, false, false);
+        eprintln!("falls taken at once: {snaps} by the squares, {old_snaps} as requests");
+        assert!(snaps < 0.1, "{snaps}");
+        assert!(old_snaps > 0.3, "{old_snaps}");
+        // Rises at once and falls eased sit above the target (0.94-0.97 of the budget here);
+        // a sum of costs eases both within its noise and admits its budget to within 3%, from
+        // 10 answers an interval (the simulator's budget counts about 38) to 152.
+        for (answers, budget) in [(152.0, 40_000.0), (38.0, 10_000.0), (10.0, 2_500.0)] {
+            let (_, counted) = steady_over_budget(answers, budget, true, false);
+            let (_, weighed) = steady_over_budget(answers, budget, true, true);
+            eprintln!("{answers} answers: {counted} rising at once, {weighed} weighed");
+            assert!(counted < 0.98, "{counted} at {answers}");
+            assert!((weighed - 1.0).abs() < 0.03, "{weighed} at {answers}");
+        }
+    }
+
+    #[test]
+    fn a_clear_fall_and_a_clear_rise_of_a_token_load_are_taken_at_once() {
+        use spillway_core::control::{Smoother, target_drop};
+        let (budget, answers) = (40_000.0, 152.0);
+        let mut rng = fastrand::Rng::with_seed(14);
+        let settled = |rng: &mut fastrand::Rng| {
+            let mut s = Smoother::default();
+            for _ in 0..5 {
+                let c = token_interval(rng, answers, 1.0, true);
+                s.update_weighed(
+                    target_drop(budget, c.offered_for_rise() as f64),
+                    c.arrivals(),
+                );
+            }
+            s
+        };
+        for _ in 0..200 {
+            // 4x to 1.5x of the budget: the ratio goes to the new one at once.
+            let mut s = settled(&mut rng);
+            let c = token_interval(&mut rng, answers * 1.5 / 4.0, 1.0, true);
+            let target = target_drop(budget, c.offered_for_rise() as f64);
+            let after = s.update_weighed(target, c.arrivals());
+            // The new target, less its bias (`Smoother::update_weighed`); none under the
+            // budget, which the spread of sizes now and then shows.
+            let unbiased = if target > 0.0 {
+                1.0 - (1.0 - target) / (1.0 + 1.0 / c.arrivals())
+            } else {
+                0.0
+            };
+            assert!((after - unbiased).abs() < 1e-12, "{after} for {target}");
+            // 4x to 8x: at once too.
+            let mut s = settled(&mut rng);
+            let c = token_interval(&mut rng, answers * 2.0, 1.0, true);
+            let target = target_drop(budget, c.offered_for_rise() as f64);
+            let after = s.update_weighed(target, c.arrivals());
+            assert!(after >= target, "{after} for {target}");
         }
     }
 

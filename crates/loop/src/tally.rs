@@ -8,7 +8,7 @@ use spillway_proto::v1;
 use crate::interval::Interval;
 use spillway_core::criticality::TIERS;
 
-use crate::sums::{BucketKey, Counts, TAIL_PARTS, tiers_to_wire};
+use crate::sums::{BucketKey, Counts, TAIL_PARTS, squares_to_wire, tiers_to_wire};
 
 /// One bucket's counts since the previous report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +21,9 @@ pub struct BucketReport {
     pub shadow_dropped: u64,
     /// `offered` per criticality tier (all zero: all the default tier).
     pub tiers: [u64; TIERS],
+    /// The sum of the squares of the costs counted in `offered` (a token budget's tokens); 0
+    /// for a bucket counted in requests.
+    pub offered_squares: u64,
 }
 
 /// One host's counts of the interval in progress, taken in two parts, before its last quarter
@@ -121,6 +124,11 @@ impl Tally {
                 allowed: scaled(c.allowed),
                 shadow_dropped: scaled(c.shadow_dropped),
                 offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
+                offered_squares: squares_to_wire(&Counts {
+                    offered: scaled(c.offered),
+                    offered_squares: scaled(c.offered_squares),
+                    ..Counts::default()
+                }),
                 hosts: None,
             })
             .collect()
@@ -139,6 +147,7 @@ impl Tally {
                 shadow_dropped: b.shadow_dropped,
                 hosts: 0,
                 tiers: b.tiers,
+                offered_squares: b.offered_squares,
             };
         }
     }
@@ -156,6 +165,7 @@ mod tests {
             allowed: offered / 2,
             shadow_dropped: 0,
             tiers: [0; TIERS],
+            offered_squares: 0,
         }]
     }
 

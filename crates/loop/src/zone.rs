@@ -845,6 +845,8 @@ fn replace_counts<'a>(
     now: Counts,
 ) -> &'a mut Counts {
     let entry = estimate.0.entry(key.clone()).or_default();
+    // Before `offered` changes: a count that does not say counts each unit as one arrival.
+    entry.offered_squares = (entry.squares() + now.squares()).saturating_sub(was.squares());
     entry.offered = (entry.offered + now.offered).saturating_sub(was.offered);
     entry.allowed = (entry.allowed + now.allowed).saturating_sub(was.allowed);
     entry.offered_tail = (entry.offered_tail + now.offered_tail).saturating_sub(was.offered_tail);

@@ -29,6 +29,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 allowed: 3_334,
                 shadow_dropped: 0,
                 offered_tail: Some(1_250),
+                offered_squares: None,
                 hosts: None,
                 tier_offered: Vec::new(),
             })
@@ -90,6 +91,7 @@ fn criticality_tiers_cost_a_few_bytes_a_bucket_and_nothing_without_them() {
         allowed: 3_334,
         shadow_dropped: 0,
         offered_tail: Some(1_250),
+        offered_squares: None,
         hosts: None,
         tier_offered: tiers,
     };

@@ -515,7 +515,7 @@ impl<'a> Engine<'a> {
                 flight.settle(
                     s,
                     (tick, now),
-                    &mut self.hosts,
+                    (&mut self.hosts, &mut self.lanes.guarded, &mut self.steps),
                     alive,
                     &mut samples,
                     &mut measured,

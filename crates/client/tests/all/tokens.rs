@@ -89,6 +89,9 @@ fn a_control_plane_budget_counts_tokens_admitted_at_settlement_and_dropped_at_th
     let squares: u64 = (1..=10).map(|i| (i * 100u64).pow(2)).sum::<u64>() + 700 * 700;
     let unit = client.rules().buckets()[0].budget().count_unit();
     assert!((unit - squares as f64 / 6_200.0).abs() < 1e-6, "{unit}");
+    // The counters' sum of squares: every count of tokens with its square, the drops' too
+    // (the first at the default, four at the mean), for the reports' noise.
+    assert_eq!(after.squares, 700 * 700 + squares + 4 * 564 * 564);
 }
 
 #[test]
@@ -102,9 +105,9 @@ fn the_host_reports_a_budgets_tokens_offered_and_admitted() {
     };
     let mut core = HostCore::new(id, &config, 0);
     core.start(at(7_000), &[counters(&client)]);
-    // 3 requests of 1,000 tokens admitted; 2 dropped at the mean, 1,000 each.
-    for _ in 0..3 {
-        assert!(one(&client, Some(1_000)));
+    // 3 requests admitted, 500, 1,000 and 1,500 tokens; 2 dropped at the mean, 1,000 each.
+    for cost in [500, 1_000, 1_500] {
+        assert!(one(&client, Some(cost)));
     }
     assert_eq!(core.on_deadline(at(7_750), &[counters(&client)]), None);
     client
@@ -124,6 +127,12 @@ fn the_host_reports_a_budgets_tokens_offered_and_admitted() {
     assert_eq!(bucket.offered, 5_000, "tokens offered");
     assert_eq!(bucket.allowed, 3_000, "tokens admitted");
     assert_eq!(bucket.offered_tail, Some(2_000), "the tail's tokens");
+    // The spread of those tokens: 3.5M for the answers, 1M for each drop.
+    assert_eq!(
+        bucket.offered_squares,
+        Some(5_500_000),
+        "the squares of the costs"
+    );
 }
 
 #[test]

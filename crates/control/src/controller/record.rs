@@ -314,6 +314,7 @@ mod tests {
                 allowed,
                 shadow_dropped: shadow,
                 offered_tail: None,
+                offered_squares: None,
                 hosts: Some(2),
                 tier_offered: Vec::new(),
             }],

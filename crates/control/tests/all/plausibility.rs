@@ -49,6 +49,7 @@ fn report(host: &str, sequence: u64, offered: u64, tail: u64) -> v1::Report {
             allowed: offered,
             shadow_dropped: 0,
             offered_tail: Some(tail),
+            offered_squares: None,
             hosts: None,
             tier_offered: Vec::new(),
         }],

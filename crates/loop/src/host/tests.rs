@@ -89,6 +89,38 @@ fn a_stream_opened_mid_interval_reports_at_the_boundary_with_its_tail() {
 }
 
 #[test]
+fn a_token_budgets_report_carries_the_squares_of_its_costs_scaled_with_its_counts() {
+    let tokens = |offered: u64, squares: u64| Snapshot {
+        allowed: offered,
+        squares,
+        ..Snapshot::default()
+    };
+    let mut core = core(DROP);
+    // Opened at 7.500 s: half an interval, scaled to a whole one. Answers of 500 and 1,500
+    // tokens before the tail, one of 1,000 in it.
+    core.start(at(7_500), &[tokens(0, 0)]);
+    assert_eq!(
+        core.on_deadline(at(7_750), &[tokens(2_000, 2_500_000)]),
+        None
+    );
+    let report = core
+        .on_deadline(at(8_000), &[tokens(3_000, 3_500_000)])
+        .expect("the report of interval 7");
+    assert_eq!(report.buckets[0].offered, 6_000);
+    assert_eq!(report.buckets[0].offered_squares, Some(7_000_000));
+    // A bucket counted in requests says nothing: each unit one arrival.
+    assert_eq!(
+        core.on_deadline(at(8_750), &[tokens(3_050, 3_500_000)]),
+        None
+    );
+    let report = core
+        .on_deadline(at(9_000), &[tokens(3_100, 3_500_000)])
+        .expect("the report of interval 8");
+    assert_eq!(report.buckets[0].offered, 100);
+    assert_eq!(report.buckets[0].offered_squares, None);
+}
+
+#[test]
 fn a_host_that_moves_to_another_aggregator_never_reports_an_interval_twice() {
     let mut core = core(DROP);
     core.start(at(7_000), &[offered(0)]);

@@ -151,11 +151,10 @@ impl RegionCore {
             }
             let scope = counts.offered as f64 / secs;
             let rise = counts.offered_for_rise() as f64 / secs;
-            // `count`: the requests the target was computed from, so a clear fall is taken at
-            // once (`Smoother::update_counted`).
+            // `count`: the arrivals the target was computed from (a token budget's answers, not
+            // its tokens), so a clear fall is taken at once (`Smoother::update_counted`).
             let mut smoother = self.smoothers[i];
-            let ratio =
-                smoother.update_counted(target_drop(spec.limit, rise), counts.offered as f64);
+            let ratio = smooth(&mut smoother, target_drop(spec.limit, rise), &counts);
             if commit {
                 self.smoothers[i] = smoother;
             }
@@ -214,17 +213,16 @@ impl RegionCore {
                         let rise = mine.offered_for_rise() as f64 / secs;
                         let target = target_drop(spec.limit, rise);
                         let ratio = match self.zone_smoothers.get_mut(zone.as_str()) {
-                            Some(by_bucket) if commit => by_bucket
-                                .entry(index)
-                                .or_default()
-                                .update_counted(target, mine.offered as f64),
+                            Some(by_bucket) if commit => {
+                                smooth(by_bucket.entry(index).or_default(), target, &mine)
+                            }
                             Some(by_bucket) => {
                                 let mut s = by_bucket.get(&index).copied().unwrap_or_default();
-                                s.update_counted(target, mine.offered as f64)
+                                smooth(&mut s, target, &mine)
                             }
                             None => {
                                 let mut s = Smoother::default();
-                                let ratio = s.update_counted(target, mine.offered as f64);
+                                let ratio = smooth(&mut s, target, &mine);
                                 if commit {
                                     self.zone_smoothers
                                         .entry(zone.clone())
@@ -353,4 +351,16 @@ pub fn global_sums(config: &Config, zones: &HashMap<String, Sums>) -> Sums {
         .collect();
     region.0.retain(|k, _| global.contains(k));
     region
+}
+
+/// The smoothed ratio for `target`, computed from `counts`: a count of requests takes every
+/// rise at once (`Smoother::update_counted`); a sum of costs (a token budget's tokens, whose
+/// reports carry their squares) eases a rise within its noise as it eases a fall
+/// (`Smoother::update_weighed`). Both judge noise by the arrivals the count stands for.
+fn smooth(smoother: &mut Smoother, target: f64, counts: &Counts) -> f64 {
+    if counts.squares() > counts.offered {
+        smoother.update_weighed(target, counts.arrivals())
+    } else {
+        smoother.update_counted(target, counts.arrivals())
+    }
 }

@@ -13,12 +13,13 @@ use super::*;
 pub const PARTITION_HOLD: u64 = 60;
 
 /// How many standard deviations of a steady load's Poisson noise (`sqrt(G)` in requests of an
-/// interval) the load still seen may fall short of `G` and still be taken as all of it: 3.
-/// Without it a region lost and failed over was held by the noise (when the survivors' count
-/// came out a little under `G`, the difference), and region-loss admitted 3% under its limit
-/// in some seconds. The price: a partition whose silent side offers no more than three
-/// deviations of the global count per interval (95/s of 1,000/s at 1 s reports, 950/s of
-/// 100,000/s) is not held, and each side enforces the whole limit.
+/// interval, `sqrt(sum c^2)` for a token budget's tokens) the load still seen may fall short of
+/// `G` and still be taken as all of it: 3. Without it a region lost and failed over was held
+/// by the noise (when the survivors' count came out a little under `G`, the difference), and
+/// region-loss admitted 3% under its limit in some seconds. The price: a partition whose
+/// silent side offers no more than three deviations of the global count per interval (95/s of
+/// 1,000/s at 1 s reports, 950/s of 100,000/s) is not held, and each side enforces the whole
+/// limit.
 pub const HOLD_NOISE: f64 = 3.0;
 
 impl RegionCore {
@@ -74,10 +75,12 @@ impl RegionCore {
             if s <= 0.0 {
                 continue;
             }
-            let (v, g) = (seen.offered(key) as f64, then.offered(key) as f64);
+            let (v, before) = (seen.offered(key) as f64, then.counts(key));
+            let g = before.offered as f64;
             // Within the noise of the count before: all of it is seen (a region's load failed
-            // over, give or take a steady load's own noise), nothing to hold.
-            let global = if g - v <= HOLD_NOISE * g.sqrt() {
+            // over, give or take a steady load's own noise), nothing to hold. A token budget's
+            // noise is that of its answers' sizes (`Counts::squares`).
+            let global = if g - v <= HOLD_NOISE * (before.squares() as f64).sqrt() {
                 v
             } else {
                 v.max(g.min(v + s))

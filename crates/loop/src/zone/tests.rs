@@ -16,6 +16,7 @@ fn report(host: &str, sequence: u64, offered: u64, rules_version: u64) -> v1::Re
             allowed: offered,
             shadow_dropped: 0,
             offered_tail: Some(offered / 4),
+            offered_squares: None,
             hosts: None,
             tier_offered: Vec::new(),
         }],
@@ -314,4 +315,23 @@ fn a_host_that_moved_here_mid_interval_is_waited_for_from_its_hello() {
     let sent = forwards(&steps);
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].buckets[0].offered, 600, "c's load counted here");
+}
+
+#[test]
+fn a_zone_adds_its_hosts_squares_and_counts_a_host_that_does_not_say_as_requests() {
+    let mut zone = zone();
+    // a: a token budget's 42,000 tokens in 40 answers; b: a host older than the field.
+    let mut tokens = report("a", 7, 42_000, 1);
+    tokens.buckets[0].offered_squares = Some(56_000_000);
+    assert!(zone.on_report(8_001, 1, tokens).is_empty());
+    let steps = zone.on_report(8_002, 2, report("b", 7, 40_000, 1));
+    let sent = forwards(&steps);
+    assert_eq!(sent[0].buckets[0].offered, 82_000);
+    assert_eq!(sent[0].buckets[0].offered_squares, Some(56_040_000));
+    // Without a host that says, the zone says nothing either.
+    zone.on_report(9_001, 1, report("a", 8, 300, 1));
+    let steps = zone.on_report(9_002, 2, report("b", 8, 100, 1));
+    let sent = forwards(&steps);
+    assert_eq!(sent[0].buckets[0].offered, 400);
+    assert_eq!(sent[0].buckets[0].offered_squares, None);
 }

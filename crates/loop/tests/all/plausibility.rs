@@ -41,6 +41,7 @@ fn counts(offered: u64, allowed: u64, tail: Option<u64>, hosts: Option<u64>) -> 
         allowed,
         shadow_dropped: 0,
         offered_tail: tail,
+        offered_squares: None,
         hosts,
         tier_offered: Vec::new(),
     }

@@ -41,6 +41,7 @@ fn bucket_counts() -> impl Strategy<Value = v1::BucketCounts> {
                 allowed,
                 shadow_dropped: shadow,
                 offered_tail: tail,
+                offered_squares: None,
                 hosts,
                 tier_offered: Vec::new(),
             },

@@ -5,8 +5,11 @@
 //! given): an answer is counted as offered and admitted at its tokens in the tick it ends, a
 //! dropped request at once as offered at the mean of the host's answers so far
 //! ([`CostMoments::dropped_cost`]), and the surge guard counts in `E[c^2] / E[c]` of them
-//! ([`CostMoments::unit`]), the very sums and rules of the client's budget. Until an answer
-//! ends, its tokens are in flight: admitted, not yet charged.
+//! ([`CostMoments::unit`]), the very sums and rules of the client's budget. Each count adds its
+//! square to the host's sum of squares (`Snapshot::squares`, as the client's
+//! `BucketCounters::record_cost_tier` does), which its reports carry so that the controller
+//! judges noise by the answers' sizes. Until an answer ends, its tokens are in flight:
+//! admitted, not yet charged.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -18,7 +21,9 @@ use spillway_core::clock::Nanos;
 use spillway_core::counters::CostMoments;
 use spillway_core::criticality::TIERS;
 
-use super::{FleetSample, Host, TICK_NS, TICKS_PER_SAMPLE};
+use spillway_loop::HostStep;
+
+use super::{FleetSample, Host, Limiter, TICK_NS, TICKS_PER_SAMPLE, guard_catch_up};
 use crate::SimError;
 use crate::scenario::{Answers, Scenario};
 
@@ -97,6 +102,10 @@ impl Flight {
             let dropped = n - allowed;
             host.totals.dropped += dropped * dropped_cost;
             host.totals.tiers[tier].dropped += dropped * dropped_cost;
+            host.totals.squares = host
+                .totals
+                .squares
+                .wrapping_add(dropped * dropped_cost * dropped_cost);
             refused += dropped;
             for _ in 0..dropped {
                 offered += self.tokens();
@@ -132,12 +141,14 @@ impl Flight {
 
     /// The answers that end at tick `tick`: each is counted by its host as offered and
     /// admitted at its tokens, and charged to the replayed budget. Hosts that left settle
-    /// nothing (their streams ended with them).
+    /// nothing (their streams ended with them). A host whose guard fell behind while it was
+    /// quiet first runs the ticks it missed with the totals it had then, as before an arrival
+    /// (`guard_catch_up`): an answer that ends changes its counts as an arrival does.
     pub(super) fn settle(
         &mut self,
         scenario: &Scenario,
         (tick, now): (u64, Nanos),
-        hosts: &mut [Host],
+        (hosts, guarded, steps): (&mut [Host], &mut [Nanos], &mut Vec<HostStep>),
         alive: &[bool],
         samples: &mut [FleetSample],
         measured: &mut [(u64, u64)],
@@ -154,8 +165,13 @@ impl Flight {
                 continue;
             }
             let host = &mut hosts[i];
+            if let Limiter::Drop(_) = host.limiter {
+                // The ticks before this instant: the one at it comes after, with the answer.
+                guard_catch_up(host, &mut guarded[i], now - 1, steps);
+            }
             host.totals.allowed += tokens;
             host.totals.tiers[tier].allowed += tokens;
+            host.totals.squares = host.totals.squares.wrapping_add(tokens * tokens);
             self.moments[i].add(tokens);
             // The link reads the unit before every guard tick; it changes only here.
             host.core.set_units(&[self.moments[i].unit()]);
