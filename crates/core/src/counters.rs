@@ -57,6 +57,7 @@ pub struct TierCounts {
 
 impl TierCounts {
     /// Everything of the tier that arrived.
+    #[inline]
     pub fn offered(&self) -> u64 {
         self.allowed + self.dropped + self.shadow_dropped
     }
@@ -80,11 +81,13 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Everything that arrived: allowed, dropped or shadow-dropped.
+    #[inline]
     pub fn offered(&self) -> u64 {
         self.allowed + self.dropped + self.shadow_dropped
     }
 
     /// The counts of `tier`; the default tier also holds what no tier was given.
+    #[inline]
     pub fn tier(&self, tier: Criticality) -> TierCounts {
         let own = self.tiers[tier.index()];
         if tier != Criticality::default() {
@@ -107,6 +110,7 @@ impl Snapshot {
     }
 
     /// What each tier was offered, in [`Criticality::ALL`] order.
+    #[inline]
     pub fn offered_by_tier(&self) -> [u64; TIERS] {
         Criticality::ALL.map(|t| self.tier(t).offered())
     }

@@ -357,12 +357,16 @@ impl SurgeGuard {
             sums[k + 1] = sums[k] + n;
             let run = k + 1;
             let (e, c) = (expected * run as f64, sums[run] as f64);
+            // The cheap test first: most runs of a steady load are no fall.
+            let fell = c < e / RISE && c < e - FALL_SIGMAS * e.sqrt() - FALL_MARGIN;
+            if !fell {
+                continue;
+            }
             // The newest half of the run must be as low as the run (within noise): a load that
             // was low and came back, or rose within the interval, is no fall.
             let half = sums[run.div_ceil(2)] as f64;
             let half_expected = c * run.div_ceil(2) as f64 / run as f64;
-            let steady = half <= half_expected + 2.0 * half_expected.sqrt() + 1.0;
-            if steady && c < e / RISE && c < e - FALL_SIGMAS * e.sqrt() - FALL_MARGIN {
+            if half <= half_expected + 2.0 * half_expected.sqrt() + 1.0 {
                 let z = (e - c) / e.sqrt();
                 if best.is_none_or(|(bz, _, _)| z > bz) {
                     best = Some((z, c, granted * run as f64));

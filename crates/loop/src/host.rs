@@ -231,6 +231,9 @@ impl Bucket {
     }
 }
 
+/// Up to this many control-plane buckets, an instruction finds its bucket by comparing names.
+const LINEAR_BUCKETS: usize = 8;
+
 /// Buckets whose limit the control plane computes from everyone's counts.
 fn on_control_plane(kind: Kind, store: StateStore) -> bool {
     matches!(kind, Kind::DropRatio | Kind::AdaptiveTokenBucket) && store == StateStore::ControlPlane
@@ -608,11 +611,7 @@ impl HostCore {
             Interval::from_ms(instructions.interval_ms).end_of(instructions.sequence);
         let interval_ns = nanos(self.interval.duration());
         for b in &instructions.buckets {
-            let Some(&i) = self
-                .index
-                .get(b.service.as_str())
-                .and_then(|buckets| buckets.get(b.bucket.as_str()))
-            else {
+            let Some(i) = self.position(&b.service, &b.bucket) else {
                 continue;
             };
             let bucket = &mut self.buckets[i];
@@ -677,6 +676,22 @@ impl HostCore {
             }
         }
         self.last_instructions_ms = now.unix_ms();
+    }
+
+    /// The position of bucket `bucket` of `service`, if the host has it. A few buckets are
+    /// compared by name, which costs less than hashing both names (a simulated fleet's hosts
+    /// take several instructions a second each); more are found through the index.
+    fn position(&self, service: &str, bucket: &str) -> Option<usize> {
+        if self.buckets.len() <= LINEAR_BUCKETS {
+            return self
+                .buckets
+                .iter()
+                .position(|b| b.key.bucket == bucket && b.key.service == service);
+        }
+        self.index
+            .get(service)
+            .and_then(|buckets| buckets.get(bucket))
+            .copied()
     }
 
     /// The first report due from `now_ms` on: the interval in progress, with its tail marked only

@@ -113,7 +113,10 @@ impl Tally {
         let scaled = |n: u64| (n as f64 * scale).round() as u64;
         let mut counts: Vec<(BucketKey, Counts)> = self.counts.drain().collect();
         counts.sort_by(|a, b| a.0.cmp(&b.0));
-        *self = Self::new(now_ms);
+        // Counting starts afresh, in the emptied map (a host reports every interval, so its
+        // map is not built again each time).
+        self.started_ms = now_ms;
+        self.tail_from_ms = None;
         counts
             .into_iter()
             .map(|(key, c)| v1::BucketCounts {
