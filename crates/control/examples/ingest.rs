@@ -205,6 +205,7 @@ fn report(host: &str) -> v1::Report {
         offered_tail: Some(offered / 4),
         hosts: None,
         tier_offered: Vec::new(),
+        id: 0,
     };
     v1::Report {
         surge: false,

@@ -731,6 +731,7 @@ impl HostCore {
                     offered_tail: Some(offered / TAIL_PARTS),
                     hosts: None,
                     tier_offered: Vec::new(),
+                    id: 0,
                 })
             })
             .collect();

@@ -195,19 +195,7 @@ impl Sums {
         let mut keys: Vec<&BucketKey> = self.0.keys().collect();
         keys.sort();
         keys.into_iter()
-            .map(|key| {
-                let c = self.0[key];
-                v1::BucketCounts {
-                    service: key.service.clone(),
-                    bucket: key.bucket.clone(),
-                    offered: c.offered,
-                    allowed: c.allowed,
-                    shadow_dropped: c.shadow_dropped,
-                    offered_tail: Some(c.offered_tail),
-                    hosts: Some(c.hosts),
-                    tier_offered: tiers_to_wire(&c),
-                }
-            })
+            .map(|key| counts_to_wire(key.service.clone(), key.bucket.clone(), &self.0[key], 0))
             .collect()
     }
 
@@ -219,6 +207,26 @@ impl Sums {
     /// The counts of one bucket (zeros when it saw none).
     pub fn counts(&self, key: &BucketKey) -> Counts {
         self.0.get(key).copied().unwrap_or_default()
+    }
+}
+
+/// One bucket's counts as a wire entry, with its names (empty: by its number `id` alone).
+pub(crate) fn counts_to_wire(
+    service: String,
+    bucket: String,
+    c: &Counts,
+    id: u32,
+) -> v1::BucketCounts {
+    v1::BucketCounts {
+        service,
+        bucket,
+        offered: c.offered,
+        allowed: c.allowed,
+        shadow_dropped: c.shadow_dropped,
+        offered_tail: Some(c.offered_tail),
+        hosts: Some(c.hosts),
+        tier_offered: tiers_to_wire(c),
+        id,
     }
 }
 

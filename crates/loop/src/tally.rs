@@ -122,6 +122,7 @@ impl Tally {
                 shadow_dropped: scaled(c.shadow_dropped),
                 offered_tail: tail_scale.map(|k| (c.offered_tail as f64 * k).round() as u64),
                 hosts: None,
+                id: 0,
             })
             .collect()
     }

@@ -316,6 +316,7 @@ mod tests {
                 offered_tail: None,
                 hosts: Some(2),
                 tier_offered: Vec::new(),
+                id: 0,
             }],
             clients: 2,
             hosts: vec![
@@ -329,6 +330,7 @@ mod tests {
                 },
             ],
             gone: vec![],
+            bucket_ids: false,
         }
     }
 
