@@ -7,6 +7,9 @@
 #
 #   bench/controller/run.sh [ZONES] [BUCKETS] [SECONDS]     # default 100 10000 30
 #
+# ZONES_ARGS passes more arguments to the emulator (`--names`: every bucket by name, every
+# interval, as an aggregator older than the bucket numbers sends them).
+#
 # Builds with the dist profile (PROFILE=release for the quick one); NO_BUILD=1 reuses the build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,7 +41,7 @@ kill -0 "$controller" 2>/dev/null || { echo "the controller did not start:" >&2;
 ticks() { awk '{print $14 + $15}' "/proc/${1:-$controller}/stat"; }
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$controller/status"; }
 "$bin/examples/zones" -c "$work/controller.yaml" --controller "http://127.0.0.1:$port" \
-  --zones "$zones" --seconds "$seconds" >"$work/zones.json" &
+  --zones "$zones" --seconds "$seconds" ${ZONES_ARGS:-} >"$work/zones.json" &
 emulator=$!
 # The steady part: from 5 s in (every stream open, the first intervals closed) to 2 s before
 # the end.

@@ -206,6 +206,7 @@ fn report(host: &str) -> v1::Report {
         offered_squares: None,
         hosts: None,
         tier_offered: Vec::new(),
+        id: 0,
     };
     v1::Report {
         surge: false,

@@ -13,14 +13,20 @@
 //!
 //! The emulator shares the machine with the controller it measures, so it does as little as it
 //! can: every report's bucket sums are encoded once (all zones send the same ones) and each
-//! report is its few own fields before them; the instructions are counted, not decoded. Built
-//! and parsed as messages, they cost it more than the controller its work.
+//! report is its few own fields before them; the instructions are counted, not decoded (but for
+//! whether the controller takes buckets by number). Built and parsed as messages, they cost it
+//! more than the controller its work.
+//!
+//! Like an aggregator, each zone numbers its buckets on its stream: its reports name every
+//! bucket with its number until the controller's instructions say it takes numbers, and carry
+//! the numbers alone from then on. `--names` sends the names every time, without numbers, as an
+//! aggregator older than the numbers does.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::{BufMut, Bytes};
 use prost::Message;
 use spillway_emulate::control_buckets;
 use spillway_link::{Target, now_ms};
@@ -33,14 +39,22 @@ use tonic::codegen::http::uri::PathAndQuery;
 /// What each emulated aggregator says it sums.
 const HOSTS_PER_ZONE: u32 = 100;
 
-/// Sends messages encoded already and reads each as its size: a `v1::ZoneReport` out, a
-/// `v1::ZoneInstructions` in, on the controller's own `LinkZone` method.
+/// Sends messages encoded already and reads of each only whether the controller takes buckets
+/// by number: a `v1::ZoneReport` out, a `v1::ZoneInstructions` in, on the controller's own
+/// `LinkZone` method.
 #[derive(Debug, Clone, Copy, Default)]
 struct Raw;
 
+/// `v1::ZoneInstructions` without its instructions, which decoding skips over.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TakesIds {
+    #[prost(bool, tag = "2")]
+    bucket_ids: bool,
+}
+
 impl Codec for Raw {
     type Encode = Bytes;
-    type Decode = usize;
+    type Decode = bool;
     type Encoder = Raw;
     type Decoder = Raw;
 
@@ -64,26 +78,33 @@ impl Encoder for Raw {
 }
 
 impl Decoder for Raw {
-    type Item = usize;
+    type Item = bool;
     type Error = tonic::Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<usize>, tonic::Status> {
-        let size = src.remaining();
-        src.advance(size);
-        Ok(Some(size))
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<bool>, tonic::Status> {
+        let message = TakesIds::decode(src).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        Ok(Some(message.bucket_ids))
     }
 }
 
 /// One zone's report of interval `sequence`: its own fields, then the bucket sums every zone
 /// sends, encoded once (a message's fields may come in any order, and a repeated field's
 /// entries add up across the encoding).
-fn report(zone: &str, region: &str, sequence: u64, interval_ms: u64, buckets: &[u8]) -> Bytes {
+fn report(
+    zone: &str,
+    region: &str,
+    sequence: u64,
+    interval_ms: u64,
+    bucket_ids: bool,
+    buckets: &[u8],
+) -> Bytes {
     let head = v1::ZoneReport {
         zone: zone.to_owned(),
         region: region.to_owned(),
         sequence,
         interval_ms,
         clients: HOSTS_PER_ZONE,
+        bucket_ids,
         ..Default::default()
     };
     let mut bytes = Vec::with_capacity(head.encoded_len() + buckets.len());
@@ -106,6 +127,8 @@ struct Args {
     buckets: usize,
     seconds: u64,
     region: String,
+    /// Names every bucket every time, without numbers.
+    names: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -116,6 +139,7 @@ fn args() -> Result<Args, String> {
         buckets: usize::MAX,
         seconds: 30,
         region: "r1".into(),
+        names: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -128,6 +152,7 @@ fn args() -> Result<Args, String> {
             "--buckets" => a.buckets = number(value()?)? as usize,
             "--seconds" => a.seconds = number(value()?)?,
             "--region" => a.region = value()?,
+            "--names" => a.names = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -148,9 +173,10 @@ async fn main() -> Result<(), String> {
         .take(args.buckets)
         .collect();
     let zones = args.zones as u64;
-    let counts: Vec<v1::BucketCounts> = buckets
-        .iter()
-        .map(|(key, limit)| {
+    let numbered = !args.names;
+    let counts: Vec<v1::BucketCounts> = (1..)
+        .zip(&buckets)
+        .map(|(id, (key, limit))| {
             // This zone's part of 1.5 times the limit, over one interval.
             let offered = (1.5 * limit * interval_ms as f64 / 1000.0 / zones as f64) as u64;
             v1::BucketCounts {
@@ -160,17 +186,30 @@ async fn main() -> Result<(), String> {
                 allowed: offered * 2 / 3,
                 offered_tail: Some(offered / 4),
                 hosts: Some(u64::from(HOSTS_PER_ZONE)),
+                id: if numbered { id } else { 0 },
                 ..Default::default()
             }
         })
         .collect();
     let buckets_count = counts.len();
-    let encoded: Arc<[u8]> = v1::ZoneReport {
-        buckets: counts,
-        ..Default::default()
-    }
-    .encode_to_vec()
-    .into();
+    let encode = |buckets: Vec<v1::BucketCounts>| -> Arc<[u8]> {
+        v1::ZoneReport {
+            buckets,
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    };
+    // With names (and numbers), and by number alone.
+    let by_number = counts
+        .iter()
+        .map(|b| v1::BucketCounts {
+            service: String::new(),
+            bucket: String::new(),
+            ..b.clone()
+        })
+        .collect();
+    let encoded = (encode(counts), encode(by_number));
     let totals = Arc::new(Counts::default());
     let target = Target::plain(&args.controller).map_err(|e| e.to_string())?;
     let end = tokio::time::Instant::now() + Duration::from_secs(args.seconds);
@@ -195,12 +234,18 @@ async fn main() -> Result<(), String> {
                 .map_err(|e| e.to_string())?
                 .into_inner();
             totals.linked.fetch_add(1, Ordering::Relaxed);
+            let takes_ids = Arc::new(AtomicBool::new(false));
             let reader = {
-                let totals = totals.clone();
+                let (totals, takes_ids) = (totals.clone(), takes_ids.clone());
                 tokio::spawn(async move {
                     loop {
                         match inbound.message().await {
-                            Ok(Some(_)) => totals.instructions.fetch_add(1, Ordering::Relaxed),
+                            Ok(Some(bucket_ids)) => {
+                                if bucket_ids && numbered {
+                                    takes_ids.store(true, Ordering::Relaxed);
+                                }
+                                totals.instructions.fetch_add(1, Ordering::Relaxed)
+                            }
                             Ok(None) => return None,
                             Err(status) => return Some(status.to_string()),
                         };
@@ -218,7 +263,14 @@ async fn main() -> Result<(), String> {
                 }
                 tokio::time::sleep_until(at).await;
                 let sequence = next / interval_ms - 1;
-                let report = report(&zone, &region, sequence, interval_ms, &encoded);
+                // Every bucket was named with its number in the reports before the controller
+                // said it takes numbers.
+                let buckets = if takes_ids.load(Ordering::Relaxed) {
+                    &encoded.1
+                } else {
+                    &encoded.0
+                };
+                let report = report(&zone, &region, sequence, interval_ms, numbered, buckets);
                 if tx.send(report).await.is_err() {
                     let why = reader.await.ok().flatten().unwrap_or_default();
                     return Err(format!("{zone}: the controller ended the stream: {why}"));

@@ -748,6 +748,7 @@ impl HostCore {
                     offered_squares: (b.unit > 1.0).then_some((offered as f64 * b.unit) as u64),
                     hosts: None,
                     tier_offered: Vec::new(),
+                    id: 0,
                 })
             })
             .collect();

@@ -79,6 +79,20 @@ impl Ledger {
 
     /// Adds one zone report's counts to the slot its interval starts in.
     pub fn on_zone_report(&mut self, report: &v1::ZoneReport, now_ms: u64) {
+        self.on_zone_report_named(report, now_ms, |b| {
+            Some((b.service.as_str(), b.bucket.as_str()))
+        });
+    }
+
+    /// [`Ledger::on_zone_report`] for a report whose entries may name their buckets by number:
+    /// `names` gives each entry's service and bucket (`None`: an entry to leave out,
+    /// `RegionCore::bucket_names`).
+    pub fn on_zone_report_named<'a>(
+        &mut self,
+        report: &'a v1::ZoneReport,
+        now_ms: u64,
+        names: impl Fn(&'a v1::BucketCounts) -> Option<(&'a str, &'a str)>,
+    ) {
         let interval_ms = report.interval_ms.max(1);
         let start = report.sequence.saturating_mul(interval_ms);
         if start.saturating_add(TOO_OLD_MS) < now_ms || start > now_ms.saturating_add(interval_ms) {
@@ -90,17 +104,18 @@ impl Ledger {
         let slot = self.slots.entry(slot_start).or_default();
         slot.width_ms = slot.width_ms.max(width);
         for b in &report.buckets {
-            let (bucket, add) = match candidate_of(&b.bucket) {
+            let Some((service, bucket)) = names(b) else {
+                self.refused += 1;
+                continue;
+            };
+            let (bucket, add) = match candidate_of(bucket) {
                 Some(parent) => (parent, [0, 0, 0, b.shadow_dropped]),
-                None => (
-                    b.bucket.as_str(),
-                    [b.offered, b.allowed, b.shadow_dropped, 0],
-                ),
+                None => (bucket, [b.offered, b.allowed, b.shadow_dropped, 0]),
             };
             let full = slot.buckets >= MAX_BUCKETS;
             let counts = slot
                 .counts
-                .get_mut(b.service.as_str())
+                .get_mut(service)
                 .and_then(|service| service.get_mut(bucket));
             match counts {
                 Some(c) => {
@@ -111,7 +126,7 @@ impl Ledger {
                 None if full => self.refused += 1,
                 None => {
                     slot.counts
-                        .entry(b.service.clone())
+                        .entry(service.to_owned())
                         .or_default()
                         .insert(bucket.to_owned(), add);
                     slot.buckets += 1;
@@ -196,6 +211,7 @@ mod tests {
                     offered_squares: None,
                     hosts: Some(1),
                     tier_offered: Vec::new(),
+                    id: 0,
                 })
                 .collect(),
             ..Default::default()

@@ -15,6 +15,7 @@
 //! arrived.
 #![forbid(unsafe_code)]
 
+pub mod bucket_ids;
 pub mod fence;
 pub mod host;
 pub mod interval;
@@ -26,6 +27,7 @@ pub mod sums;
 pub mod tally;
 pub mod zone;
 
+pub use bucket_ids::MAX_BUCKET_ID;
 pub use fence::Fence;
 pub use host::{HostCore, HostId, HostStep, HostTime, SteeredLimiter, StepApplied};
 pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};

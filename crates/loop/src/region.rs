@@ -29,11 +29,13 @@ use spillway_core::control::{Smoother, target_drop};
 use spillway_core::criticality::shed_lowest_first;
 use spillway_proto::v1;
 
+use crate::bucket_ids::{Named, Told};
 use crate::interval::Interval;
 use crate::rules::{RulesMessage, RulesSnapshot};
 use crate::sums::{BucketKey, Counts, Intervals, Sums};
 
 mod compute;
+mod ids;
 mod indexed;
 mod partition;
 mod provisional;
@@ -42,10 +44,11 @@ mod table;
 mod tests;
 use self::compute::{PerZone, Sent};
 pub use self::compute::{global_sums, tier_drop_ratios};
+use self::ids::Dictionary;
 use self::indexed::IndexedSums;
 pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
-use self::table::{Index, Order, Table};
+use self::table::{Index, Table};
 
 /// One bucket as the controller last computed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,7 +92,7 @@ struct Peer {
     last_heard_ms: u64,
     sums: BTreeMap<u64, IndexedSums>,
     /// Where its sums have each bucket.
-    order: Order,
+    names: Dictionary,
 }
 
 /// An aggregator with an open stream. A zone may have several (its hosts split between them,
@@ -110,8 +113,10 @@ struct Zone {
     /// Its estimate of the open interval from its hosts' surge reports (`ZoneReport.surge`),
     /// and that interval.
     surge: Option<(u64, Arc<IndexedSums>)>,
-    /// Where its reports have each bucket.
-    order: Order,
+    /// What its reports' bucket numbers stand for, and where its reports have each bucket.
+    names: Dictionary,
+    /// Which of the buckets' numbers its instructions named to it.
+    told: Told,
 }
 
 /// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
@@ -162,6 +167,8 @@ pub struct RegionCore {
     epoch: u64,
     /// Hosts that one aggregator reported and another had reported before.
     moved: u64,
+    /// Zone report entries whose bucket number their stream never named (skipped).
+    unbound_ids: u64,
 }
 
 type Fast = foldhash::fast::RandomState;
@@ -211,6 +218,7 @@ impl RegionCore {
             surge_at: None,
             epoch: 0,
             moved: 0,
+            unbound_ids: 0,
         }
     }
 
@@ -309,10 +317,47 @@ impl RegionCore {
         self.poll(now_ms)
     }
 
-    /// A [`RegionStep::Send`] carrying rules could not be sent: send them again next time.
-    pub fn send_failed(&mut self, member: u64) {
-        if let Some(zone) = self.zones.get_mut(&member) {
+    /// The `instructions` of a [`RegionStep::Send`] could not be sent: what they carried for the
+    /// first time on the stream (the rules, buckets' names for their numbers) goes again next
+    /// time.
+    pub fn send_failed(&mut self, member: u64, instructions: &v1::ZoneInstructions) {
+        let Some(zone) = self.zones.get_mut(&member) else {
+            return;
+        };
+        let Some(instructions) = &instructions.instructions else {
+            return;
+        };
+        if instructions.rules.is_some() {
             zone.sent_rules = 0;
+        }
+        for b in &instructions.buckets {
+            if b.id != 0 && !b.bucket.is_empty() {
+                zone.told.forget(b.id);
+            }
+        }
+    }
+
+    /// Zone report entries skipped so far because their stream never named their bucket's
+    /// number: each a fault of the aggregator that sent it.
+    pub fn unbound_ids(&self) -> u64 {
+        self.unbound_ids
+    }
+
+    /// The service and bucket names of `entry`, of a report on stream `member`: its own, or those
+    /// its number stands for on that stream (for what keeps counts by name, like the history).
+    pub fn bucket_names<'a>(
+        &'a self,
+        member: u64,
+        entry: &'a v1::BucketCounts,
+    ) -> Option<(&'a str, &'a str)> {
+        match self.zones.get(&member) {
+            Some(zone) => zone.names.names(&self.table, entry),
+            None => match Named::of(&entry.service, &entry.bucket, entry.id) {
+                Named::Names {
+                    service, bucket, ..
+                } => Some((service, bucket)),
+                Named::Id(_) => None,
+            },
         }
     }
 
@@ -328,12 +373,16 @@ impl RegionCore {
         if report.surge {
             let open = report.interval_ms == self.interval().ms()
                 && report.sequence > self.window.closed_through();
-            if let Some(zone) = self.zones.get_mut(&member)
-                && open
-            {
-                let sums = IndexedSums::from_wire(&self.table, &report.buckets);
-                zone.surge = Some((report.sequence, Arc::new(sums)));
-                self.surge_at.get_or_insert(now_ms);
+            if let Some(zone) = self.zones.get_mut(&member) {
+                zone.told.set_takes_ids(report.bucket_ids);
+                let mut sums = IndexedSums::default();
+                let unbound = zone.names.unbound;
+                sums.add_wire(&self.table, &mut zone.names, false, &report.buckets);
+                self.unbound_ids += zone.names.unbound - unbound;
+                if open {
+                    zone.surge = Some((report.sequence, Arc::new(sums)));
+                    self.surge_at.get_or_insert(now_ms);
+                }
             }
             return self.poll(now_ms);
         }
@@ -351,6 +400,8 @@ impl RegionCore {
         let interval_ms = self.interval().ms();
         let zone = self.zones.entry(member).or_default();
         zone.name.clone_from(&report.zone);
+        zone.told.set_takes_ids(report.bucket_ids);
+        let unbound = zone.names.unbound;
         for h in &report.hosts {
             zone.hosts.insert(h.host_id.clone(), h.rules_version);
         }
@@ -363,8 +414,16 @@ impl RegionCore {
             let (_, sums) = parts
                 .entry(member)
                 .or_insert_with(|| (report.zone, Arc::default()));
-            Arc::make_mut(sums).add_wire(&self.table, Some(&mut zone.order), &report.buckets);
+            Arc::make_mut(sums).add_wire(&self.table, &mut zone.names, true, &report.buckets);
+        } else if report
+            .buckets
+            .iter()
+            .any(|b| b.id != 0 && !b.bucket.is_empty())
+        {
+            // Too late to count, but the numbers it names are bound for the reports after.
+            IndexedSums::default().add_wire(&self.table, &mut zone.names, false, &report.buckets);
         }
+        self.unbound_ids += zone.names.unbound - unbound;
         self.poll(now_ms)
     }
 
@@ -379,7 +438,7 @@ impl RegionCore {
         let peer = self.peers.entry(sums.region).or_insert_with(|| Peer {
             last_heard_ms: now_ms,
             sums: BTreeMap::new(),
-            order: Order::default(),
+            names: Dictionary::default(),
         });
         peer.last_heard_ms = now_ms;
         // Sums of intervals the clock has not reached are bogus; kept, they would push the
@@ -387,7 +446,7 @@ impl RegionCore {
         let current = interval.sequence_at(now_ms);
         if sums.interval_ms == interval.ms() && sums.sequence <= current.saturating_add(1) {
             let mut counts = IndexedSums::default();
-            counts.add_wire(&self.table, Some(&mut peer.order), &sums.buckets);
+            counts.add_wire(&self.table, &mut peer.names, true, &sums.buckets);
             peer.sums.insert(sums.sequence, counts);
             while peer.sums.len() as u64 > keep {
                 peer.sums.pop_first();
@@ -515,13 +574,15 @@ impl RegionCore {
             parts.values_mut().for_each(|(_, sums)| remap(sums));
         }
         for zone in self.zones.values_mut() {
-            zone.order.clear();
+            zone.names.renumber(&self.table, &next, &moves);
+            // Instructions number buckets by index: every number now stands for another bucket.
+            zone.told.forget_all();
             for (_, sums) in zone.last.iter_mut().chain(zone.surge.iter_mut()) {
                 remap(sums);
             }
         }
         for peer in self.peers.values_mut() {
-            peer.order.clear();
+            peer.names.renumber(&self.table, &next, &moves);
             for sums in peer.sums.values_mut() {
                 *sums = sums.remap(&moves);
             }

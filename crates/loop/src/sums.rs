@@ -245,20 +245,7 @@ impl Sums {
         let mut keys: Vec<&BucketKey> = self.0.keys().collect();
         keys.sort();
         keys.into_iter()
-            .map(|key| {
-                let c = self.0[key];
-                v1::BucketCounts {
-                    service: key.service.clone(),
-                    bucket: key.bucket.clone(),
-                    offered: c.offered,
-                    allowed: c.allowed,
-                    shadow_dropped: c.shadow_dropped,
-                    offered_tail: Some(c.offered_tail),
-                    offered_squares: squares_to_wire(&c),
-                    hosts: Some(c.hosts),
-                    tier_offered: tiers_to_wire(&c),
-                }
-            })
+            .map(|key| counts_to_wire(key.service.clone(), key.bucket.clone(), &self.0[key], 0))
             .collect()
     }
 
@@ -277,6 +264,27 @@ impl Sums {
 /// in requests), which is what a receiver takes when the field is absent.
 pub fn squares_to_wire(c: &Counts) -> Option<u64> {
     (c.squares() > c.offered).then_some(c.squares())
+}
+
+/// One bucket's counts as a wire entry, with its names (empty: by its number `id` alone).
+pub(crate) fn counts_to_wire(
+    service: String,
+    bucket: String,
+    c: &Counts,
+    id: u32,
+) -> v1::BucketCounts {
+    v1::BucketCounts {
+        service,
+        bucket,
+        offered: c.offered,
+        allowed: c.allowed,
+        shadow_dropped: c.shadow_dropped,
+        offered_tail: Some(c.offered_tail),
+        offered_squares: squares_to_wire(c),
+        hosts: Some(c.hosts),
+        tier_offered: tiers_to_wire(c),
+        id,
+    }
 }
 
 /// A count's tiers for the wire: none when all of it is the default tier.

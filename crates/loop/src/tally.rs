@@ -133,6 +133,7 @@ impl Tally {
                     ..Counts::default()
                 }),
                 hosts: None,
+                id: 0,
             })
             .collect()
     }

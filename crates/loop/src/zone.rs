@@ -28,6 +28,9 @@ use crate::plausible::{self, ClampCounts, CountClamp, Factors, PlausibleBounds};
 use crate::region::tier_drop_ratios;
 use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 
+mod ids;
+use self::ids::StreamIds;
+
 /// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
 /// that host's clamps went without one since the last.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +141,12 @@ pub struct ZoneCore {
     surge_due: bool,
     /// The controller epoch whose instructions this zone follows.
     fence: Fence,
+    /// Whether its reports number their buckets ([`ZoneCore::number_buckets`]).
+    numbered: bool,
+    /// The bucket numbers of the stream to the controller, both ways.
+    ids: StreamIds,
+    /// Instruction entries skipped because their stream never named their number.
+    unbound_ids: u64,
 }
 
 impl ZoneCore {
@@ -171,7 +180,24 @@ impl ZoneCore {
             left: BTreeMap::new(),
             surge_due: false,
             fence: Fence::default(),
+            numbered: false,
+            ids: StreamIds::default(),
+            unbound_ids: 0,
         }
+    }
+
+    /// Numbers the buckets on the stream to the controller ([`crate::bucket_ids`]): each report
+    /// names a bucket the first time, then, once the controller said it takes numbers, sends
+    /// its number alone, and asks for instructions by number. For a driver whose stream
+    /// delivers every message, in order (gRPC); a zone that is not told names every bucket.
+    pub fn number_buckets(&mut self) {
+        self.numbered = true;
+    }
+
+    /// Instruction entries skipped so far because the stream never named their number: each a
+    /// fault of the controller that sent it.
+    pub fn unbound_ids(&self) -> u64 {
+        self.unbound_ids
     }
 
     pub fn zone(&self) -> &str {
@@ -421,7 +447,7 @@ impl ZoneCore {
     /// The zone's estimate of the open interval from its surge reports: the last closed
     /// interval's sums, each surging host's counts there replaced by its rates now, and those
     /// of each host that left since taken out (a stopped host offers nothing now).
-    fn surge_estimate(&self, now_ms: u64) -> v1::ZoneReport {
+    fn surge_estimate(&mut self, now_ms: u64) -> v1::ZoneReport {
         let mut estimate = self.last_sums.clone();
         for (name, now) in &self.surging {
             let before = self.host(name).map(|h| &h.last);
@@ -446,11 +472,12 @@ impl ZoneCore {
             region: self.region.clone(),
             sequence: self.interval.sequence_at(now_ms),
             interval_ms: self.interval.ms(),
-            buckets: estimate.to_wire(),
+            buckets: self.wire(&estimate),
             clients: u32::try_from(self.order.len()).unwrap_or(u32::MAX),
             hosts: Vec::new(),
             gone: Vec::new(),
             surge: true,
+            bucket_ids: self.numbered,
         }
     }
 
@@ -615,16 +642,20 @@ impl ZoneCore {
     /// A stream to the controller opened: it knows none of this zone's hosts yet.
     pub fn upstream_opened(&mut self) {
         self.told = Some(HashMap::new());
+        self.ids = StreamIds::default();
     }
 
-    /// The stream to the controller is gone.
+    /// The stream to the controller is gone, and its bucket numbers with it.
     pub fn upstream_closed(&mut self) {
         self.told = None;
+        self.ids = StreamIds::default();
     }
 
     /// The [`ZoneStep::Forward`] of `report` could not be sent: what it told the controller about
-    /// hosts is told again with the next one.
+    /// hosts, and the buckets' names it gave with their numbers, are told again with the next
+    /// one.
     pub fn forward_failed(&mut self, report: &v1::ZoneReport) {
+        self.ids.lost(&report.buckets);
         if report.surge {
             return;
         }
@@ -678,6 +709,12 @@ impl ZoneCore {
         let Some(mut instructions) = zone_instructions.instructions else {
             return;
         };
+        // Named before the fence: numbers bound by instructions it drops still hold.
+        self.ids
+            .set_takes_ids(self.numbered && zone_instructions.bucket_ids);
+        let unbound = self.ids.unbound;
+        self.ids.name(&mut instructions.buckets);
+        self.unbound_ids += self.ids.unbound - unbound;
         if !self
             .fence
             .admit(instructions.epoch, instructions.ttl_ms, now_ms)
@@ -743,17 +780,27 @@ impl ZoneCore {
         }
     }
 
+    /// `sums` as a report's entries: numbered, when the zone numbers its buckets.
+    fn wire(&mut self, sums: &Sums) -> Vec<v1::BucketCounts> {
+        if self.numbered {
+            self.ids.entries(sums)
+        } else {
+            sums.to_wire()
+        }
+    }
+
     fn forward(&mut self, sequence: u64, sums: Sums, reported: usize) -> v1::ZoneReport {
         let mut report = v1::ZoneReport {
             zone: self.zone.clone(),
             region: self.region.clone(),
             sequence,
             interval_ms: self.interval.ms(),
-            buckets: sums.to_wire(),
+            buckets: self.wire(&sums),
             clients: u32::try_from(reported).unwrap_or(u32::MAX),
             hosts: Vec::new(),
             gone: Vec::new(),
             surge: false,
+            bucket_ids: self.numbered,
         };
         self.last_sums = sums;
         self.last_forwarded = Some((self.interval.ms(), sequence));

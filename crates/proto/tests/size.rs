@@ -32,6 +32,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 offered_squares: None,
                 hosts: None,
                 tier_offered: Vec::new(),
+                id: 0,
             })
             .collect(),
     };
@@ -53,6 +54,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
                 scope_offered_rps: 150_000.0,
                 scope_hosts: 40,
                 tier_drop_ratio: Vec::new(),
+                id: 0,
             })
             .collect(),
         rules_version: 1_795_973_127_008,
@@ -94,6 +96,7 @@ fn criticality_tiers_cost_a_few_bytes_a_bucket_and_nothing_without_them() {
         offered_squares: None,
         hosts: None,
         tier_offered: tiers,
+        id: 0,
     };
     let instruction = |tiers: Vec<u64>| v1::BucketInstruction {
         service: "payments".into(),
@@ -103,6 +106,7 @@ fn criticality_tiers_cost_a_few_bytes_a_bucket_and_nothing_without_them() {
         scope_offered_rps: 150_000.0,
         scope_hosts: 40,
         tier_drop_ratio: tiers,
+        id: 0,
     };
     let plain_up = counts(Vec::new()).encoded_len();
     let plain_down = instruction(Vec::new()).encoded_len();
@@ -116,4 +120,76 @@ fn criticality_tiers_cost_a_few_bytes_a_bucket_and_nothing_without_them() {
         v1::BucketCounts::decode(counts(vec![0, 3_000, 0, 2_000]).encode_to_vec().as_slice())
             .unwrap();
     assert_eq!(decoded.tier_offered, [0, 3_000, 0, 2_000]);
+}
+
+#[test]
+fn buckets_by_number_cost_a_zone_stream_a_fraction_of_their_names() {
+    let entries = |named: bool| -> Vec<v1::BucketCounts> {
+        (1..)
+            .zip(buckets())
+            .map(|(id, (service, bucket))| v1::BucketCounts {
+                service: if named { service } else { String::new() },
+                bucket: if named { bucket } else { String::new() },
+                offered: 500_000,
+                allowed: 333_334,
+                offered_tail: Some(125_000),
+                hosts: Some(100),
+                id,
+                ..Default::default()
+            })
+            .collect()
+    };
+    let report = |named: bool| v1::ZoneReport {
+        zone: "us-east-1a".into(),
+        region: "us-east-1".into(),
+        sequence: 1_795_973_127,
+        interval_ms: 1000,
+        buckets: entries(named),
+        clients: 100,
+        bucket_ids: true,
+        ..Default::default()
+    };
+    let instructions = |named: bool| v1::ZoneInstructions {
+        instructions: Some(v1::Instructions {
+            issued_at_ms: 1_795_973_128_004,
+            ttl_ms: 5_000,
+            interval_ms: 1000,
+            sequence: 1_795_973_127,
+            buckets: (1..)
+                .zip(buckets())
+                .map(|(id, (service, bucket))| v1::BucketInstruction {
+                    service: if named { service } else { String::new() },
+                    bucket: if named { bucket } else { String::new() },
+                    drop_ratio: 1_431_655_766,
+                    scope_offered_rps: 15_000_000.0,
+                    scope_hosts: 4_000,
+                    id,
+                    ..Default::default()
+                })
+                .collect(),
+            rules_version: 1_795_973_127_008,
+            ..Default::default()
+        }),
+        bucket_ids: true,
+    };
+    let (up_named, up) = (report(true).encoded_len(), report(false).encoded_len());
+    let (down_named, down) = (
+        instructions(true).encoded_len(),
+        instructions(false).encoded_len(),
+    );
+    eprintln!(
+        "a zone's 100 buckets per interval: {up_named} bytes up and {down_named} down with names, \
+         {up} and {down} by number"
+    );
+    // The names are 30 bytes of a report's 48 per bucket here; the number is 2.
+    assert!(up * 2 < up_named, "{up} of {up_named} bytes");
+    assert!(down * 2 < down_named, "{down} of {down_named} bytes");
+    // A bucket by number decodes to empty names.
+    let decoded = v1::ZoneReport::decode(report(false).encode_to_vec().as_slice()).unwrap();
+    assert!(
+        decoded
+            .buckets
+            .iter()
+            .all(|b| b.service.is_empty() && b.id > 0)
+    );
 }

@@ -713,6 +713,7 @@ mod tests {
                 scope_offered_rps: 300.0,
                 scope_hosts: 3,
                 tier_drop_ratio: Vec::new(),
+                id: 0,
             }],
             rules_version: 3,
             rules: None,

@@ -243,7 +243,12 @@ impl Zone {
     fn new(options: &AggregatorOptions) -> Self {
         Self {
             state: Mutex::new(ZoneState {
-                core: ZoneCore::new(&options.region, &options.zone, now_ms()),
+                core: {
+                    let mut core = ZoneCore::new(&options.region, &options.zone, now_ms());
+                    // The stream to the controller delivers every message in order.
+                    core.number_buckets();
+                    core
+                },
                 clients: HashMap::new(),
                 upstream: None,
                 spans: IntervalSpans::aggregator(&options.region, &options.zone),

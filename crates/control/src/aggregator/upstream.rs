@@ -75,7 +75,16 @@ async fn session(
                 Ok(Some(instructions)) => {
                     last = Instant::now();
                     let mut state = zone.lock();
+                    let unbound = state.core.unbound_ids();
                     let steps = state.core.on_instructions(now_ms(), instructions);
+                    let skipped = state.core.unbound_ids() - unbound;
+                    if skipped > 0 {
+                        tracing::warn!(
+                            skipped,
+                            total = state.core.unbound_ids(),
+                            "instructions named buckets by numbers the stream never named: those entries were skipped"
+                        );
+                    }
                     state.send(steps);
                 }
                 Ok(None) => return Err(SessionError::Ended),

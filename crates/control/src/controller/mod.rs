@@ -410,24 +410,23 @@ impl RegionState {
                     member,
                     instructions,
                 } => {
-                    let carries_rules = instructions
-                        .instructions
-                        .as_ref()
-                        .is_some_and(|i| i.rules.is_some());
                     if let Some(i) = &instructions.instructions {
                         computed = Some(i.sequence);
                         fanout.1 = fanout.1.max(i.buckets.len() as u64);
                     }
-                    let sent = leads
-                        && self
-                            .zones
-                            .get(&member)
-                            .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
+                    let lost = match self.zones.get(&member) {
+                        Some(tx) if leads => tx
+                            .try_send(Ok(instructions))
+                            .err()
+                            .and_then(|e| e.into_inner().ok()),
+                        _ => Some(instructions),
+                    };
+                    let sent = lost.is_none();
                     fanout.0 += 1;
                     fanout.2 += u64::from(!sent);
                     self.record.on_instructions(member, sent, now);
-                    if !sent && carries_rules {
-                        self.core.send_failed(member);
+                    if let Some(lost) = lost {
+                        self.core.send_failed(member, &lost);
                     }
                 }
             }

@@ -317,6 +317,7 @@ mod tests {
                 offered_squares: None,
                 hosts: Some(2),
                 tier_offered: Vec::new(),
+                id: 0,
             }],
             clients: 2,
             hosts: vec![
@@ -330,6 +331,7 @@ mod tests {
                 },
             ],
             gone: vec![],
+            bucket_ids: false,
         }
     }
 

@@ -75,11 +75,25 @@ impl v1::controller_server::Controller for Service {
                             if !report.surge {
                                 state.record.on_zone_report(conn, &report, now);
                                 if let Some(history) = &mut state.history {
-                                    history.ledger.on_zone_report(&report, now);
+                                    let core = &state.core;
+                                    history.ledger.on_zone_report_named(&report, now, |b| {
+                                        core.bucket_names(conn, b)
+                                    });
                                 }
                                 state.spans.on_report(report.sequence);
                             }
+                            let unbound = state.core.unbound_ids();
+                            let zone = report.zone.clone();
                             let steps = state.core.on_zone_report(conn, report, now);
+                            let skipped = state.core.unbound_ids() - unbound;
+                            if skipped > 0 {
+                                tracing::warn!(
+                                    %zone,
+                                    skipped,
+                                    total = state.core.unbound_ids(),
+                                    "a zone report named buckets by numbers its stream never named: those entries were skipped"
+                                );
+                            }
                             state.send(steps);
                         }
                         _ => break,

@@ -52,6 +52,7 @@ fn report(host: &str, sequence: u64, offered: u64, tail: u64) -> v1::Report {
             offered_squares: None,
             hosts: None,
             tier_offered: Vec::new(),
+            id: 0,
         }],
     }
 }

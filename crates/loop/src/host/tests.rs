@@ -37,6 +37,7 @@ fn instruction(bucket: &str, ratio: f64, share: Option<f64>) -> v1::BucketInstru
         scope_offered_rps: 0.0,
         scope_hosts: 1,
         tier_drop_ratio: Vec::new(),
+        id: 0,
     }
 }
 

@@ -58,21 +58,33 @@ impl RegionCore {
             } else {
                 per_zone.get(&zone.name).cloned().unwrap_or_default()
             };
-            if shared > 1 {
-                let own = parts.get(&member).map(|(_, sums)| sums);
-                let whole = zone_sums.as_ref().and_then(|z| z.get(&zone.name));
-                for b in &mut buckets {
-                    let Some(share) = b.share else { continue };
-                    let Some(index) = table.find(&b.service, &b.bucket) else {
-                        continue;
-                    };
-                    let whole = whole.map_or(0, |s| s.offered(index));
-                    let part = match own {
-                        Some(own) if whole > 0 => own.offered(index) as f64 / whole as f64,
-                        _ => 1.0 / f64::from(shared),
-                    };
-                    b.share = Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
+            let own = parts.get(&member).map(|(_, sums)| sums);
+            let whole = zone_sums.as_ref().and_then(|z| z.get(&zone.name));
+            let takes_ids = zone.told.takes_ids();
+            for b in &mut buckets {
+                // Built by number (`bucket_instruction`): named the first time on this
+                // stream, and every time to an aggregator that does not take numbers.
+                let Some(index) = b.id.checked_sub(1) else {
+                    continue;
+                };
+                if !takes_ids || zone.told.names_due(b.id) {
+                    let key = table.key(index);
+                    b.service.clone_from(&key.service);
+                    b.bucket.clone_from(&key.bucket);
                 }
+                if !takes_ids {
+                    // As an aggregator older than the numbers knows instructions.
+                    b.id = 0;
+                }
+                let Some(share) = b.share.filter(|_| shared > 1) else {
+                    continue;
+                };
+                let whole = whole.map_or(0, |s| s.offered(index));
+                let part = match own {
+                    Some(own) if whole > 0 => own.offered(index) as f64 / whole as f64,
+                    _ => 1.0 / f64::from(shared),
+                };
+                b.share = Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
             }
             steps.push(RegionStep::Send {
                 member,
@@ -90,6 +102,7 @@ impl RegionCore {
                         from_rates_now: sent == Sent::FromRatesNow,
                         epoch: self.epoch,
                     }),
+                    bucket_ids: true,
                 },
             });
         }
@@ -177,7 +190,7 @@ impl RegionCore {
             let mut instructions = Vec::with_capacity(computed);
             let own = sums.as_slice();
             let mut at = 0;
-            for (index, key, spec) in table.iter() {
+            for (index, _, spec) in table.iter() {
                 if !spec.computed() {
                     continue;
                 }
@@ -198,7 +211,7 @@ impl RegionCore {
                             1.0 / zones_count
                         };
                         bucket_instruction(
-                            key,
+                            index,
                             adaptive,
                             s.ratio,
                             share,
@@ -237,7 +250,7 @@ impl RegionCore {
                             view.admitted_rps += mine.allowed as f64 / secs;
                             view.drop_ratio = view.drop_ratio.max(ratio);
                         }
-                        bucket_instruction(key, adaptive, ratio, 1.0, &mine, offered, || {
+                        bucket_instruction(index, adaptive, ratio, 1.0, &mine, offered, || {
                             tier_drop_ratios(ratio, &mine)
                         })
                     }
@@ -295,8 +308,12 @@ struct Scoped {
 /// One bucket's instruction: `ratio` (none for an adaptive bucket, which gets `share`), and the
 /// scope's load (`scope`, `scope_offered`) it came from. `tiers` gives the ratio per criticality
 /// tier, asked for only when the bucket drops by ratio.
+///
+/// The bucket goes by its number on the zone streams, its index plus one, without its names:
+/// [`RegionCore::instruct`] names it to each stream that needs them, so a stream that has them
+/// costs no `String` per bucket and interval.
 fn bucket_instruction(
-    key: &BucketKey,
+    index: Index,
     adaptive: bool,
     ratio: f64,
     share: f64,
@@ -305,8 +322,9 @@ fn bucket_instruction(
     tiers: impl FnOnce() -> Vec<u64>,
 ) -> v1::BucketInstruction {
     v1::BucketInstruction {
-        service: key.service.clone(),
-        bucket: key.bucket.clone(),
+        service: String::new(),
+        bucket: String::new(),
+        id: index + 1,
         drop_ratio: if adaptive {
             0
         } else {

@@ -4,7 +4,8 @@
 
 use spillway_proto::v1;
 
-use super::table::{Index, Order, Table};
+use super::ids::Dictionary;
+use super::table::{Index, Table};
 use crate::sums::{Counts, Sums};
 
 /// Counts per bucket index, sorted by index, each index once: a zone's, a region's or a
@@ -14,32 +15,30 @@ use crate::sums::{Counts, Sums};
 pub(crate) struct IndexedSums(Vec<(Index, Counts)>);
 
 impl IndexedSums {
-    /// Adds counts as they came over the wire, each entry found in `table` (through `order`, the
-    /// stream's positions, when it has them); entries of buckets the rules do not have are left
-    /// out, as the math never reads them.
+    /// Adds counts as they came over the wire, each entry found in `table` through `names`, the
+    /// stream's numbers (and its entries' positions in its last message, with `positional`);
+    /// entries of buckets the rules do not have are left out, as the math never reads them.
     pub fn add_wire(
         &mut self,
         table: &Table,
-        mut order: Option<&mut Order>,
+        names: &mut Dictionary,
+        positional: bool,
         buckets: &[v1::BucketCounts],
     ) {
         self.0.reserve(buckets.len());
         for (position, b) in buckets.iter().enumerate() {
-            let index = match order.as_deref_mut() {
-                Some(order) => order.resolve(table, position, &b.service, &b.bucket),
-                None => table.find(&b.service, &b.bucket),
-            };
-            if let Some(index) = index {
+            if let Some(index) = names.resolve(table, positional.then_some(position), b) {
                 self.0.push((index, Counts::from_wire(b)));
             }
         }
         self.normalize();
     }
 
-    /// The sums of `buckets` as they came over the wire.
+    /// The sums of `buckets` as they came over the wire, by their names.
+    #[cfg(test)]
     pub fn from_wire(table: &Table, buckets: &[v1::BucketCounts]) -> Self {
         let mut sums = Self::default();
-        sums.add_wire(table, None, buckets);
+        sums.add_wire(table, &mut Dictionary::default(), false, buckets);
         sums
     }
 

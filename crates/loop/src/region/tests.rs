@@ -198,11 +198,12 @@ fn zones_naming_their_buckets_in_any_order_count_the_same() {
 fn indexed_sums_merge_in_order() {
     let table = Table::new(&rules(1, &["a", "b", "c", "d"]).config, "r1");
     let wire = |buckets: &[(&str, u64)]| report("z", 1, buckets).buckets;
-    let mut order = Order::default();
+    let mut names = Dictionary::default();
     let mut x = IndexedSums::default();
     x.add_wire(
         &table,
-        Some(&mut order),
+        &mut names,
+        true,
         &wire(&[("d", 4), ("b", 2), ("d", 1)]),
     );
     assert_eq!(
@@ -231,4 +232,149 @@ fn indexed_sums_merge_in_order() {
             .collect::<Vec<_>>(),
         [(1, 5), (2, 100), (3, 1)]
     );
+}
+
+/// A report of interval `sequence` from an aggregator that numbers its buckets: `(bucket,
+/// number, offered)`, by number alone when `bucket` is empty.
+fn numbered(zone: &str, sequence: u64, buckets: &[(&str, u32, u64)]) -> v1::ZoneReport {
+    v1::ZoneReport {
+        bucket_ids: true,
+        buckets: buckets
+            .iter()
+            .map(|&(bucket, id, offered)| v1::BucketCounts {
+                service: if bucket.is_empty() { "" } else { "api" }.into(),
+                bucket: bucket.into(),
+                id,
+                offered,
+                allowed: offered,
+                hosts: Some(1),
+                ..Default::default()
+            })
+            .collect(),
+        ..report(zone, sequence, &[])
+    }
+}
+
+/// The instructions sent to `member`: each bucket's number, name and drop ratio (to 0.01).
+fn sent_ids(steps: &[RegionStep], member: u64) -> Vec<(u32, String, f64)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            RegionStep::Send {
+                member: m,
+                instructions,
+            } if *m == member => {
+                assert!(instructions.bucket_ids, "the controller takes numbers");
+                instructions.instructions.clone()
+            }
+            _ => None,
+        })
+        .flat_map(|i| i.buckets)
+        .map(|b| {
+            let ratio = Ratio::from_raw(b.drop_ratio).as_f64();
+            assert_eq!(b.service.is_empty(), b.bucket.is_empty());
+            (b.id, b.bucket, (ratio * 100.0).round() / 100.0)
+        })
+        .collect()
+}
+
+fn named(entries: &[(u32, &str, f64)]) -> Vec<(u32, String, f64)> {
+    entries
+        .iter()
+        .map(|&(id, bucket, ratio)| (id, bucket.to_owned(), ratio))
+        .collect()
+}
+
+#[test]
+fn reports_by_number_count_as_by_name_and_a_number_never_named_is_skipped() {
+    let mut region = RegionCore::new("r1", rules(1, &["a", "b"]), START_MS);
+    region.join(1, "z1");
+    // Numbered in another order than the rules', named the first time.
+    region.on_zone_report(1, numbered("z1", 7, &[("b", 1, 50), ("a", 2, 150)]), 8_001);
+    assert_eq!(region.view()[&key("a")].observed_rps, 150.0);
+    assert_eq!(region.view()[&key("b")].observed_rps, 50.0);
+    // By number alone, with a number the stream never named.
+    let entries = [("", 1, 60), ("", 9, 1_000), ("", 2, 120)];
+    region.on_zone_report(1, numbered("z1", 8, &entries), 9_001);
+    assert_eq!(region.view()[&key("a")].observed_rps, 120.0);
+    assert_eq!(region.view()[&key("b")].observed_rps, 60.0);
+    assert_eq!(region.unbound_ids(), 1);
+    let by_number = |id| v1::BucketCounts {
+        id,
+        ..Default::default()
+    };
+    assert_eq!(region.bucket_names(1, &by_number(2)), Some(("api", "a")));
+    assert_eq!(region.bucket_names(1, &by_number(9)), None);
+    // An aggregator older than the numbers, on another stream, names every entry.
+    region.join(2, "z2");
+    region.on_zone_report(1, numbered("z1", 9, &[("", 2, 100)]), 10_001);
+    region.on_zone_report(2, report("z2", 9, &[("a", 50)]), 10_002);
+    assert_eq!(region.view()[&key("a")].observed_rps, 150.0);
+    // Numbers are the stream's own: the other stream's 2 means nothing here.
+    region.on_zone_report(2, numbered("z2", 10, &[("", 2, 100)]), 11_001);
+    assert_eq!(region.unbound_ids(), 2);
+    // Renumbered rules: the stream's numbers keep their buckets; b, gone from the rules, counts
+    // for nothing, and counts again when it comes back.
+    region.set_rules(rules(2, &["c", "a"]), 11_500);
+    region.on_zone_report(1, numbered("z1", 11, &[("", 1, 70), ("", 2, 130)]), 12_001);
+    region.on_zone_report(2, report("z2", 11, &[]), 12_002);
+    assert_eq!(region.view()[&key("a")].observed_rps, 130.0);
+    assert!(!region.view().contains_key(&key("b")));
+    region.set_rules(rules(3, &["b", "c", "a"]), 12_500);
+    region.on_zone_report(1, numbered("z1", 12, &[("", 1, 70), ("", 2, 130)]), 13_001);
+    region.on_zone_report(2, report("z2", 12, &[]), 13_002);
+    assert_eq!(region.view()[&key("b")].observed_rps, 70.0);
+    assert_eq!(region.unbound_ids(), 2);
+}
+
+#[test]
+fn instructions_name_a_bucket_once_per_stream_to_an_aggregator_that_takes_numbers() {
+    let mut region = RegionCore::new("r1", rules(1, &["a", "b"]), START_MS);
+    region.join(1, "z1");
+    region.join(2, "z2");
+    let interval = |region: &mut RegionCore, sequence: u64| {
+        let at = (sequence + 1) * 1_000 + 1;
+        let mut steps = region.on_zone_report(1, numbered("z1", sequence, &[("a", 1, 150)]), at);
+        steps.extend(region.on_zone_report(2, report("z2", sequence, &[("b", 50)]), at + 1));
+        steps
+    };
+    let first = interval(&mut region, 7);
+    assert_eq!(sent_ids(&first, 1), named(&[(1, "a", 0.33), (2, "b", 0.0)]));
+    // An aggregator older than the numbers gets names alone, every time.
+    let old = named(&[(0, "a", 0.33), (0, "b", 0.0)]);
+    assert_eq!(sent_ids(&first, 2), old);
+    let second = interval(&mut region, 8);
+    assert_eq!(sent_ids(&second, 1), named(&[(1, "", 0.33), (2, "", 0.0)]));
+    assert_eq!(sent_ids(&second, 2), old);
+    // Instructions that could not be sent: the names they carried go again.
+    region.send_failed(1, &sent_message(&first, 1));
+    let third = interval(&mut region, 9);
+    assert_eq!(sent_ids(&third, 1), named(&[(1, "a", 0.33), (2, "b", 0.0)]));
+    let fourth = interval(&mut region, 10);
+    assert_eq!(sent_ids(&fourth, 1), named(&[(1, "", 0.33), (2, "", 0.0)]));
+    // New rules renumber the buckets: every name again.
+    region.set_rules(rules(2, &["c", "b", "a"]), 11_500);
+    let fifth = interval(&mut region, 11);
+    let renamed = named(&[(1, "c", 0.0), (2, "b", 0.0), (3, "a", 0.33)]);
+    assert_eq!(sent_ids(&fifth, 1), renamed);
+    // A new stream of the same zone starts afresh.
+    region.leave(1, 12_100);
+    region.join(3, "z1");
+    let at = 13_001;
+    region.on_zone_report(3, numbered("z1", 12, &[("a", 1, 150)]), at);
+    let sixth = region.on_zone_report(2, report("z2", 12, &[("b", 50)]), at + 1);
+    assert_eq!(sent_ids(&sixth, 3), renamed);
+}
+
+fn sent_message(steps: &[RegionStep], member: u64) -> v1::ZoneInstructions {
+    steps
+        .iter()
+        .find_map(|s| match s {
+            RegionStep::Send {
+                member: m,
+                instructions,
+            } if *m == member => Some(instructions.clone()),
+            _ => None,
+        })
+        .expect("instructions for the member")
 }

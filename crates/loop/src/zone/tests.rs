@@ -19,6 +19,7 @@ fn report(host: &str, sequence: u64, offered: u64, rules_version: u64) -> v1::Re
             offered_squares: None,
             hosts: None,
             tier_offered: Vec::new(),
+            id: 0,
         }],
     }
 }
@@ -202,6 +203,7 @@ fn instructions_split_shares_by_each_hosts_load_and_carry_rules_to_hosts_that_la
             }],
             ..Default::default()
         }),
+        bucket_ids: false,
     };
     let steps = zone.on_instructions(8_100, instructions.clone());
     let sent: Vec<(&str, f64, bool)> = steps
@@ -270,6 +272,7 @@ fn of_epoch(epoch: u64, ratio: f64) -> v1::ZoneInstructions {
             }],
             ..Default::default()
         }),
+        bucket_ids: false,
     }
 }
 
@@ -334,4 +337,105 @@ fn a_zone_adds_its_hosts_squares_and_counts_a_host_that_does_not_say_as_requests
     let sent = forwards(&steps);
     assert_eq!(sent[0].buckets[0].offered, 400);
     assert_eq!(sent[0].buckets[0].offered_squares, None);
+}
+
+/// Instructions for one zone with one bucket entry: `(bucket, number, drop ratio)`.
+fn by_number(entries: &[(&str, u32, f64)], bucket_ids: bool) -> v1::ZoneInstructions {
+    v1::ZoneInstructions {
+        instructions: Some(v1::Instructions {
+            interval_ms: 1_000,
+            buckets: entries
+                .iter()
+                .map(|&(bucket, id, ratio)| v1::BucketInstruction {
+                    service: if bucket.is_empty() { "" } else { "api" }.into(),
+                    bucket: bucket.into(),
+                    id,
+                    drop_ratio: Ratio::from_f64(ratio).raw(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+        bucket_ids,
+    }
+}
+
+/// What host `host` was sent of `steps`: each bucket's name, number and drop ratio.
+fn sent_to_host(steps: &[ZoneStep], host: &str) -> Vec<(String, u32, f64)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            ZoneStep::Send {
+                host: h,
+                instructions,
+            } if h == host => Some(instructions),
+            _ => None,
+        })
+        .flat_map(|i| &i.buckets)
+        .map(|b| {
+            let ratio = Ratio::from_raw(b.drop_ratio).as_f64();
+            (b.bucket.clone(), b.id, (ratio * 100.0).round() / 100.0)
+        })
+        .collect()
+}
+
+fn entries(report: &v1::ZoneReport) -> Vec<(u32, &str, &str, u64)> {
+    report
+        .buckets
+        .iter()
+        .map(|b| (b.id, b.service.as_str(), b.bucket.as_str(), b.offered))
+        .collect()
+}
+
+#[test]
+fn a_numbering_zone_names_each_bucket_once_per_stream_both_ways() {
+    let mut zone = ZoneCore::new("r1", "z1", 7_000);
+    zone.number_buckets();
+    zone.upstream_opened();
+    zone.join("a", 1);
+    let steps = zone.on_report(8_001, 1, report("a", 7, 100, 0));
+    let first = forwards(&steps)[0];
+    assert!(first.bucket_ids, "asks for instructions by number");
+    assert_eq!(entries(first), [(1, "api", "all", 100)]);
+    // The controller's first instructions: a number with its names, and it takes numbers.
+    let steps = zone.on_instructions(8_100, by_number(&[("all", 5, 0.25)], true));
+    assert_eq!(sent_to_host(&steps, "a"), [("all".into(), 0, 0.25)]);
+    let steps = zone.on_report(9_001, 1, report("a", 8, 120, 0));
+    assert_eq!(entries(forwards(&steps)[0]), [(1, "", "", 120)]);
+    // By number alone, its names go on to the host; a number never named is skipped.
+    let steps = zone.on_instructions(9_100, by_number(&[("", 5, 0.5), ("", 6, 0.9)], true));
+    assert_eq!(sent_to_host(&steps, "a"), [("all".into(), 0, 0.5)]);
+    assert_eq!(zone.unbound_ids(), 1);
+    // A new stream: every name again, both ways.
+    zone.upstream_closed();
+    zone.upstream_opened();
+    let steps = zone.on_report(10_001, 1, report("a", 9, 80, 0));
+    let lost = forwards(&steps)[0].clone();
+    assert_eq!(entries(&lost), [(1, "api", "all", 80)]);
+    let steps = zone.on_instructions(10_100, by_number(&[("", 5, 0.5)], true));
+    assert!(
+        sent_to_host(&steps, "a").is_empty(),
+        "the old stream's number"
+    );
+    assert_eq!(zone.unbound_ids(), 2);
+    // A report that could not be sent: the names it carried go again with the next one.
+    zone.forward_failed(&lost);
+    let steps = zone.on_report(11_001, 1, report("a", 10, 90, 0));
+    assert_eq!(entries(forwards(&steps)[0]), [(1, "api", "all", 90)]);
+    let steps = zone.on_report(12_001, 1, report("a", 11, 70, 0));
+    assert_eq!(entries(forwards(&steps)[0]), [(1, "", "", 70)]);
+}
+
+#[test]
+fn a_zone_that_does_not_number_names_every_bucket_every_time() {
+    let mut zone = zone();
+    for (sequence, at) in [(7, 8_001), (8, 9_001)] {
+        zone.on_report(at, 1, report("a", sequence, 100, 0));
+        let steps = zone.on_report(at + 1, 2, report("b", sequence, 100, 0));
+        let report = forwards(&steps)[0];
+        assert!(!report.bucket_ids);
+        assert_eq!(entries(report), [(0, "api", "all", 200)]);
+        // A controller that takes numbers changes nothing.
+        zone.on_instructions(at + 100, by_number(&[("all", 1, 0.1)], true));
+    }
 }

@@ -44,6 +44,7 @@ fn counts(offered: u64, allowed: u64, tail: Option<u64>, hosts: Option<u64>) -> 
         offered_squares: None,
         hosts,
         tier_offered: Vec::new(),
+        id: 0,
     }
 }
 

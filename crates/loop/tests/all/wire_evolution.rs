@@ -10,8 +10,8 @@ use prost::Message;
 use spillway_core::algo::Ratio;
 use spillway_core::config::{self, Config};
 use spillway_loop::{
-    DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules, RulesMessage, RulesSnapshot,
-    ZoneCore,
+    DecodeRules, HostCore, HostId, HostStep, HostTime, LinkRules, RegionCore, RegionStep,
+    RulesMessage, RulesSnapshot, ZoneCore, ZoneStep,
 };
 use spillway_proto::v1;
 
@@ -99,6 +99,24 @@ mod old {
         pub interval_ms: u64,
         #[prost(message, repeated, tag = "7")]
         pub buckets: Vec<BucketCounts>,
+    }
+
+    /// A zone's sums before buckets went by number on the controller's stream (its hosts,
+    /// `gone` and `surge` left out: they did not change).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ZoneReport {
+        #[prost(string, tag = "1")]
+        pub zone: String,
+        #[prost(string, tag = "2")]
+        pub region: String,
+        #[prost(uint64, tag = "3")]
+        pub sequence: u64,
+        #[prost(uint64, tag = "4")]
+        pub interval_ms: u64,
+        #[prost(message, repeated, tag = "5")]
+        pub buckets: Vec<BucketCounts>,
+        #[prost(uint32, tag = "6")]
+        pub clients: u32,
     }
 }
 
@@ -231,6 +249,7 @@ fn instructions_through_an_older_aggregator_lose_the_data_field_and_still_apply(
     let relayed = old::ZoneInstructions::decode(
         v1::ZoneInstructions {
             instructions: Some(new),
+            bucket_ids: false,
         }
         .encode_to_vec()
         .as_slice(),
@@ -290,7 +309,7 @@ fn a_report_of_the_previous_shape_is_summed() {
     let forwarded: Vec<&v1::ZoneReport> = steps
         .iter()
         .filter_map(|s| match s {
-            spillway_loop::ZoneStep::Forward(r) => Some(r),
+            ZoneStep::Forward(r) => Some(r),
             _ => None,
         })
         .collect();
@@ -305,4 +324,113 @@ fn a_report_of_the_previous_shape_is_summed() {
         .sum();
     assert_eq!(counted, 120, "{forwarded:?}");
     assert!(forwarded.iter().any(|r| r.clients == 1), "{forwarded:?}");
+}
+
+/// A zone's report of `api/all` at `offered` for the interval before `now_ms`, as an aggregator
+/// older than the bucket numbers sent it.
+fn old_zone_report(now_ms: u64, offered: u64) -> old::ZoneReport {
+    old::ZoneReport {
+        zone: "r1z1".into(),
+        region: "r1".into(),
+        sequence: now_ms / 1_000 - 1,
+        interval_ms: 1_000,
+        buckets: vec![old::BucketCounts {
+            service: "api".into(),
+            bucket: "all".into(),
+            offered,
+            allowed: offered,
+            hosts: Some(1),
+            ..Default::default()
+        }],
+        clients: 1,
+    }
+}
+
+#[test]
+fn an_older_aggregator_is_summed_by_name_and_instructed_by_name_every_interval() {
+    let rules = RulesSnapshot::parse(1, CONTROLLER_FILE, "rules.yaml").unwrap();
+    let mut region = RegionCore::new("r1", rules.into(), NOW_MS);
+    region.join(1, "r1z1");
+    for (interval, offered) in [(1, 150), (2, 300)] {
+        let now = NOW_MS + interval * 1_000 + 1;
+        let bytes = old_zone_report(now, offered).encode_to_vec();
+        let report = v1::ZoneReport::decode(bytes.as_slice()).unwrap();
+        let steps = region.on_zone_report(1, report, now);
+        let sent: Vec<old::ZoneInstructions> = steps
+            .iter()
+            .filter_map(|s| match s {
+                RegionStep::Send { instructions, .. } => Some(instructions.encode_to_vec()),
+                RegionStep::Announce(_) => None,
+            })
+            .map(|bytes| old::ZoneInstructions::decode(bytes.as_slice()).unwrap())
+            .collect();
+        let [sent] = sent.as_slice() else {
+            panic!("one zone, one message: {sent:?}");
+        };
+        let buckets = &sent.instructions.as_ref().unwrap().buckets;
+        let [bucket] = buckets.as_slice() else {
+            panic!("one bucket: {buckets:?}");
+        };
+        assert_eq!(
+            (bucket.service.as_str(), bucket.bucket.as_str()),
+            ("api", "all")
+        );
+        let expected = 1.0 - 100.0 / offered as f64;
+        assert!((Ratio::from_raw(bucket.drop_ratio).as_f64() - expected).abs() < 0.01);
+    }
+    assert_eq!(region.unbound_ids(), 0);
+}
+
+#[test]
+fn a_numbering_aggregator_names_every_bucket_to_an_older_controller() {
+    let mut zone = ZoneCore::new("r1", "r1z1", NOW_MS);
+    zone.number_buckets();
+    zone.upstream_opened();
+    zone.join("h1", 1);
+    for interval in 1..=3 {
+        let now = NOW_MS + interval * 1_000 + 1;
+        let report = v1::Report {
+            host_id: "h1".into(),
+            zone: "r1z1".into(),
+            region: "r1".into(),
+            sequence: now / 1_000 - 1,
+            interval_ms: 1_000,
+            buckets: vec![v1::BucketCounts {
+                service: "api".into(),
+                bucket: "all".into(),
+                offered: 100,
+                allowed: 100,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let steps = zone.on_report(now, 1, report);
+        let [ZoneStep::Forward(forward)] = steps.as_slice() else {
+            panic!("the interval forwarded: {steps:?}");
+        };
+        let seen = old::ZoneReport::decode(forward.encode_to_vec().as_slice()).unwrap();
+        let names: Vec<(&str, &str)> = seen
+            .buckets
+            .iter()
+            .map(|b| (b.service.as_str(), b.bucket.as_str()))
+            .collect();
+        assert_eq!(names, [("api", "all")], "interval {interval}");
+        // The older controller's instructions, by name, say nothing of numbers.
+        let mut instructions = old_instructions(old::Rules::default());
+        instructions.rules = None;
+        let message = old::ZoneInstructions {
+            instructions: Some(instructions),
+        };
+        let message = v1::ZoneInstructions::decode(message.encode_to_vec().as_slice()).unwrap();
+        assert!(!message.bucket_ids);
+        let steps = zone.on_instructions(now + 50, message);
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s, ZoneStep::Send { instructions, .. }
+                if instructions.buckets.iter().any(|b| b.bucket == "all"))),
+            "{steps:?}"
+        );
+    }
+    assert_eq!(zone.unbound_ids(), 0);
 }

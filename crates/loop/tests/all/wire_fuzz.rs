@@ -44,6 +44,7 @@ fn bucket_counts() -> impl Strategy<Value = v1::BucketCounts> {
                 offered_squares: None,
                 hosts,
                 tier_offered: Vec::new(),
+                id: 0,
             },
         )
 }
@@ -190,6 +191,7 @@ proptest! {
                 clients: 1,
                 hosts: vec![v1::HostStatus { host_id: format!("{name}h1"), rules_version: 1 }],
                 gone: Vec::new(),
+                bucket_ids: false,
             };
             let mut steps = core.on_zone_report(member, report, now_ms);
             if let Some((region, sequence, near, buckets)) = peers.next() {
@@ -255,6 +257,7 @@ proptest! {
                             scope_offered_rps,
                             scope_hosts,
                             tier_drop_ratio: Vec::new(),
+                            id: 0,
                         }
                     })
                     .collect(),
