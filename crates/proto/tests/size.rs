@@ -62,7 +62,7 @@ fn a_host_with_100_buckets_exchanges_under_10_kib_per_interval() {
     };
     let up = report.encoded_len();
     let down = instructions.encoded_len();
-    // 4,162 bytes up and 4,926 down: at 1 s reports about 9.1 KB per host per second, at 250 ms
+    // 4,162 bytes up and 4,928 down: at 1 s reports about 9.1 KB per host per second, at 250 ms
     // four times that. Names dominate; the interval's tail (3 bytes a bucket) is what lets the
     // controller see a surge whole in the interval it starts, and the scope's offered load and
     // host count (9 and 2 bytes a bucket) what lets a client's surge guard work out its part of
