@@ -319,10 +319,12 @@ pub struct BudgetCharges {
 }
 
 impl BudgetCharges {
+    #[inline]
     pub fn new() -> Self {
         Self::default()
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, charge: BudgetCharge) {
         match self.inline.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = Some(charge),
@@ -357,4 +359,17 @@ impl BudgetCharges {
 pub fn reset_secs(quota: Quota) -> u64 {
     let reset: Duration = quota.reset;
     reset.as_secs() + u64::from(reset.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_stay_small_as_every_request_moves_them() {
+        // One reference count and a quota in two words: 56 bytes, four of them inline.
+        assert_eq!(std::mem::size_of::<BudgetCharge>(), 56);
+        assert_eq!(std::mem::size_of::<Option<BudgetCharge>>(), 56);
+        assert_eq!(std::mem::size_of::<BudgetCharges>(), 4 * 56 + 24);
+    }
 }
