@@ -9,7 +9,9 @@
 # domain, every call carrying one descriptor (remote_address, 10.x.y.z) going round VALUES
 # addresses:
 #   local    token-bucket, store local, per address (limit far above the load)
-#   control  drop-ratio (store control-plane), one count for the bucket; the proxy is standalone
+#   control  drop-ratio (store control-plane), one count for the bucket, so its entry has an
+#            exact value and its calls all carry that one address (a control-plane bucket holds
+#            no count per value); the proxy is standalone
 #            (no --aggregator), so no instruction ever comes and its drop ratio stays 0: the
 #            decision is the in-process one a linked sidecar makes between instructions
 #   redis    fixed-window, store redis, per address: one EVALSHA per call to a private
@@ -108,7 +110,7 @@ services:
         algorithm: token-bucket
         store: local
       - name: control
-        match: { descriptor: { domain: bench_control, entries: [ {key: remote_address} ] } }
+        match: { descriptor: { domain: bench_control, entries: [ {key: remote_address, value: 10.0.0.0} ] } }
         limit: 1000000/s
         algorithm: drop-ratio
       - name: redis
@@ -160,10 +162,12 @@ results=$WORK/results
 phase() {
   local round=$1 config=$2
   shift 2
-  local line port=$rls_port pid=$proxy_pid
+  local line port=$rls_port pid=$proxy_pid n=$values
   if [ "$config" = redis_link ]; then port=$link_rls_port pid=$link_proxy_pid; fi
+  # The control bucket's one address, 10.0.0.0 (the load client's first).
+  if [ "$config" = control ]; then n=1; fi
   line=$(timeout 120 "$load" --target "http://127.0.0.1:$port" --domain "bench_$config" \
-    --values "$values" --connections "$connections" --warmup "$warmup" \
+    --values "$n" --connections "$connections" --warmup "$warmup" \
     --pid "proxy=$pid" --pid "redis=$redis_pid" "$@" | grep '^RESULT ')
   echo "$round $config $line" >>"$results"
   echo "round $round $config: ${line#RESULT }" >&2

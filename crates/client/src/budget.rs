@@ -37,6 +37,19 @@ pub struct ResponseCost {
     /// square (`BucketCounters::record_cost_tier`), so the reports carry the spread of the
     /// tokens offered.
     pub(crate) tokens: Option<Arc<BucketCounters>>,
+    /// The bucket's state, which a charge settles. Held here, so that a charge holds the bucket
+    /// by one reference count rather than one per part, and a reload while a response streams
+    /// still settles the state the request was admitted by.
+    pub(crate) state: Arc<BucketState>,
+    /// The Redis of a `store: redis` budget, which its charges settle in.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) store: Option<Arc<crate::store::ExactStore>>,
+}
+
+/// Where a budget's charges settle: its bucket's state and the snapshot's Redis.
+pub(crate) struct SettledIn {
+    pub(crate) state: Arc<BucketState>,
+    pub(crate) store: Option<Arc<crate::store::ExactStore>>,
 }
 
 impl ResponseCost {
@@ -47,6 +60,7 @@ impl ResponseCost {
         holds: u64,
         cost: &CostResponse,
         tokens: Option<Arc<BucketCounters>>,
+        settled_in: SettledIn,
     ) -> Option<Self> {
         // Validation refused a source that does not parse; rules from elsewhere that slip one
         // through fall back to a fixed cost of the default.
@@ -66,6 +80,8 @@ impl ResponseCost {
             estimate: cost.estimate().min(holds),
             fallback: cost.fallback(),
             tokens,
+            state: settled_in.state,
+            store: settled_in.store,
         })
     }
 
@@ -135,24 +151,24 @@ impl ResponseCost {
 
 /// One token budget a request was admitted against, to settle when its response ends.
 ///
-/// Holds the bucket's state by `Arc`, so a reload while the response streams still settles the
-/// bucket the request was admitted by. Dropping a charge without settling it leaves the
+/// Holds the budget by one `Arc` (its response cost, which holds the bucket's state), so a
+/// reload while the response streams still settles the bucket the request was admitted by, and
+/// admitting takes one reference count. Dropping a charge without settling it leaves the
 /// estimate reserved and debits nothing more.
 #[derive(Debug)]
 pub struct BudgetCharge {
     pub(crate) cost: Arc<ResponseCost>,
-    pub(crate) state: Arc<BucketState>,
     /// The subject value of a per-subject budget (the only charge that allocates).
     pub(crate) subject: Option<Box<str>>,
     pub(crate) reserved: u64,
-    /// What the bucket still held right after admission.
-    pub(crate) quota: Quota,
+    /// What the bucket still held right after admission: units, and nanoseconds until it is
+    /// whole again (a [`Quota`] in two words rather than three).
+    pub(crate) remaining: u64,
+    pub(crate) reset_ns: u64,
     /// The request's tier and what the bucket did with it, counted in tokens at settlement
     /// by a budget of the control plane.
     pub(crate) tier: Criticality,
     pub(crate) outcome: Outcome,
-    #[cfg(feature = "redis")]
-    pub(crate) store: Option<Arc<crate::store::ExactStore>>,
 }
 
 /// How a charge was settled.
@@ -173,7 +189,10 @@ impl BudgetCharge {
     /// Units the bucket still held right after this request was admitted (the estimate taken),
     /// and when it is whole again.
     pub fn quota(&self) -> Quota {
-        self.quota
+        Quota {
+            remaining: self.remaining,
+            reset: Duration::from_nanos(self.reset_ns),
+        }
     }
 
     /// Settles the charge at `now` with what the response reported (`None`: nothing usable,
@@ -198,19 +217,26 @@ impl BudgetCharge {
     pub fn cancel(&self, now: Nanos) {
         self.debit(now, 0);
         if let Some(tokens) = &self.cost.tokens {
-            tokens.record_cost_tier(self.tier, self.outcome, self.cost.dropped_cost(&self.state));
+            tokens.record_cost_tier(
+                self.tier,
+                self.outcome,
+                self.cost.dropped_cost(&self.cost.state),
+            );
         }
     }
 
     fn count(&self, settled: Settled) {
-        self.state.budget.settle(settled.cost, settled.unreported);
+        self.cost
+            .state
+            .budget
+            .settle(settled.cost, settled.unreported);
         if let Some(tokens) = &self.cost.tokens {
             tokens.record_cost_tier(self.tier, self.outcome, settled.cost);
         }
     }
 
     fn debit(&self, now: Nanos, actual: u64) {
-        match (&self.state.limiters, &self.subject) {
+        match (&self.cost.state.limiters, &self.subject) {
             (Limiters::Shared(limiter), _) => limiter.settle(now, self.reserved, actual),
             (Limiters::PerSubject(_, map), Some(subject)) => {
                 map.settle(subject, now, self.reserved, actual)
@@ -221,7 +247,7 @@ impl BudgetCharge {
 
     /// Whether the charge is settled in Redis (one call, [`BudgetCharge::settle_async`]).
     pub fn in_redis(&self) -> bool {
-        matches!(self.state.limiters, Limiters::Exact(_))
+        matches!(self.cost.state.limiters, Limiters::Exact(_))
     }
 
     /// Settles a `store: redis` budget: one Redis call that debits the reported cost and tells
@@ -229,7 +255,8 @@ impl BudgetCharge {
     /// without asking Redis. A local budget is settled as by [`BudgetCharge::settle`].
     pub async fn settle_async(&self, now: Nanos, reported: Option<u64>) -> Settled {
         #[cfg(feature = "redis")]
-        if let (Limiters::Exact(exact), Some(store)) = (&self.state.limiters, &self.store) {
+        if let (Limiters::Exact(exact), Some(store)) = (&self.cost.state.limiters, &self.cost.store)
+        {
             let settled = Settled {
                 cost: reported.unwrap_or(self.cost.fallback),
                 unreported: reported.is_none(),
@@ -241,11 +268,11 @@ impl BudgetCharge {
                     now.saturating_add(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX))
                 }
             };
-            if let (Some(subject), Some(debts)) = (&self.subject, &self.state.subject_debts) {
+            if let (Some(subject), Some(debts)) = (&self.subject, &self.cost.state.subject_debts) {
                 // A subject's debit: its own key, its debt in the table of subjects. What
                 // earlier debits could not send waits in the table of held units.
                 let key = exact.subject_key(subject);
-                let counters = &self.state.budget;
+                let counters = &self.cost.state.budget;
                 let carried = if counters.unsent.load(Ordering::Relaxed) == 0 {
                     0
                 } else {
@@ -262,12 +289,13 @@ impl BudgetCharge {
             // What earlier debits could not send goes with this one; if this one fails too,
             // all of it waits for the next. A debit whose reply was lost after Redis ran it is
             // sent again: a budget is overcharged rather than undercharged.
-            let unsent = &self.state.budget.unsent;
+            let unsent = &self.cost.state.budget.unsent;
             let cost = settled
                 .cost
                 .saturating_add(unsent.swap(0, Ordering::Relaxed));
             match store.debit(exact, None, cost).await {
                 Some(owed) => self
+                    .cost
                     .state
                     .owed_until
                     .store(owed_until(owed), Ordering::Relaxed),
@@ -291,10 +319,12 @@ pub struct BudgetCharges {
 }
 
 impl BudgetCharges {
+    #[inline]
     pub fn new() -> Self {
         Self::default()
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, charge: BudgetCharge) {
         match self.inline.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = Some(charge),
@@ -329,4 +359,17 @@ impl BudgetCharges {
 pub fn reset_secs(quota: Quota) -> u64 {
     let reset: Duration = quota.reset;
     reset.as_secs() + u64::from(reset.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_stay_small_as_every_request_moves_them() {
+        // One reference count and a quota in two words: 56 bytes, four of them inline.
+        assert_eq!(std::mem::size_of::<BudgetCharge>(), 56);
+        assert_eq!(std::mem::size_of::<Option<BudgetCharge>>(), 56);
+        assert_eq!(std::mem::size_of::<BudgetCharges>(), 4 * 56 + 24);
+    }
 }

@@ -18,7 +18,7 @@ use spillway_core::limit::Limit;
 use spillway_core::matcher::{Matcher, Matches};
 use spillway_core::pattern::{RequestAttrs, SubjectValue};
 
-use crate::budget::{BudgetCharge, BudgetCharges, ResponseCost};
+use crate::budget::{BudgetCharge, BudgetCharges, ResponseCost, SettledIn};
 use crate::error::ClientError;
 use crate::identity::{Headers, IdentityExtractor};
 use crate::state::{BucketState, BudgetCounters, Limiters, SubjectDebts};
@@ -315,6 +315,10 @@ impl Rules {
                             (bucket.store == StateStore::ControlPlane
                                 && bucket.algorithm == Algorithm::DropRatio)
                                 .then(|| counters.clone()),
+                            SettledIn {
+                                state: state.clone(),
+                                store: store.clone(),
+                            },
                         ) {
                             Some(cost) => CompiledCost::Response(Arc::new(cost)),
                             None => CompiledCost::Fixed(r.fallback()),
@@ -608,18 +612,16 @@ impl Rules {
             verdict,
             BudgetCharge {
                 cost: cost.clone(),
-                state: bucket.state.clone(),
                 subject,
                 reserved: if matches!(bucket.state.limiters, Limiters::Exact(_)) {
                     0
                 } else {
                     estimate
                 },
-                quota,
+                remaining: quota.remaining,
+                reset_ns: u64::try_from(quota.reset.as_nanos()).unwrap_or(u64::MAX),
                 tier: attrs.criticality,
                 outcome: Outcome::of(verdict, bucket.mode),
-                #[cfg(feature = "redis")]
-                store: self.store.clone(),
             },
         ))
     }

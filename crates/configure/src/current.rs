@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn from_config_and_rules() {
-        let yaml = "version: 1\nservices:\n  api:\n    buckets:\n      - name: gw-a\n        match: {caller: gw, procedure: /a}\n        limit: 600/min\n      - name: users\n        match: {user: \"*\"}\n        limit: 5/s\n";
+        let yaml = "version: 1\nservices:\n  api:\n    buckets:\n      - name: gw-a\n        match: {caller: gw, procedure: /a}\n        limit: 600/min\n      - name: users\n        match: {user: \"*\"}\n        limit: 5/s\n        algorithm: token-bucket\n";
         let config = spillway_core::config::load_str(yaml, "c.yaml").unwrap();
         let c = CurrentLimits::from_config(&config);
         assert_eq!(c.get("api", "gw-a").unwrap().limit_rps, 10.0);

@@ -44,9 +44,9 @@ fn check_warns_about_header_rpc_procedure_and_still_exits_0() {
 }
 
 #[test]
-fn check_warns_about_a_per_value_descriptor_bucket_on_drop_ratio() {
-    // `{key: user}` counts each user apart, which drop-ratio (the default algorithm) cannot: it
-    // keeps one count for the bucket. A fixed window counts each value apart: no warning.
+fn check_refuses_a_per_value_descriptor_bucket_on_drop_ratio() {
+    // `{key: user}` counts each user apart, which drop-ratio (the default algorithm) cannot: the
+    // control plane holds one limit for the bucket. A fixed window counts each value apart.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("envoy.yaml");
     let file = |algorithm: &str| {
@@ -57,12 +57,9 @@ fn check_warns_about_a_per_value_descriptor_bucket_on_drop_ratio() {
     std::fs::write(&path, file("")).unwrap();
     let out = check(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.starts_with(&format!(
-            "{}:6:16: warning: bucket \"per-user\" counts each value of its descriptor apart, but drop-ratio keeps one count for the whole bucket",
-            path.display()
-        )),
+        stderr.contains("the entry `user` without a value asks for a limit per value"),
         "{stderr}"
     );
 

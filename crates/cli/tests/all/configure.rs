@@ -33,6 +33,7 @@ services:
       - name: per-user
         match: {user: \"*\"}
         limit: 5/s
+        algorithm: token-bucket
   other:
     buckets:
       - name: idle

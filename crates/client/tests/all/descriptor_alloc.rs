@@ -22,8 +22,14 @@ fn descriptor_decisions_allocate_nothing_after_warm_up() {
     .enumerate()
     {
         yaml.push_str(&format!(
-            "      - {{ name: shared-{i}, limit: 1000/s, algorithm: {algorithm}, match: {{ descriptor: {{ domain: d, entries: [ {{key: k{i}, value: v}} ] }} }} }}\n      - {{ name: each-{i}, limit: 1000/s, algorithm: {algorithm}, match: {{ descriptor: {{ domain: d, entries: [ {{key: k{i}}}, {{key: user}}, {{key: path, value: \"/api*\"}} ] }} }} }}\n"
+            "      - {{ name: shared-{i}, limit: 1000/s, algorithm: {algorithm}, match: {{ descriptor: {{ domain: d, entries: [ {{key: k{i}, value: v}} ] }} }} }}\n"
         ));
+        // The control plane holds one limit per bucket: no per-value bucket on drop-ratio.
+        if *algorithm != "drop-ratio" {
+            yaml.push_str(&format!(
+                "      - {{ name: each-{i}, limit: 1000/s, algorithm: {algorithm}, match: {{ descriptor: {{ domain: d, entries: [ {{key: k{i}}}, {{key: user}}, {{key: path, value: \"/api*\"}} ] }} }} }}\n"
+            ));
+        }
     }
     let client = Client::new(load_str(&yaml, "test.yaml").unwrap()).unwrap();
     let long = "u".repeat(400);

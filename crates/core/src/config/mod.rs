@@ -98,7 +98,6 @@ pub fn check_file(path: &Path) -> Result<(Config, Vec<Warning>), ConfigError> {
         .and_then(|text| positions::Positions::index(text).ok())
         .map(|positions| {
             let mut all = warnings::identity(&config.identity, &positions, &file_name);
-            all.extend(warnings::descriptors(&config, &positions, &file_name));
             all.extend(warnings::budgets(&config, &positions, &file_name));
             all
         })

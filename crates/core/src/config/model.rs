@@ -421,7 +421,8 @@ pub struct MatchFile {
     /// The procedure (gRPC method) or HTTP path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub procedure: Option<String>,
-    /// A subject; `"*"` gives each user a bucket of their own.
+    /// A subject; `"*"` gives each user a bucket of their own (in store local or redis: a
+    /// control-plane bucket holds one limit for its scope and refuses it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -461,7 +462,8 @@ fn is_limit_answer(answer: &DescriptorAnswer) -> bool {
 }
 
 /// One entry: a key, and a value that is exact, ends in `*` (a prefix), or is left out (any
-/// value, each counted apart).
+/// value, each counted apart; a control-plane bucket, one count for its scope, needs the exact
+/// value).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DescriptorEntryFile {

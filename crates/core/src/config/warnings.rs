@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::model::{Algorithm, IdentitySources, Source};
+use super::model::{IdentitySources, Source};
 use super::positions::{Position, Positions, child, item};
 use super::validate::Config;
 
@@ -92,38 +92,6 @@ pub(crate) fn identity(
                 identity.ip
             ),
         );
-    }
-    warnings
-}
-
-/// A descriptor bucket that counts each value of an entry apart (an entry without a value, or a
-/// wildcard) on a control-plane algorithm: `drop-ratio` and `adaptive-token-bucket` keep one
-/// count for the whole bucket, so every value shares one limit, which is not what
-/// envoyproxy/ratelimit's per-value limits mean (docs/configuration.md).
-pub(crate) fn descriptors(config: &Config, positions: &Positions, file: &str) -> Vec<Warning> {
-    let mut warnings = Vec::new();
-    for service in &config.services {
-        let buckets = child(&child("services", &service.name), "buckets");
-        // The file's own buckets, in its order: candidates' twins are no bucket of the file.
-        let written = service.buckets.iter().filter(|b| !b.is_candidate());
-        for (index, bucket) in written.enumerate() {
-            let per_value = bucket.descriptor.as_ref().is_some_and(|d| d.is_per_value());
-            let shared = matches!(
-                bucket.algorithm,
-                Algorithm::DropRatio | Algorithm::AdaptiveTokenBucket
-            );
-            if per_value && shared {
-                warnings.push(Warning {
-                    file: file.to_owned(),
-                    position: positions.value(&child(&item(&buckets, index), "match")),
-                    message: format!(
-                        "bucket \"{}\" counts each value of its descriptor apart, but {} keeps one count for the whole bucket: every value shares one limit. Use a local algorithm (fixed-window, the default of envoyproxy/ratelimit, or token-bucket, sliding-window-counter, gcra) for a limit per value",
-                        bucket.name,
-                        bucket.algorithm.name()
-                    ),
-                });
-            }
-        }
     }
     warnings
 }

@@ -76,6 +76,15 @@ pub(super) fn check_bucket(
             format!("store {store} does not fit {algorithm_name}: {advice}"),
         ));
     }
+    if store == StateStore::ControlPlane {
+        check_one_limit(
+            check,
+            path,
+            (&match_spec, descriptor.as_ref()),
+            matches!(bucket.cost, Cost::Response(_)),
+            &algorithm_name,
+        )?;
+    }
     if store == StateStore::Redis && !has_redis {
         return Err(check.at_value(
             &child(path, "store"),
@@ -116,12 +125,7 @@ pub(super) fn check_bucket(
         ));
     }
     if let Cost::Response(cost) = &bucket.cost {
-        let each = match_spec
-            .subject
-            .as_ref()
-            .filter(|s| s.value == SubjectValue::Each)
-            .map(|s| s.kind);
-        check_response_cost(check, path, &bucket, cost, (store, each), &algorithm_name)?;
+        check_response_cost(check, path, &bucket, cost, store, &algorithm_name)?;
         if store == StateStore::Redis && descriptor.as_ref().is_some_and(|d| d.is_per_value()) {
             return Err(check.at_key(
                 &child(path, "cost"),
@@ -188,6 +192,58 @@ pub(super) fn check_bucket(
         .as_ref()
         .map(|c| checked.candidate_twin(c, bucket.burst));
     Ok((checked, twin))
+}
+
+/// A bucket of the control plane holds one limit (or one token budget) for its whole scope:
+/// the controller computes one drop ratio or one share of the limit per bucket, and every proxy
+/// keeps one limiter for it. So neither a subject of `"*"` nor a descriptor entry without an
+/// exact value, which each ask for a limit per value, fits it.
+fn check_one_limit(
+    check: &Checker<'_>,
+    path: &str,
+    (spec, descriptor): (&MatchSpec, Option<&DescriptorSpec>),
+    budget: bool,
+    algorithm_name: &str,
+) -> Result<(), Located> {
+    let limit = if budget { "budget" } else { "limit" };
+    let fix = if budget {
+        "algorithm token-bucket or gcra"
+    } else {
+        "an algorithm that counts, like token-bucket or sliding-window-log,"
+    };
+    let at_match = child(path, "match");
+    if let Some(subject) = &spec.subject
+        && subject.value == SubjectValue::Each
+    {
+        let key = subject.kind.key();
+        return Err(check.at_value(
+            &child(&at_match, key),
+            format!(
+                "`{key}: \"*\"` asks for a {limit} per {key}, but {algorithm_name} is held by the control plane as one {limit} for the bucket's whole scope, which every {key} would share; for one per {key}, use {fix} in store: local (or store: redis, one count across proxies), or leave `{key}` out for one shared {limit}"
+            ),
+        ));
+    }
+    if let Some(descriptor) = descriptor
+        && let Some(at) = descriptor
+            .entries
+            .iter()
+            .position(|e| e.value.is_per_value())
+    {
+        let entry = &descriptor.entries[at];
+        let entry_path = item(&child(&child(&at_match, "descriptor"), "entries"), at);
+        let (where_, what) = match &entry.value {
+            EntryValue::Any => (child(&entry_path, "key"), "without a value"),
+            _ => (child(&entry_path, "value"), "with a prefix"),
+        };
+        return Err(check.at_value(
+            &where_,
+            format!(
+                "the entry `{}` {what} asks for a {limit} per value, but {algorithm_name} is held by the control plane as one {limit} for the bucket's whole scope, which every value would share; for one per value, use {fix} in store: local (or store: redis, one count across proxies), or give the entry its exact value",
+                entry.key
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A candidate is tried beside an enforcing HTTP bucket: a shadow bucket's limit changes in
@@ -330,7 +386,7 @@ fn check_response_cost(
     path: &str,
     bucket: &BucketFile,
     cost: &CostResponse,
-    (store, each): (StateStore, Option<SubjectKind>),
+    store: StateStore,
     algorithm_name: &str,
 ) -> Result<(), Located> {
     let at = child(path, "cost");
@@ -344,16 +400,6 @@ fn check_response_cost(
             &at,
             format!(
                 "a cost the response reports needs a meter that can go into debt; {algorithm_name} cannot, use algorithm token-bucket or gcra (or drop-ratio, for a budget the control plane holds)"
-            ),
-        ));
-    }
-    if store == StateStore::ControlPlane
-        && let Some(subject) = each
-    {
-        return Err(check.at_key(
-            &at,
-            format!(
-                "a cost the response reports in store: control-plane is one budget for the whole scope; `{subject}: \"*\"` makes one per value, so use store: local for per-{subject} budgets"
             ),
         ));
     }
