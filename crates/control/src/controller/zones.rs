@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use prost::Message;
+use prost::bytes::Buf;
 use spillway_loop::SharedInstructions;
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use tokio_stream::wrappers::ReceiverStream;
@@ -95,7 +96,8 @@ impl tonic::codegen::Service<Request<Streaming<v1::ZoneReport>>> for LinkZone {
     }
 }
 
-/// Zone reports in, decoded by prost; [`SharedInstructions`] out, encoded by themselves.
+/// Zone reports in, decoded by prost from one contiguous slice; [`SharedInstructions`] out,
+/// encoded by themselves.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct ZoneCodec;
 
@@ -103,14 +105,14 @@ impl Codec for ZoneCodec {
     type Encode = SharedInstructions;
     type Decode = v1::ZoneReport;
     type Encoder = ZoneCodec;
-    type Decoder = ZoneCodec;
+    type Decoder = ReportDecoder;
 
     fn encoder(&mut self) -> ZoneCodec {
         ZoneCodec
     }
 
-    fn decoder(&mut self) -> ZoneCodec {
-        ZoneCodec
+    fn decoder(&mut self) -> ReportDecoder {
+        ReportDecoder::default()
     }
 }
 
@@ -124,13 +126,33 @@ impl Encoder for ZoneCodec {
     }
 }
 
-impl Decoder for ZoneCodec {
+/// One stream's zone reports, decoded as prost decodes them from a slice, with room for as
+/// many buckets as the stream's last report had.
+///
+/// Prost reads tonic's buffer through its `Buf` calls, one or more per field (`advance` alone
+/// was 13% of the controller), and grows a report's 10,000 buckets by doubling, moving them
+/// each time; from a slice, with the room made at once, decoding took about half the time
+/// (`bench/controller/run.sh 100 10000 15`, 2 cores).
+#[derive(Debug, Default)]
+pub(super) struct ReportDecoder {
+    buckets: usize,
+}
+
+impl Decoder for ReportDecoder {
     type Item = v1::ZoneReport;
     type Error = Status;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<v1::ZoneReport>, Status> {
-        v1::ZoneReport::decode(src)
-            .map(Some)
-            .map_err(|e| Status::internal(format!("a zone report that does not decode: {e}")))
+        // The message's bytes as they are in tonic's buffer, not copied.
+        let bytes = src.copy_to_bytes(src.remaining());
+        let mut report = v1::ZoneReport {
+            buckets: Vec::with_capacity(self.buckets),
+            ..Default::default()
+        };
+        report
+            .merge(&bytes[..])
+            .map_err(|e| Status::internal(format!("a zone report that does not decode: {e}")))?;
+        self.buckets = report.buckets.len();
+        Ok(Some(report))
     }
 }
