@@ -372,12 +372,7 @@ impl RegionCore {
         let Some(zone) = self.zones.get_mut(&member) else {
             return;
         };
-        let rules = instructions
-            .head()
-            .instructions
-            .as_ref()
-            .is_some_and(|i| i.rules.is_some());
-        zone.forget(rules, instructions.buckets());
+        zone.forget(instructions.rules().is_some(), instructions.buckets());
     }
 
     /// Zone report entries skipped so far because their stream never named their bucket's

@@ -57,6 +57,9 @@ impl RegionCore {
             u64::try_from(rules.config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
         let interval_ms = Interval::new(rules.config.control.report_interval).ms();
         let common = per_zone.common.clone();
+        // The rules as data, never the source's text: one message for every zone that has not
+        // had them.
+        let mut message = None;
         for ((&member, zone), &(shared, last)) in self.zones.iter_mut().zip(&shares) {
             let send_rules = zone.sent_rules != rules.version;
             if send_rules {
@@ -118,14 +121,18 @@ impl RegionCore {
                         sequence,
                         buckets: Vec::new(),
                         rules_version: rules.version,
-                        // The rules as data, never the source's text.
-                        rules: send_rules.then(|| rules.message()),
+                        rules: None,
                         provisional: sent != Sent::Computed,
                         from_rates_now: sent == Sent::FromRatesNow,
                         epoch: self.epoch,
                     }),
                     bucket_ids: true,
                 },
+                send_rules.then(|| {
+                    message
+                        .get_or_insert_with(|| Arc::new(rules.message()))
+                        .clone()
+                }),
                 mine.is_some().then(|| common.clone()),
                 adjusted,
             );

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use prost::Message;
 use prost::bytes::BufMut;
-use prost::encoding::{WireType, encode_key, encode_varint, message};
+use prost::encoding::{self as wire, WireType, encode_key, encode_varint, message, uint64};
 use spillway_proto::v1;
 
 /// `Instructions.buckets`' field number.
@@ -79,6 +79,9 @@ impl Encoded {
 #[derive(Debug, Clone)]
 pub struct SharedInstructions {
     head: v1::ZoneInstructions,
+    /// The rules it carries, shared with the other zones' messages that carry them (the
+    /// head's are left out: 10,000 buckets' rules are megabytes).
+    rules: Option<Arc<v1::Rules>>,
     /// `None`: no bucket (a zone that has not reported yet).
     common: Option<Arc<Common>>,
     /// This zone's own buckets, by their place in the common ones, in order.
@@ -87,19 +90,22 @@ pub struct SharedInstructions {
 
 impl PartialEq for SharedInstructions {
     fn eq(&self, other: &Self) -> bool {
-        self.head == other.head && self.buckets().eq(other.buckets())
+        self.head == other.head && self.rules == other.rules && self.buckets().eq(other.buckets())
     }
 }
 
 impl SharedInstructions {
-    /// `head` (whose buckets are left empty) with the `common` buckets, `own` in their places.
+    /// `head` (whose buckets and rules are left empty) with `rules`, the `common` buckets and
+    /// `own` in their places.
     pub(super) fn new(
         mut head: v1::ZoneInstructions,
+        rules: Option<Arc<v1::Rules>>,
         common: Option<Arc<Common>>,
         own: Vec<(u32, v1::BucketInstruction)>,
     ) -> Self {
         if let Some(i) = &mut head.instructions {
             i.buckets.clear();
+            i.rules = None;
         }
         debug_assert!(own.windows(2).all(|w| w[0].0 < w[1].0));
         debug_assert!(own.last().is_none_or(|&(at, _)| {
@@ -107,25 +113,36 @@ impl SharedInstructions {
                 .as_ref()
                 .is_some_and(|c| (at as usize) < c.buckets.len())
         }));
-        Self { head, common, own }
+        Self {
+            head,
+            rules,
+            common,
+            own,
+        }
     }
 
     /// `message` as one zone's alone: its buckets shared with no other.
     pub fn whole(mut message: v1::ZoneInstructions) -> Self {
-        let buckets = message
-            .instructions
-            .as_mut()
-            .map(|i| std::mem::take(&mut i.buckets));
+        let (buckets, rules) = match message.instructions.as_mut() {
+            Some(i) => (Some(std::mem::take(&mut i.buckets)), i.rules.take()),
+            None => (None, None),
+        };
         Self {
             head: message,
+            rules: rules.map(Arc::new),
             common: buckets.map(|b| Arc::new(Common::new(b))),
             own: Vec::new(),
         }
     }
 
-    /// The message without its buckets.
+    /// The message without its buckets and rules.
     pub fn head(&self) -> &v1::ZoneInstructions {
         &self.head
+    }
+
+    /// The rules it carries, if any.
+    pub fn rules(&self) -> Option<&v1::Rules> {
+        self.rules.as_deref()
     }
 
     /// Every bucket's instruction, in order.
@@ -159,30 +176,9 @@ impl SharedInstructions {
         let mut message = self.head.clone();
         if let Some(i) = &mut message.instructions {
             i.buckets = self.buckets().cloned().collect();
+            i.rules = self.rules.as_deref().cloned();
         }
         message
-    }
-
-    /// The head's `Instructions` split around its buckets' field: the fields before it and
-    /// those after, each encoded as prost writes it (fields in number order, defaults left out).
-    fn split_head(&self) -> Option<(v1::Instructions, v1::Instructions)> {
-        let i = self.head.instructions.as_ref()?;
-        let before = v1::Instructions {
-            issued_at_ms: i.issued_at_ms,
-            ttl_ms: i.ttl_ms,
-            interval_ms: i.interval_ms,
-            sequence: i.sequence,
-            ..Default::default()
-        };
-        let after = v1::Instructions {
-            buckets: Vec::new(),
-            issued_at_ms: 0,
-            ttl_ms: 0,
-            interval_ms: 0,
-            sequence: 0,
-            ..i.clone()
-        };
-        Some((before, after))
     }
 
     /// The length of the `Instructions` message's buckets, encoded.
@@ -203,14 +199,15 @@ impl SharedInstructions {
     /// Writes the message as prost writes [`SharedInstructions::to_message`]'s, the common
     /// buckets copied from their encoding of the interval (encoded by the first zone's call).
     pub fn encode(&self, buf: &mut impl BufMut) {
-        let Some((before, after)) = self.split_head() else {
+        let Some(i) = &self.head.instructions else {
             self.head.encode_raw(buf);
             return;
         };
-        let inner = before.encoded_len() + self.buckets_len() + after.encoded_len();
+        let rules = self.rules.as_deref();
+        let inner = before_len(i) + self.buckets_len() + after_len(i, rules);
         encode_key(INSTRUCTIONS_TAG, WireType::LengthDelimited, buf);
         encode_varint(inner as u64, buf);
-        before.encode_raw(buf);
+        encode_before(i, buf);
         if let Some(common) = &self.common {
             let encoded = common.encoded();
             let mut from = 0;
@@ -222,12 +219,10 @@ impl SharedInstructions {
             }
             buf.put_slice(encoded.range(from, common.buckets.len()));
         }
-        after.encode_raw(buf);
-        let tail = v1::ZoneInstructions {
-            instructions: None,
-            bucket_ids: self.head.bucket_ids,
-        };
-        tail.encode_raw(buf);
+        encode_after(i, rules, buf);
+        if self.head.bucket_ids {
+            wire::bool::encode(2, &true, buf);
+        }
     }
 
     /// [`SharedInstructions::encode`]'s bytes.
@@ -235,6 +230,73 @@ impl SharedInstructions {
         let mut bytes = Vec::new();
         self.encode(&mut bytes);
         bytes
+    }
+}
+
+// `Instructions`' fields before its buckets (1 to 4) and after them (6 to 10), written as
+// prost writes them: in number order, a field at its default left out.
+
+fn before_len(i: &v1::Instructions) -> usize {
+    [
+        (1, i.issued_at_ms),
+        (2, i.ttl_ms),
+        (3, i.interval_ms),
+        (4, i.sequence),
+    ]
+    .iter()
+    .filter(|&&(_, v)| v != 0)
+    .map(|&(tag, v)| uint64::encoded_len(tag, &v))
+    .sum()
+}
+
+fn encode_before(i: &v1::Instructions, buf: &mut impl BufMut) {
+    for (tag, v) in [
+        (1, i.issued_at_ms),
+        (2, i.ttl_ms),
+        (3, i.interval_ms),
+        (4, i.sequence),
+    ] {
+        if v != 0 {
+            uint64::encode(tag, &v, buf);
+        }
+    }
+}
+
+fn after_len(i: &v1::Instructions, rules: Option<&v1::Rules>) -> usize {
+    let mut len = 0;
+    if i.rules_version != 0 {
+        len += uint64::encoded_len(6, &i.rules_version);
+    }
+    if let Some(rules) = rules {
+        len += message::encoded_len(7, rules);
+    }
+    if i.provisional {
+        len += wire::bool::encoded_len(8, &true);
+    }
+    if i.from_rates_now {
+        len += wire::bool::encoded_len(9, &true);
+    }
+    if i.epoch != 0 {
+        len += uint64::encoded_len(10, &i.epoch);
+    }
+    len
+}
+
+fn encode_after(i: &v1::Instructions, rules: Option<&v1::Rules>, buf: &mut impl BufMut) {
+    if i.rules_version != 0 {
+        uint64::encode(6, &i.rules_version, buf);
+    }
+    if let Some(rules) = rules {
+        message::encode(7, rules, buf);
+    }
+    if i.provisional {
+        wire::bool::encode(8, &true, buf);
+    }
+    if i.from_rates_now {
+        wire::bool::encode(9, &true, buf);
+    }
+    if i.epoch != 0 {
+        uint64::encode(10, &i.epoch, buf);
     }
 }
 
@@ -422,8 +484,7 @@ mod tests {
             })
             .unwrap();
         assert!(again.buckets().all(|b| !b.bucket.is_empty()), "named again");
-        let rules =
-            |s: &SharedInstructions| s.head().instructions.as_ref().unwrap().rules.is_some();
+        let rules = |s: &SharedInstructions| s.rules().is_some();
         assert!(rules(&first) && rules(&again), "the rules go again too");
     }
 
@@ -447,6 +508,13 @@ mod tests {
                     },
                 ],
                 rules_version: 2,
+                rules: Some(v1::Rules {
+                    version: 2,
+                    yaml: "version: 2".into(),
+                    json: "{}".into(),
+                }),
+                provisional: true,
+                from_rates_now: true,
                 epoch: 9,
                 ..Default::default()
             }),
