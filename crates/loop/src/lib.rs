@@ -34,7 +34,8 @@ pub use interval::{Interval, MAX_INTERVAL_MS, MIN_INTERVAL_MS};
 pub use ledger::{HistoryBatch, HistoryRow, Ledger};
 pub use plausible::{ClampCounts, ClampReason, CountClamp, Factors, PlausibleBounds};
 pub use region::{
-    BucketView, HOLD_NOISE, HostView, PARTITION_HOLD, RegionCore, RegionStep, global_sums,
+    BucketView, HOLD_NOISE, HostView, PARTITION_HOLD, RegionCore, RegionStep, SharedInstructions,
+    global_sums,
 };
 pub use rules::{DecodeRules, LinkRules, RulesError, RulesMessage, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};

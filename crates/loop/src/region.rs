@@ -39,6 +39,7 @@ mod ids;
 mod indexed;
 mod partition;
 mod provisional;
+mod shared;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -48,6 +49,7 @@ use self::ids::Dictionary;
 use self::indexed::IndexedSums;
 pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
+pub use self::shared::SharedInstructions;
 use self::table::{Index, Table};
 
 /// One bucket as the controller last computed it.
@@ -83,6 +85,12 @@ pub enum RegionStep {
         member: u64,
         instructions: v1::ZoneInstructions,
     },
+    /// The same as [`RegionStep::Send`], its buckets shared with the other zones' of the
+    /// interval, when the owner asked for them so ([`RegionCore::share_instructions`]).
+    SendShared {
+        member: u64,
+        instructions: SharedInstructions,
+    },
 }
 
 /// A peer region as this controller knows it.
@@ -117,6 +125,25 @@ struct Zone {
     names: Dictionary,
     /// Which of the buckets' numbers its instructions named to it.
     told: Told,
+}
+
+impl Zone {
+    /// Instructions to it were lost: the rules (when they carried them) and the names of
+    /// `buckets` go again.
+    fn forget<'a>(
+        &mut self,
+        rules: bool,
+        buckets: impl IntoIterator<Item = &'a v1::BucketInstruction>,
+    ) {
+        if rules {
+            self.sent_rules = 0;
+        }
+        for b in buckets {
+            if b.id != 0 && !b.bucket.is_empty() {
+                self.told.forget(b.id);
+            }
+        }
+    }
 }
 
 /// The regional controller as a sans-IO state machine: zone reports and peer sums go in with the
@@ -169,6 +196,8 @@ pub struct RegionCore {
     moved: u64,
     /// Zone report entries whose bucket number their stream never named (skipped).
     unbound_ids: u64,
+    /// Whether instructions go out as [`RegionStep::SendShared`].
+    shares_instructions: bool,
 }
 
 type Fast = foldhash::fast::RandomState;
@@ -219,7 +248,15 @@ impl RegionCore {
             epoch: 0,
             moved: 0,
             unbound_ids: 0,
+            shares_instructions: false,
         }
+    }
+
+    /// From now on, sends instructions as [`RegionStep::SendShared`]: the buckets every zone
+    /// gets alike are built once per interval and shared, for an owner that encodes them once
+    /// for every zone stream (a controller of many zones) rather than once per zone.
+    pub fn share_instructions(&mut self, share: bool) {
+        self.shares_instructions = share;
     }
 
     /// The controller lease's epoch the instructions carry from now on: this controller's own
@@ -327,14 +364,15 @@ impl RegionCore {
         let Some(instructions) = &instructions.instructions else {
             return;
         };
-        if instructions.rules.is_some() {
-            zone.sent_rules = 0;
-        }
-        for b in &instructions.buckets {
-            if b.id != 0 && !b.bucket.is_empty() {
-                zone.told.forget(b.id);
-            }
-        }
+        zone.forget(instructions.rules.is_some(), &instructions.buckets);
+    }
+
+    /// As [`RegionCore::send_failed`], for a [`RegionStep::SendShared`].
+    pub fn shared_send_failed(&mut self, member: u64, instructions: &SharedInstructions) {
+        let Some(zone) = self.zones.get_mut(&member) else {
+            return;
+        };
+        zone.forget(instructions.rules().is_some(), instructions.buckets());
     }
 
     /// Zone report entries skipped so far because their stream never named their bucket's

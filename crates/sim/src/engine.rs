@@ -1033,6 +1033,18 @@ impl<'a> Engine<'a> {
                         }
                     }
                 }
+                // The simulator's controllers never share their instructions; should one, each
+                // zone's go as a whole message.
+                RegionStep::SendShared {
+                    member,
+                    instructions,
+                } => {
+                    let whole = RegionStep::Send {
+                        member,
+                        instructions: instructions.to_message(),
+                    };
+                    self.region_steps(r, now, vec![whole]);
+                }
                 RegionStep::Send {
                     member,
                     instructions,

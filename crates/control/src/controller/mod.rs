@@ -13,6 +13,7 @@ mod history;
 mod peers;
 mod record;
 mod service;
+mod zones;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,8 +25,9 @@ use spillway_core::leadership::Leadership;
 use spillway_link::{Backoff, LEADER_HINT, Target, now_ms};
 use spillway_loop::{
     BucketKey, BucketView, HistoryBatch, HostView, Ledger, RegionCore, RegionStep, RulesSnapshot,
+    SharedInstructions,
 };
-use spillway_proto::{MAX_MESSAGE_BYTES, v1};
+use spillway_proto::v1;
 use spillway_tls::{Expect, TlsSource, WorkloadRole};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -197,11 +199,10 @@ impl Controller {
             &mut tasks,
         )
         .await?;
-        let server = v1::controller_server::ControllerServer::new(service::Service {
+        let server = zones::Routes::new(service::Service {
             region: region.clone(),
             stop: stop_rx.clone(),
-        })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        });
         tasks.push(crate::serve::serve(
             tonic::service::Routes::new(server),
             listener,
@@ -309,7 +310,7 @@ struct RegionState {
     /// What the dashboard shows beside the core's view.
     record: record::Record,
     /// Each aggregator's stream, by connection.
-    zones: HashMap<u64, mpsc::Sender<Result<v1::ZoneInstructions, Status>>>,
+    zones: HashMap<u64, mpsc::Sender<zones::Outgoing>>,
     /// Each peer's stream, by connection (the ones it opened and the ones this side opened).
     peers: HashMap<u64, mpsc::Sender<Result<v1::RegionSums, Status>>>,
     /// The region's traffic history on its way to the rules store, when it has one.
@@ -351,7 +352,12 @@ impl Region {
             region: region.to_owned(),
             state: Mutex::new(RegionState {
                 record: record::Record::new(rules.version, now),
-                core: RegionCore::new(region, rules, now),
+                core: {
+                    let mut core = RegionCore::new(region, rules, now);
+                    // Every zone stream sends the buckets common to all zones as encoded once.
+                    core.share_instructions(true);
+                    core
+                },
                 zones: HashMap::new(),
                 peers: HashMap::new(),
                 history: None,
@@ -410,24 +416,16 @@ impl RegionState {
                     member,
                     instructions,
                 } => {
-                    if let Some(i) = &instructions.instructions {
-                        computed = Some(i.sequence);
-                        fanout.1 = fanout.1.max(i.buckets.len() as u64);
-                    }
-                    let lost = match self.zones.get(&member) {
-                        Some(tx) if leads => tx
-                            .try_send(Ok(instructions))
-                            .err()
-                            .and_then(|e| e.into_inner().ok()),
-                        _ => Some(instructions),
-                    };
-                    let sent = lost.is_none();
-                    fanout.0 += 1;
-                    fanout.2 += u64::from(!sent);
-                    self.record.on_instructions(member, sent, now);
-                    if let Some(lost) = lost {
-                        self.core.send_failed(member, &lost);
-                    }
+                    // Not asked for (the core shares its instructions): sent all the same,
+                    // as a message of no common buckets.
+                    let instructions = SharedInstructions::whole(instructions);
+                    self.send_zone(member, instructions, leads, now, &mut computed, &mut fanout);
+                }
+                RegionStep::SendShared {
+                    member,
+                    instructions,
+                } => {
+                    self.send_zone(member, instructions, leads, now, &mut computed, &mut fanout);
                 }
             }
         }
@@ -437,6 +435,39 @@ impl RegionState {
         self.record.after_steps(&self.core, computed, now);
         if let Some(history) = &mut self.history {
             history.flush(now);
+        }
+    }
+}
+
+impl RegionState {
+    /// Sends one zone stream its instructions; counts them in `computed` (the interval) and
+    /// `fanout` ([`RegionState::send`]).
+    fn send_zone(
+        &mut self,
+        member: u64,
+        instructions: SharedInstructions,
+        leads: bool,
+        now: u64,
+        computed: &mut Option<u64>,
+        fanout: &mut (u64, u64, u64),
+    ) {
+        if let Some(i) = &instructions.head().instructions {
+            *computed = Some(i.sequence);
+            fanout.1 = fanout.1.max(instructions.len() as u64);
+        }
+        let lost = match self.zones.get(&member) {
+            Some(tx) if leads => tx
+                .try_send(Ok(instructions))
+                .err()
+                .and_then(|e| e.into_inner().ok()),
+            _ => Some(instructions),
+        };
+        let sent = lost.is_none();
+        fanout.0 += 1;
+        fanout.2 += u64::from(!sent);
+        self.record.on_instructions(member, sent, now);
+        if let Some(lost) = lost {
+            self.core.shared_send_failed(member, &lost);
         }
     }
 }

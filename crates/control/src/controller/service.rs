@@ -2,6 +2,7 @@
 //! one per peer that dialled this controller; the ticker that moves intervals along between
 //! events; and the task that follows the rules.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -12,9 +13,11 @@ use spillway_loop::RulesSnapshot;
 use spillway_proto::v1;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Region;
+use super::zones::Outgoing;
 use crate::trust::{self, Reason, Refusal};
 
 pub(super) struct Service {
@@ -24,13 +27,77 @@ pub(super) struct Service {
 
 #[tonic::async_trait]
 impl v1::controller_server::Controller for Service {
-    type LinkZoneStream = ReceiverStream<Result<v1::ZoneInstructions, Status>>;
+    type LinkZoneStream =
+        Pin<Box<dyn Stream<Item = Result<v1::ZoneInstructions, Status>> + Send + 'static>>;
     type ExchangeStream = ReceiverStream<Result<v1::RegionSums, Status>>;
 
+    /// Served by [`super::zones::Routes`], which sends each message as it is encoded for every
+    /// zone; this is the same stream as whole messages, for a server without that route.
     async fn link_zone(
         &self,
         request: Request<Streaming<v1::ZoneReport>>,
     ) -> Result<Response<Self::LinkZoneStream>, Status> {
+        let stream = self.link(request).await?.into_inner();
+        let whole = stream.map(|sent: Outgoing| sent.map(|i| i.to_message()));
+        Ok(Response::new(Box::pin(whole)))
+    }
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<v1::RegionSums>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let region = self.region.clone();
+        // With TLS: another region's controller, which may announce its own region's sums only.
+        let certified = match region.trust.peer(&request)? {
+            None => None,
+            Some((identity, name)) => match trust::rules::peer_of(&identity, &region.region) {
+                Ok(peer) => Some((peer, name)),
+                Err(refusal) => return Err(region.trust.reject(&refusal, &name)),
+            },
+        };
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let mut stop = self.stop.clone();
+        let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
+        region.lock().peers.insert(conn, tx.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(sums)) => {
+                            if let Some((peer, name)) = &certified
+                                && sums.region != *peer
+                            {
+                                let refusal = Refusal {
+                                    reason: Reason::Region,
+                                    message: format!(
+                                        "the certificate names region {peer}, the sums region {:?}",
+                                        sums.region
+                                    ),
+                                };
+                                let status = region.trust.reject(&refusal, name);
+                                let _ = tx.try_send(Err(status));
+                                break;
+                            }
+                            region.on_peer_sums(sums);
+                        }
+                        _ => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+            region.lock().peers.remove(&conn);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl Service {
+    /// An aggregator's stream: its zone's sums in, the instructions for its zone out.
+    pub(super) async fn link(
+        &self,
+        request: Request<Streaming<v1::ZoneReport>>,
+    ) -> Result<Response<ReceiverStream<Outgoing>>, Status> {
         let region = self.region.clone();
         // With TLS: an aggregator of this region, which may sum its certificate's zone only.
         let certified = match region.trust.peer(&request)? {
@@ -107,55 +174,6 @@ impl v1::controller_server::Controller for Service {
             state.record.on_leave(conn, now);
             let steps = state.core.leave(conn, now);
             state.send(steps);
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-
-    async fn exchange(
-        &self,
-        request: Request<Streaming<v1::RegionSums>>,
-    ) -> Result<Response<Self::ExchangeStream>, Status> {
-        let region = self.region.clone();
-        // With TLS: another region's controller, which may announce its own region's sums only.
-        let certified = match region.trust.peer(&request)? {
-            None => None,
-            Some((identity, name)) => match trust::rules::peer_of(&identity, &region.region) {
-                Ok(peer) => Some((peer, name)),
-                Err(refusal) => return Err(region.trust.reject(&refusal, &name)),
-            },
-        };
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let mut stop = self.stop.clone();
-        let conn = region.next_conn.fetch_add(1, Ordering::Relaxed);
-        region.lock().peers.insert(conn, tx.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    message = inbound.message() => match message {
-                        Ok(Some(sums)) => {
-                            if let Some((peer, name)) = &certified
-                                && sums.region != *peer
-                            {
-                                let refusal = Refusal {
-                                    reason: Reason::Region,
-                                    message: format!(
-                                        "the certificate names region {peer}, the sums region {:?}",
-                                        sums.region
-                                    ),
-                                };
-                                let status = region.trust.reject(&refusal, name);
-                                let _ = tx.try_send(Err(status));
-                                break;
-                            }
-                            region.on_peer_sums(sums);
-                        }
-                        _ => break,
-                    },
-                    _ = stop.changed() => break,
-                }
-            }
-            region.lock().peers.remove(&conn);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

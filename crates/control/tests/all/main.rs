@@ -8,3 +8,4 @@ mod leave;
 mod peer_region;
 mod plausibility;
 mod rules_as_data;
+mod zone_wire;

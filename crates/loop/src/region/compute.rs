@@ -1,16 +1,24 @@
 //! Computing an interval's answer: every bucket's drop ratio (and adaptive token bucket shares)
 //! from the zones' and peers' sums, split per zone and per criticality tier, and sent down.
 
+use super::shared::{Common, SharedInstructions};
 use super::*;
 
-/// Each zone's instructions of one interval, by zone.
-pub(super) type PerZone = BTreeMap<String, Vec<v1::BucketInstruction>>;
+/// One interval's instructions: what every zone gets alike, one per computed bucket in the
+/// rules' order, and by zone the buckets whose instruction is its own (zone-scoped buckets,
+/// adaptive shares), by their place among the common ones.
+#[derive(Debug)]
+pub(super) struct PerZone {
+    common: Arc<Common>,
+    zones: BTreeMap<String, Vec<(u32, v1::BucketInstruction)>>,
+}
 
 impl RegionCore {
     /// One [`RegionStep::Send`] per aggregator with its zone's part of `per_zone`, the rules to
     /// aggregators that have not had them. Of a zone with several aggregators, each is given
     /// the part of the zone's adaptive shares its own part of `parts` offered (an aggregator
-    /// splits what it is given among its own hosts).
+    /// splits what it is given among its own hosts). With [`RegionCore::share_instructions`],
+    /// a [`RegionStep::SendShared`] instead, whose common buckets every zone shares.
     pub(super) fn instruct(
         &mut self,
         steps: &mut Vec<RegionStep>,
@@ -48,62 +56,96 @@ impl RegionCore {
         let ttl_ms =
             u64::try_from(rules.config.control.instruction_ttl.as_millis()).unwrap_or(u64::MAX);
         let interval_ms = Interval::new(rules.config.control.report_interval).ms();
+        let common = per_zone.common.clone();
+        // The rules as data, never the source's text: one message for every zone that has not
+        // had them.
+        let mut message = None;
         for ((&member, zone), &(shared, last)) in self.zones.iter_mut().zip(&shares) {
             let send_rules = zone.sent_rules != rules.version;
             if send_rules {
                 zone.sent_rules = rules.version;
             }
-            let mut buckets = if last {
-                per_zone.remove(&zone.name).unwrap_or_default()
+            let mine = if last {
+                per_zone.zones.remove(&zone.name)
             } else {
-                per_zone.get(&zone.name).cloned().unwrap_or_default()
+                per_zone.zones.get(&zone.name).cloned()
             };
             let own = parts.get(&member).map(|(_, sums)| sums);
             let whole = zone_sums.as_ref().and_then(|z| z.get(&zone.name));
             let takes_ids = zone.told.takes_ids();
-            for b in &mut buckets {
-                // Built by number (`bucket_instruction`): named the first time on this
-                // stream, and every time to an aggregator that does not take numbers.
-                let Some(index) = b.id.checked_sub(1) else {
-                    continue;
-                };
-                if !takes_ids || zone.told.names_due(b.id) {
-                    let key = table.key(index);
-                    b.service.clone_from(&key.service);
-                    b.bucket.clone_from(&key.bucket);
+            // Each bucket as this stream gets it: the common instruction unless its own, named
+            // or with its part of a shared zone's share.
+            let mut adjusted = Vec::new();
+            if let Some(mine) = &mine {
+                let mut mine = mine.iter().peekable();
+                for (at, b) in (0u32..).zip(common.buckets()) {
+                    let theirs = mine.next_if(|(place, _)| *place == at).map(|(_, b)| b);
+                    let b = theirs.unwrap_or(b);
+                    // Built by number (`bucket_instruction`): named the first time on this
+                    // stream, and every time to an aggregator that does not take numbers.
+                    let named = b.id != 0 && (!takes_ids || zone.told.names_due(b.id));
+                    let split = shared > 1 && b.share.is_some();
+                    if theirs.is_none() && !named && !split {
+                        continue;
+                    }
+                    let mut b = b.clone();
+                    if let Some(index) = b.id.checked_sub(1) {
+                        if named {
+                            let key = table.key(index);
+                            b.service.clone_from(&key.service);
+                            b.bucket.clone_from(&key.bucket);
+                        }
+                        if !takes_ids {
+                            // As an aggregator older than the numbers knows instructions.
+                            b.id = 0;
+                        }
+                        if let Some(share) = b.share.filter(|_| split) {
+                            let whole = whole.map_or(0, |s| s.offered(index));
+                            let part = match own {
+                                Some(own) if whole > 0 => own.offered(index) as f64 / whole as f64,
+                                _ => 1.0 / f64::from(shared),
+                            };
+                            b.share =
+                                Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
+                        }
+                    }
+                    adjusted.push((at, b));
                 }
-                if !takes_ids {
-                    // As an aggregator older than the numbers knows instructions.
-                    b.id = 0;
-                }
-                let Some(share) = b.share.filter(|_| shared > 1) else {
-                    continue;
-                };
-                let whole = whole.map_or(0, |s| s.offered(index));
-                let part = match own {
-                    Some(own) if whole > 0 => own.offered(index) as f64 / whole as f64,
-                    _ => 1.0 / f64::from(shared),
-                };
-                b.share = Some(Ratio::from_f64(Ratio::from_raw(share).as_f64() * part).raw());
             }
-            steps.push(RegionStep::Send {
-                member,
-                instructions: v1::ZoneInstructions {
+            let instructions = SharedInstructions::new(
+                v1::ZoneInstructions {
                     instructions: Some(v1::Instructions {
                         issued_at_ms: now_ms,
                         ttl_ms,
                         interval_ms,
                         sequence,
-                        buckets,
+                        buckets: Vec::new(),
                         rules_version: rules.version,
-                        // The rules as data, never the source's text.
-                        rules: send_rules.then(|| rules.message()),
+                        rules: None,
                         provisional: sent != Sent::Computed,
                         from_rates_now: sent == Sent::FromRatesNow,
                         epoch: self.epoch,
                     }),
                     bucket_ids: true,
                 },
+                send_rules.then(|| {
+                    message
+                        .get_or_insert_with(|| Arc::new(rules.message()))
+                        .clone()
+                }),
+                mine.is_some().then(|| common.clone()),
+                adjusted,
+            );
+            steps.push(if self.shares_instructions {
+                RegionStep::SendShared {
+                    member,
+                    instructions,
+                }
+            } else {
+                RegionStep::Send {
+                    member,
+                    instructions: instructions.to_message(),
+                }
             });
         }
         self.computed += u64::from(sent == Sent::Computed);
@@ -184,16 +226,43 @@ impl RegionCore {
                 admitted_rps: counts.allowed as f64 / secs,
             });
         }
+        // What every zone gets alike: a region-scoped or global bucket's instruction, but for
+        // an adaptive one's share. The others (`special`) are each zone's own.
+        let mut common = Vec::with_capacity(computed);
+        let mut special: Vec<(u32, Index)> = Vec::new();
+        for (index, _, spec) in table.iter() {
+            if !spec.computed() {
+                continue;
+            }
+            let at = common.len() as u32;
+            let adaptive = spec.kind == Kind::AdaptiveTokenBucket;
+            match &scoped[index as usize] {
+                Some(s) if !adaptive => common.push(bucket_instruction(
+                    index,
+                    false,
+                    s.ratio,
+                    0.0,
+                    &s.counts,
+                    s.scope,
+                    || s.tiers.clone(),
+                )),
+                _ => {
+                    special.push((at, index));
+                    common.push(v1::BucketInstruction {
+                        id: index + 1,
+                        ..Default::default()
+                    });
+                }
+            }
+        }
         let zones_count = zone_sums.len().max(1) as f64;
-        let mut per_zone = PerZone::new();
+        let mut zones = BTreeMap::new();
         for (zone, sums) in zone_sums {
-            let mut instructions = Vec::with_capacity(computed);
+            let mut instructions = Vec::with_capacity(special.len());
             let own = sums.as_slice();
             let mut at = 0;
-            for (index, _, spec) in table.iter() {
-                if !spec.computed() {
-                    continue;
-                }
+            for &(place, index) in &special {
+                let spec = table.spec(index);
                 let i = index as usize;
                 while own.get(at).is_some_and(|&(j, _)| j < index) {
                     at += 1;
@@ -255,10 +324,14 @@ impl RegionCore {
                         })
                     }
                 };
-                instructions.push(instruction);
+                instructions.push((place, instruction));
             }
-            per_zone.insert(zone.clone(), instructions);
+            zones.insert(zone.clone(), instructions);
         }
+        let per_zone = PerZone {
+            common: Arc::new(Common::new(common)),
+            zones,
+        };
         if commit {
             // Zones that left take their smoothing state with them (buckets that left the rules
             // did when the rules changed).

@@ -54,6 +54,14 @@ impl Dictionary {
                 bucket,
                 id,
             } => {
+                // Named again as it was bound (a sender names its buckets until it hears that
+                // the receiver takes numbers): the bucket its number stands for, checked by
+                // two short comparisons rather than found by the names' hashes.
+                if let Some(&index) = self.ids.get(id as usize)
+                    && table.names(index, service, bucket)
+                {
+                    return Some(index);
+                }
                 let found = table.find(service, bucket);
                 self.bind(id, found, service, bucket);
                 found
@@ -180,6 +188,23 @@ mod tests {
         assert_eq!(names.resolve(&table, Some(0), &entry("", 7)), Some(1));
         assert_eq!(names.resolve(&table, None, &entry("", 7)), Some(1));
         assert_eq!(names.names(&table, &entry("", 7)), Some(("api", "b")));
+        assert_eq!(names.unbound, 0);
+    }
+
+    #[test]
+    fn a_number_named_again_with_other_names_stands_for_them() {
+        let table = table(&["a", "b"]);
+        let mut names = Dictionary::default();
+        assert_eq!(names.resolve(&table, Some(0), &entry("a", 1)), Some(0));
+        assert_eq!(names.resolve(&table, Some(0), &entry("a", 1)), Some(0));
+        assert_eq!(names.resolve(&table, Some(0), &entry("b", 1)), Some(1));
+        assert_eq!(names.resolve(&table, Some(0), &entry("", 1)), Some(1));
+        assert_eq!(names.resolve(&table, Some(0), &entry("zz", 1)), None);
+        assert_eq!(
+            names.resolve(&table, Some(0), &entry("", 1)),
+            None,
+            "lacking"
+        );
         assert_eq!(names.unbound, 0);
     }
 

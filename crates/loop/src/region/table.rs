@@ -93,6 +93,14 @@ impl Table {
         self.index.get(service)?.get(bucket).copied()
     }
 
+    /// Whether bucket `index` is the one named `service` and `bucket` (false for an index the
+    /// table does not have).
+    pub fn names(&self, index: Index, service: &str, bucket: &str) -> bool {
+        self.keys
+            .get(index as usize)
+            .is_some_and(|key| key.service == service && key.bucket == bucket)
+    }
+
     /// The global buckets, in the rules' order.
     pub fn global(&self) -> &[Index] {
         &self.global

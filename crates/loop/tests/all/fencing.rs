@@ -31,7 +31,7 @@ fn instruct(region: &mut RegionCore, offered: u64) -> v1::ZoneInstructions {
         .into_iter()
         .find_map(|s| match s {
             RegionStep::Send { instructions, .. } => Some(instructions),
-            RegionStep::Announce(_) => None,
+            _ => None,
         })
         .expect("interval 7 computed")
 }

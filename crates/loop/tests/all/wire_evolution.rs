@@ -360,7 +360,7 @@ fn an_older_aggregator_is_summed_by_name_and_instructed_by_name_every_interval()
             .iter()
             .filter_map(|s| match s {
                 RegionStep::Send { instructions, .. } => Some(instructions.encode_to_vec()),
-                RegionStep::Announce(_) => None,
+                _ => None,
             })
             .map(|bytes| old::ZoneInstructions::decode(bytes.as_slice()).unwrap())
             .collect();

@@ -694,6 +694,14 @@ impl Fleet {
                         }
                     }
                 }
+                RegionStep::SendShared {
+                    member,
+                    instructions,
+                } => {
+                    let to = Node::Zone(member as usize);
+                    let message = Message::ZoneInstructions(instructions.to_message());
+                    self.wire.send(now, Node::Region(r), to, message);
+                }
                 RegionStep::Send {
                     member,
                     instructions,
