@@ -310,7 +310,7 @@ struct RegionState {
     /// What the dashboard shows beside the core's view.
     record: record::Record,
     /// Each aggregator's stream, by connection.
-    zones: HashMap<u64, mpsc::Sender<zones::Outgoing>>,
+    zones: HashMap<u64, mpsc::Sender<service::Outgoing>>,
     /// Each peer's stream, by connection (the ones it opened and the ones this side opened).
     peers: HashMap<u64, mpsc::Sender<Result<v1::RegionSums, Status>>>,
     /// The region's traffic history on its way to the rules store, when it has one.

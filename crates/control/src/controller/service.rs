@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use spillway_core::leadership::Leadership;
 use spillway_link::{Stop, now_ms, sleep_or_stop};
-use spillway_loop::RulesSnapshot;
+use spillway_loop::{RulesSnapshot, SharedInstructions};
 use spillway_proto::v1;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -17,8 +17,11 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Region;
-use super::zones::Outgoing;
 use crate::trust::{self, Reason, Refusal};
+
+/// What a zone stream carries down: each interval's instructions, the buckets common to every
+/// zone encoded once (`super::zones` writes them).
+pub(super) type Outgoing = Result<SharedInstructions, Status>;
 
 pub(super) struct Service {
     pub(super) region: Arc<Region>,

@@ -26,13 +26,10 @@ use tonic::codegen::{BoxFuture, http};
 use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::service::Service;
+use super::service::{Outgoing, Service};
 
 /// `LinkZone`'s path.
 const LINK_ZONE: &str = "/spillway.v1.Controller/LinkZone";
-
-/// What a zone stream carries down.
-pub(super) type Outgoing = Result<SharedInstructions, Status>;
 
 /// The controller's gRPC service: `LinkZone` here, with [`ZoneCodec`]; every other method
 /// (`Exchange`) by the generated server.
