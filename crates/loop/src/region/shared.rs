@@ -456,19 +456,24 @@ mod tests {
         assert_eq!(z2.own().count(), 2, "z and a only");
     }
 
+    /// The first shared message among `steps`.
+    fn first_shared(steps: &[RegionStep]) -> SharedInstructions {
+        steps
+            .iter()
+            .find_map(|s| match s {
+                RegionStep::SendShared { instructions, .. } => Some(instructions.clone()),
+                _ => None,
+            })
+            .expect("a shared message among the steps")
+    }
+
     #[test]
     fn a_lost_message_names_its_buckets_again() {
         let mut core = core(true);
         core.join(1, "z1");
         let mut steps = core.on_zone_report(1, report("z1", 7, true, 1), 8_001);
         steps.extend(core.poll(8_600));
-        let first = steps
-            .iter()
-            .find_map(|s| match s {
-                RegionStep::SendShared { instructions, .. } => Some(instructions.clone()),
-                _ => None,
-            })
-            .unwrap();
+        let first = first_shared(&steps);
         assert!(
             first.buckets().all(|b| !b.bucket.is_empty()),
             "named the first time"
@@ -476,13 +481,7 @@ mod tests {
         core.shared_send_failed(1, &first);
         let mut steps = core.on_zone_report(1, report("z1", 8, true, 1), 9_001);
         steps.extend(core.poll(9_600));
-        let again = steps
-            .iter()
-            .find_map(|s| match s {
-                RegionStep::SendShared { instructions, .. } => Some(instructions.clone()),
-                _ => None,
-            })
-            .unwrap();
+        let again = first_shared(&steps);
         assert!(again.buckets().all(|b| !b.bucket.is_empty()), "named again");
         let rules = |s: &SharedInstructions| s.rules().is_some();
         assert!(rules(&first) && rules(&again), "the rules go again too");
