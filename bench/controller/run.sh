@@ -38,8 +38,13 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 kill -0 "$controller" 2>/dev/null || { echo "the controller did not start:" >&2; cat "$work/controller.log" >&2; exit 1; }
-ticks() { awk '{print $14 + $15}' "/proc/${1:-$controller}/stat"; }
-rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$controller/status"; }
+# Under PERF, $controller is perf's process: the figures are read from the controller it runs.
+measured=$controller
+if [[ -n ${PERF:-} ]]; then
+  measured=$(pgrep -P "$controller" | head -1)
+fi
+ticks() { awk '{print $14 + $15}' "/proc/${1:-$measured}/stat"; }
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$measured/status"; }
 "$bin/examples/zones" -c "$work/controller.yaml" --controller "http://127.0.0.1:$port" \
   --zones "$zones" --seconds "$seconds" ${ZONES_ARGS:-} >"$work/zones.json" &
 emulator=$!
