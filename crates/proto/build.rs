@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // would then pull in with its server half; dialing goes through `spillway-link`'s endpoints.
     tonic_prost_build::configure()
         .build_transport(false)
+        // Prost's codec with smaller first buffers: see `spillway_proto::codec`.
+        .codec_path("crate::codec::LeanCodec")
         .compile_with_config(config, &["proto/spillway/v1/control.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

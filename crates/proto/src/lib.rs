@@ -12,5 +12,7 @@ pub mod v1 {
     tonic::include_proto!("spillway.v1");
 }
 
+pub mod codec;
+
 /// The largest message either side accepts: a report of 100,000 buckets, or a large rules file.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

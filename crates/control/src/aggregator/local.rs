@@ -13,7 +13,7 @@ use spillway_proto::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::Zone;
+use super::{Outlet, Zone};
 
 /// Attaches in-process clients to a running aggregator ([`super::Aggregator::local_clients`]).
 #[derive(Clone)]
@@ -131,7 +131,9 @@ impl LocalClient {
         report.region.clone_from(&self.zone.region);
         report.zone.clone_from(&self.zone.zone);
         let mut state = self.zone.lock();
-        state.clients.insert(self.host.clone(), self.tx.clone());
+        state
+            .clients
+            .insert(self.host.clone(), Outlet::Local(self.tx.clone()));
         let steps = state.core.on_report(now_ms(), self.conn, report);
         state.send(steps);
     }
@@ -154,7 +156,7 @@ impl Drop for LocalClient {
         if state
             .clients
             .get(&self.host)
-            .is_some_and(|t| t.same_channel(&self.tx))
+            .is_some_and(|t| matches!(t, Outlet::Local(t) if t.same_channel(&self.tx)))
         {
             state.clients.remove(&self.host);
         }

@@ -232,7 +232,7 @@ struct Zone {
 struct ZoneState {
     core: ZoneCore,
     /// Each client's stream, by host.
-    clients: HashMap<String, mpsc::Sender<Result<v1::Instructions, Status>>>,
+    clients: HashMap<String, Outlet>,
     /// The stream to the controller, while open.
     upstream: Option<mpsc::Sender<v1::ZoneReport>>,
     /// Each interval's span, from its first host report until the zone's sums go up.
@@ -267,6 +267,27 @@ impl Zone {
     }
 }
 
+/// Where a client's instructions go.
+#[derive(Clone)]
+enum Outlet {
+    /// A linked host's stream ([`service`]). Its messages are boxed: a channel allocates its
+    /// slots 32 at a time when it is made, and 32 unboxed messages (an `Instructions` is 136
+    /// bytes) are 4 KiB held for as long as the host stays linked; boxed they are 512 bytes.
+    Stream(mpsc::Sender<Result<Box<v1::Instructions>, Status>>),
+    /// An in-process client ([`LocalClients`]), a few a process.
+    Local(mpsc::Sender<Result<v1::Instructions, Status>>),
+}
+
+impl Outlet {
+    /// Hands `instructions` to the client's stream unless it is full or closed.
+    fn try_send(&self, instructions: v1::Instructions) -> bool {
+        match self {
+            Outlet::Stream(tx) => tx.try_send(Ok(Box::new(instructions))).is_ok(),
+            Outlet::Local(tx) => tx.try_send(Ok(instructions)).is_ok(),
+        }
+    }
+}
+
 impl ZoneState {
     /// Sends what the core asks for. A client too slow to take one message per interval misses
     /// this one (its instructions expire if it keeps missing them); the core sends the rules
@@ -297,7 +318,7 @@ impl ZoneState {
                     let sent = self
                         .clients
                         .get(&host)
-                        .is_some_and(|tx| tx.try_send(Ok(instructions)).is_ok());
+                        .is_some_and(|outlet| outlet.try_send(instructions));
                     if !sent && carries_rules {
                         self.core.send_failed(&host);
                     }

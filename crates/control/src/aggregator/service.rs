@@ -1,17 +1,19 @@
 //! The aggregator's gRPC service: one stream per client, its reports into the zone's core; and
 //! the ticker that closes overdue intervals between reports.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use spillway_link::{Stop, now_ms, sleep_or_stop};
 use spillway_proto::v1;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Zone;
+use super::{Outlet, Zone};
 use crate::trust::{self, Reason, Refusal};
 
 pub(super) struct Service {
@@ -21,7 +23,7 @@ pub(super) struct Service {
 
 #[tonic::async_trait]
 impl v1::aggregator_server::Aggregator for Service {
-    type LinkStream = ReceiverStream<Result<v1::Instructions, Status>>;
+    type LinkStream = Unboxed;
 
     async fn link(
         &self,
@@ -64,7 +66,9 @@ impl v1::aggregator_server::Aggregator for Service {
                                 host = Some(report.host_id.clone());
                             }
                             // The newest stream of a host is the one its instructions go to.
-                            state.clients.insert(report.host_id.clone(), tx.clone());
+                            state
+                                .clients
+                                .insert(report.host_id.clone(), Outlet::Stream(tx.clone()));
                             if !report.surge {
                                 state.spans.on_report(report.sequence);
                             }
@@ -81,7 +85,7 @@ impl v1::aggregator_server::Aggregator for Service {
                 if state
                     .clients
                     .get(&host)
-                    .is_some_and(|t| t.same_channel(&tx))
+                    .is_some_and(|t| matches!(t, Outlet::Stream(t) if t.same_channel(&tx)))
                 {
                     state.clients.remove(&host);
                 }
@@ -89,7 +93,20 @@ impl v1::aggregator_server::Aggregator for Service {
                 state.send(steps);
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Unboxed(rx)))
+    }
+}
+
+/// A host's stream of instructions, taken out of the boxes they wait in ([`Outlet::Stream`]).
+pub(super) struct Unboxed(mpsc::Receiver<Result<Box<v1::Instructions>, Status>>);
+
+impl Stream for Unboxed {
+    type Item = Result<v1::Instructions, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0
+            .poll_recv(cx)
+            .map(|message| message.map(|message| message.map(|boxed| *boxed)))
     }
 }
 
