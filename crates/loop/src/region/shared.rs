@@ -234,7 +234,8 @@ impl SharedInstructions {
 }
 
 // `Instructions`' fields before its buckets (1 to 4) and after them (6 to 10), written as
-// prost writes them: in number order, a field at its default left out.
+// prost writes them: in number order, a field at its default left out. The test
+// `a_whole_message_encodes_as_prost_encodes_it` names every field, so a new one is caught there.
 
 fn before_len(i: &v1::Instructions) -> usize {
     [
@@ -489,9 +490,13 @@ mod tests {
 
     #[test]
     fn a_whole_message_encodes_as_prost_encodes_it() {
+        // Every field named, none left to `Default`: a field added to `Instructions` or
+        // `ZoneInstructions` stops this test from compiling until `encode` writes it too.
         let message = v1::ZoneInstructions {
             instructions: Some(v1::Instructions {
                 issued_at_ms: 5,
+                ttl_ms: 4_000,
+                interval_ms: 1_000,
                 sequence: 3,
                 buckets: vec![
                     v1::BucketInstruction {
@@ -515,7 +520,6 @@ mod tests {
                 provisional: true,
                 from_rates_now: true,
                 epoch: 9,
-                ..Default::default()
             }),
             bucket_ids: true,
         };
