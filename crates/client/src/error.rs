@@ -52,7 +52,7 @@ pub enum ClientError {
     /// A `store: redis` bucket, and this build of spillway-client was made without the `redis`
     /// feature. Only produced without it.
     #[error(
-        "service {service}, bucket {bucket}: store: redis, but this build of spillway-client has no Redis support; build it with the `redis` feature"
+        "service {service}, bucket {bucket}: store: redis, but this build of spillway-client has no Redis support; build it with the `redis` feature (the `spillway` binary's default features have it)"
     )]
     RedisNotBuilt { service: String, bucket: String },
     /// A `redis` section that no bucket uses, and this build of spillway-client was made without
@@ -60,7 +60,7 @@ pub enum ClientError {
     /// rather than ignored, so a build without Redis fails when it starts, not when rules with
     /// `store: redis` buckets arrive later. Only produced without the feature.
     #[error(
-        "redis: this build of spillway-client has no Redis support; build it with the `redis` feature, or remove the `redis` section"
+        "redis: this build of spillway-client has no Redis support; build it with the `redis` feature (the `spillway` binary's default features have it), or remove the `redis` section"
     )]
     RedisSectionNotBuilt,
 }

@@ -326,7 +326,9 @@ fn register_engine(registry: &mut Registry, client: &Client, link: Option<&LinkS
         "Version of the rules in force; counts up with every reload",
         version,
     );
-    // One Redis endpoint per configuration, so no labels: the breaker and its failures.
+    // One Redis endpoint per configuration, so no labels: the breaker and its failures. A build
+    // without Redis refuses every file that names it, so it has no breaker to show.
+    #[cfg(feature = "redis")]
     if let Some(store) = client.store_stats() {
         let state = Gauge::<i64>::default();
         state.set(store.state.gauge());

@@ -123,8 +123,8 @@ pub fn run(command: Command) -> ExitCode {
 
 /// `Ok` when this binary was built with `feature`; otherwise the usage error that says how to
 /// build one that has it. The quick start's lean build (`--no-default-features`) leaves out
-/// Envoy's services (`rls`), the PostgreSQL driver (`postgres`) and the OpenTelemetry exporter
-/// (`otlp`).
+/// Envoy's services (`rls`), the PostgreSQL driver (`postgres`), the OpenTelemetry exporter
+/// (`otlp`) and the Redis client (`redis`, which the sidecar's client refuses by itself).
 pub fn needs_feature(feature: &str, what: &str) -> Result<(), String> {
     let built = (feature == "rls" && cfg!(feature = "rls"))
         || (feature == "postgres" && cfg!(feature = "postgres"))

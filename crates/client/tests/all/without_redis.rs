@@ -10,8 +10,7 @@ use spillway_core::pattern::RequestAttrs;
 /// A file the sidecar accepts: `orders` counts in memory, `search` has one exact bucket.
 const WITH_REDIS: &str = "version: 1\nredis: { url: redis://127.0.0.1:1 }\nservices:\n  orders:\n    buckets:\n      - { name: local, limit: 1/h, algorithm: token-bucket }\n  search:\n    buckets:\n      - { name: wide, limit: 100/s, algorithm: gcra }\n      - { name: exact, match: { user: \"*\" }, limit: 5/s, algorithm: token-bucket, store: redis }\n";
 
-const NOT_BUILT: &str =
-    "this build of spillway-client has no Redis support; build it with the `redis` feature";
+const NOT_BUILT: &str = "this build of spillway-client has no Redis support; build it with the `redis` feature (the `spillway` binary's default features have it)";
 
 #[test]
 fn a_store_redis_bucket_is_refused_naming_its_service_and_bucket() {
