@@ -544,6 +544,64 @@ impl HostCore {
         }
     }
 
+    /// `n` guard ticks at `first`, `first + surge::TICK_NS`, ..., each of them quiet
+    /// ([`HostCore::guard_quiet`] held before the first, with the buckets at `totals` since): the
+    /// steps of the last, added to `steps`, and the state that `n` calls of
+    /// [`HostCore::guard_tick_into`] leave. A quiet tick counts nothing, so it only ages each
+    /// bucket's mix and its guard's window ([`SurgeGuard::tick_zeros`]); an owner that lets idle
+    /// hosts fall behind (the simulator) catches one up in one call, not one per tick.
+    pub fn guard_quiet_ticks_into(
+        &mut self,
+        first: Nanos,
+        n: u64,
+        totals: &[Snapshot],
+        steps: &mut Vec<HostStep>,
+    ) {
+        if !self.surge_guard || n == 0 {
+            return;
+        }
+        let last = first.saturating_add((n - 1).saturating_mul(surge::TICK_NS));
+        for (i, (b, total)) in self.buckets.iter_mut().zip(totals).enumerate() {
+            if b.kind != Kind::DropRatio {
+                continue;
+            }
+            let offered = total.offered();
+            debug_assert!(
+                b.guard_at.is_none() || offered == b.guard_offered,
+                "a quiet tick counts nothing"
+            );
+            // As `guard_tick_into` ages it: the first tick adds what came since the last, the
+            // others nothing.
+            let tiers = total.offered_by_tier();
+            for ((mix, &now), was) in b.mix.iter_mut().zip(&tiers).zip(b.guard_tiers) {
+                *mix = *mix - *mix / 4 + now.saturating_sub(was);
+                for _ in 1..n {
+                    if *mix == 0 {
+                        break;
+                    }
+                    *mix -= *mix / 4;
+                }
+            }
+            b.guard_tiers = tiers;
+            // The first tick of a guard that never ticked only marks where it starts.
+            let (from, count) = match b.guard_at {
+                Some(_) => (first, n),
+                None => (first.saturating_add(surge::TICK_NS), n - 1),
+            };
+            if count > 0 {
+                let ratio = b.guard.tick_zeros(from, surge::TICK_NS, count);
+                steps.push(HostStep::Surge {
+                    bucket: i,
+                    ratio,
+                    tiers: b.guard_tiers(ratio),
+                    until: last.saturating_add(2 * surge::TICK_NS),
+                });
+            }
+            b.guard_offered = offered;
+            b.guard_at = Some(last);
+        }
+    }
+
     /// Whether the next [`HostCore::guard_tick`], with the buckets at `totals`, cannot engage any
     /// guard: every drop-ratio bucket was offered nothing since the guard's last tick, and that
     /// tick counted nothing. The guard tests the count of its window, the last two ticks, against

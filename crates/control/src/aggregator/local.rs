@@ -131,9 +131,11 @@ impl LocalClient {
         report.region.clone_from(&self.zone.region);
         report.zone.clone_from(&self.zone.zone);
         let mut state = self.zone.lock();
-        state
-            .clients
-            .insert(self.host.clone(), Outlet::Local(self.tx.clone()));
+        state.attach(
+            &self.host,
+            || Outlet::Local(self.tx.clone()),
+            |o| matches!(o, Outlet::Local(t) if t.same_channel(&self.tx)),
+        );
         let steps = state.core.on_report(now_ms(), self.conn, report);
         state.send(steps);
     }

@@ -231,8 +231,9 @@ struct Zone {
 
 struct ZoneState {
     core: ZoneCore,
-    /// Each client's stream, by host.
-    clients: HashMap<String, Outlet>,
+    /// Each client's stream, by host. Looked up on every report, so hashed with foldhash
+    /// rather than SipHash: its keys are the host ids of this zone's own clients.
+    clients: HashMap<String, Outlet, foldhash::fast::RandomState>,
     /// The stream to the controller, while open.
     upstream: Option<mpsc::Sender<v1::ZoneReport>>,
     /// Each interval's span, from its first host report until the zone's sums go up.
@@ -249,7 +250,7 @@ impl Zone {
                     core.number_buckets();
                     core
                 },
-                clients: HashMap::new(),
+                clients: HashMap::default(),
                 upstream: None,
                 spans: IntervalSpans::aggregator(&options.region, &options.zone),
             }),
@@ -289,6 +290,24 @@ impl Outlet {
 }
 
 impl ZoneState {
+    /// `outlet` is where `host`'s instructions go from now on: the stream it reported on last.
+    /// A host reports on the same stream interval after interval, so the entry is written only
+    /// when the stream changed, without a copy of the host id for every report.
+    fn attach(
+        &mut self,
+        host: &str,
+        outlet: impl FnOnce() -> Outlet,
+        same: impl Fn(&Outlet) -> bool,
+    ) {
+        match self.clients.get_mut(host) {
+            Some(current) if same(current) => {}
+            Some(current) => *current = outlet(),
+            None => {
+                self.clients.insert(host.to_owned(), outlet());
+            }
+        }
+    }
+
     /// Sends what the core asks for. A client too slow to take one message per interval misses
     /// this one (its instructions expire if it keeps missing them); the core sends the rules
     /// again to a client that missed them, and the hosts list to a controller that missed it.

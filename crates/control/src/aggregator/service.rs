@@ -66,9 +66,11 @@ impl v1::aggregator_server::Aggregator for Service {
                                 host = Some(report.host_id.clone());
                             }
                             // The newest stream of a host is the one its instructions go to.
-                            state
-                                .clients
-                                .insert(report.host_id.clone(), Outlet::Stream(tx.clone()));
+                            state.attach(
+                                &report.host_id,
+                                || Outlet::Stream(tx.clone()),
+                                |o| matches!(o, Outlet::Stream(t) if t.same_channel(&tx)),
+                            );
                             if !report.surge {
                                 state.spans.on_report(report.sequence);
                             }

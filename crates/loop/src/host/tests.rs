@@ -354,24 +354,37 @@ fn a_token_budgets_guard_counts_requests_worth_of_tokens_and_takes_no_burst_of_s
 
 #[test]
 fn a_quiet_guard_tick_cannot_engage_and_gives_the_same_steps_when_run_later() {
-    // One host ticked every 50 ms, and a copy that skips the ticks `guard_quiet` calls quiet and
-    // runs them, with the same instants and totals, just before its next arrival or instruction.
+    // One host ticked every 50 ms, a copy that skips the ticks `guard_quiet` calls quiet and
+    // runs them, with the same instants and totals, just before its next arrival or instruction,
+    // and a second copy that runs each such run of quiet ticks in one call.
     let mut rng = fastrand::Rng::with_seed(7);
-    let (mut eager, mut lazy) = (core(DROP), core(DROP));
+    let (mut eager, mut lazy, mut batched) = (core(DROP), core(DROP), core(DROP));
     let mut instruction = instruction("all", 0.0, None);
     instruction.scope_offered_rps = 40.0;
     instruction.scope_hosts = 4;
     let mut total = 0;
     let mut late: Vec<Nanos> = Vec::new();
-    let catch_up = |lazy: &mut HostCore, late: &mut Vec<Nanos>, total: u64| {
-        let mut last = Vec::new();
-        for now in late.drain(..) {
-            last = lazy.guard_tick(now, &[offered(total)]);
-            assert_eq!(lazy.take_surge_report(), None);
-        }
-        last
-    };
-    let (mut quiet, mut engaged) = (0, 0);
+    let catch_up =
+        |lazy: &mut HostCore, batched: &mut HostCore, late: &mut Vec<Nanos>, total: u64| {
+            let mut at_once = Vec::new();
+            if let Some(&first) = late.first() {
+                batched.guard_quiet_ticks_into(
+                    first,
+                    late.len() as u64,
+                    &[offered(total)],
+                    &mut at_once,
+                );
+                assert_eq!(batched.take_surge_report(), None);
+            }
+            let mut last = Vec::new();
+            for now in late.drain(..) {
+                last = lazy.guard_tick(now, &[offered(total)]);
+                assert_eq!(lazy.take_surge_report(), None);
+            }
+            assert_eq!(at_once, last, "a run of quiet ticks at once");
+            last
+        };
+    let (mut quiet, mut engaged, mut runs) = (0, 0, 0);
     for tick in 0..200u64 {
         let now = at(7_000 + 50 * tick).clock;
         let is_quiet = eager.guard_quiet(&[offered(total)]);
@@ -382,20 +395,23 @@ fn a_quiet_guard_tick_cannot_engage_and_gives_the_same_steps_when_run_later() {
             quiet += 1;
             late.push(now);
         } else {
-            catch_up(&mut lazy, &mut late, total);
+            runs += usize::from(late.len() > 1);
+            catch_up(&mut lazy, &mut batched, &mut late, total);
             assert_eq!(lazy.guard_tick(now, &[offered(total)]), eager_last);
+            assert_eq!(batched.guard_tick(now, &[offered(total)]), eager_last);
             assert_eq!(lazy.take_surge_report(), report);
+            assert_eq!(batched.take_surge_report(), report);
             engaged += usize::from(report.is_some());
         }
         if tick == 20 {
             // An instruction 10 ms after the tick.
-            let last = catch_up(&mut lazy, &mut late, total);
+            runs += usize::from(late.len() > 1);
+            let last = catch_up(&mut lazy, &mut batched, &mut late, total);
             assert!(last.is_empty() || last == eager_last);
             let set = instructions(vec![instruction.clone()]);
-            assert_eq!(
-                lazy.on_instructions(at(8_010), set.clone()),
-                eager.on_instructions(at(8_010), set)
-            );
+            let steps = eager.on_instructions(at(8_010), set.clone());
+            assert_eq!(lazy.on_instructions(at(8_010), set.clone()), steps);
+            assert_eq!(batched.on_instructions(at(8_010), set), steps);
         }
         // Calm: one request in a tick now and then; from 5 s to 7 s, a surge of 20 a tick.
         let n = if (100..140).contains(&tick) {
@@ -404,11 +420,13 @@ fn a_quiet_guard_tick_cannot_engage_and_gives_the_same_steps_when_run_later() {
             u64::from(rng.u8(..) < 12)
         };
         if n > 0 {
-            let last = catch_up(&mut lazy, &mut late, total);
+            runs += usize::from(late.len() > 1);
+            let last = catch_up(&mut lazy, &mut batched, &mut late, total);
             assert!(last.is_empty() || last == eager_last);
             total += n;
         }
     }
     assert!(quiet > 100, "{quiet} quiet ticks");
+    assert!(runs > 5, "{runs} runs of several quiet ticks");
     assert!(engaged > 0, "the surge engaged the guard");
 }
