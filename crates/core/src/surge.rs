@@ -255,6 +255,12 @@ impl SurgeGuard {
     /// until the next tick ([`SurgeGuard::current`]).
     pub fn tick(&mut self, offered: u64, now: Nanos) -> Ratio {
         self.ticks.push_back((now, offered));
+        self.forget_before(now);
+        self.current(now)
+    }
+
+    /// Drops the ticks older than `keep_ns` at `now`.
+    fn forget_before(&mut self, now: Nanos) {
         while self
             .ticks
             .front()
@@ -262,7 +268,6 @@ impl SurgeGuard {
         {
             self.ticks.pop_front();
         }
-        self.current(now)
     }
 
     /// [`SurgeGuard::tick`] `n` times with a count of 0, at `first`, `first + step`, ..., and
@@ -282,13 +287,7 @@ impl SurgeGuard {
             self.ticks
                 .push_back((first.saturating_add(k.saturating_mul(step)), 0));
         }
-        while self
-            .ticks
-            .front()
-            .is_some_and(|(at, _)| last.saturating_sub(*at) > self.keep_ns)
-        {
-            self.ticks.pop_front();
-        }
+        self.forget_before(last);
         self.current(last)
     }
 

@@ -193,6 +193,17 @@ impl Bucket {
         }
     }
 
+    /// The step of a guard tick at `now` of bucket `bucket` (this one) that left `ratio`: it
+    /// holds until two ticks later, unless the next tick replaces it.
+    fn guard_step(&self, bucket: usize, ratio: Ratio, now: Nanos) -> HostStep {
+        HostStep::Surge {
+            bucket,
+            ratio,
+            tiers: self.guard_tiers(ratio),
+            until: now.saturating_add(2 * surge::TICK_NS),
+        }
+    }
+
     /// The tiers of the guard's ratio `ratio`: the instruction's when it is the instruction's
     /// ratio; else the instruction's tiers moved ([`shed_to`]) so that the host admits the part
     /// of its own recent load the guard's ratio keeps, relative to what the instruction kept.
@@ -532,12 +543,7 @@ impl HostCore {
                     / (now - at) as f64
                     / b.unit;
                 let ratio = b.guard.tick(count.round() as u64, now);
-                steps.push(HostStep::Surge {
-                    bucket: i,
-                    ratio,
-                    tiers: b.guard_tiers(ratio),
-                    until: now.saturating_add(2 * surge::TICK_NS),
-                });
+                steps.push(b.guard_step(i, ratio, now));
             }
             b.guard_offered = offered;
             b.guard_at = Some(now);
@@ -590,12 +596,7 @@ impl HostCore {
             };
             if count > 0 {
                 let ratio = b.guard.tick_zeros(from, surge::TICK_NS, count);
-                steps.push(HostStep::Surge {
-                    bucket: i,
-                    ratio,
-                    tiers: b.guard_tiers(ratio),
-                    until: last.saturating_add(2 * surge::TICK_NS),
-                });
+                steps.push(b.guard_step(i, ratio, last));
             }
             b.guard_offered = offered;
             b.guard_at = Some(last);
