@@ -299,20 +299,35 @@ pub async fn run_tokens(options: TokensOptions) -> Result<TokensSummary, DemoErr
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut unreported = 0;
     // What the sidecars debited, over the keys' buckets (one per key locally, Redis's one
     // bucket of a budget per key).
-    let mut debited = 0;
-    for p in &proxies {
-        let rules = p.client().rules();
-        let names = (1..=options.keys)
-            .map(|key| format!("tokens-key-{key}"))
-            .chain([PER_KEY_BUCKET.to_owned()]);
-        for b in names.filter_map(|name| rules.find("llm", &name)) {
-            debited += b.budget().debited();
-            unreported += b.budget().unreported();
+    let debits = || {
+        let (mut debited, mut unreported) = (0, 0);
+        for p in &proxies {
+            let rules = p.client().rules();
+            let names = (1..=options.keys)
+                .map(|key| format!("tokens-key-{key}"))
+                .chain([PER_KEY_BUCKET.to_owned()]);
+            for b in names.filter_map(|name| rules.find("llm", &name)) {
+                debited += b.budget().debited();
+                unreported += b.budget().unreported();
+            }
         }
+        (debited, unreported)
+    };
+    // A sidecar settles an answer after the client has it: with `store: redis`, once its Redis
+    // call returns. Those still in flight are waited for (a busy machine's Redis may take a
+    // while), up to 5 s.
+    let answered: u64 = counts
+        .keys
+        .iter()
+        .map(|c| c.tokens.load(Ordering::Relaxed))
+        .sum();
+    let settle = Instant::now() + Duration::from_secs(5);
+    while debits().0 < answered && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let (debited, unreported) = debits();
     let burst = options.budget;
     let keys = counts
         .keys
