@@ -461,7 +461,8 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
 #[utoipa::path(put, path = "/v1/rules/{id}", security(("bearer" = [])), request_body = RuleBody,
     params(
         ("id" = String, Path, description = "The rule's id (UUID)"),
-        ("if-match" = String, Header, description = "The version read (the rule's ETag), or *"),
+        ("if-match" = String, Header, description = "The version read (the rule's ETag), or *",
+            pattern = r#"^[ \t]*(\*|W/"[0-9]{1,18}"|"[0-9]{1,18}"|[0-9]{1,18})[ \t]*$"#),
     ),
     responses(
         (status = 200, description = "Replaced", body = RuleAnswer),
@@ -501,7 +502,8 @@ struct ReasonQuery {
 #[utoipa::path(delete, path = "/v1/rules/{id}", security(("bearer" = [])),
     params(
         ("id" = String, Path, description = "The rule's id (UUID)"),
-        ("if-match" = Option<String>, Header, description = "Delete only if the rule is still at this version"),
+        ("if-match" = Option<String>, Header, description = "Delete only if the rule is still at this version, or *",
+            pattern = r#"^[ \t]*(\*|W/"[0-9]{1,18}"|"[0-9]{1,18}"|[0-9]{1,18})[ \t]*$"#),
         ReasonQuery,
     ),
     responses(
