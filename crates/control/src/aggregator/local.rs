@@ -11,7 +11,6 @@ pub use spillway_link::InstructionsRx;
 use spillway_link::{LocalRefusal, ZoneClient, ZoneClients, now_ms};
 use spillway_proto::v1;
 use tokio::sync::mpsc;
-use tonic::Status;
 
 use super::{Outlet, Zone};
 
@@ -66,7 +65,7 @@ impl LocalClients {
             zone: self.zone.clone(),
             host: host.into(),
             conn: self.zone.next_conn.fetch_add(1, Ordering::Relaxed),
-            tx,
+            outlet: Outlet::Local(tx),
         };
         (client, rx)
     }
@@ -106,7 +105,8 @@ pub struct LocalClient {
     zone: Arc<Zone>,
     host: String,
     conn: u64,
-    tx: mpsc::Sender<Result<v1::Instructions, Status>>,
+    /// Its instructions' channel.
+    outlet: Outlet,
 }
 
 impl std::fmt::Debug for LocalClient {
@@ -131,11 +131,7 @@ impl LocalClient {
         report.region.clone_from(&self.zone.region);
         report.zone.clone_from(&self.zone.zone);
         let mut state = self.zone.lock();
-        state.attach(
-            &self.host,
-            || Outlet::Local(self.tx.clone()),
-            |o| matches!(o, Outlet::Local(t) if t.same_channel(&self.tx)),
-        );
+        state.attach(&self.host, &self.outlet);
         let steps = state.core.on_report(now_ms(), self.conn, report);
         state.send(steps);
     }
@@ -155,13 +151,7 @@ impl Drop for LocalClient {
     fn drop(&mut self) {
         self.zone.local.fetch_sub(1, Ordering::Relaxed);
         let mut state = self.zone.lock();
-        if state
-            .clients
-            .get(&self.host)
-            .is_some_and(|t| matches!(t, Outlet::Local(t) if t.same_channel(&self.tx)))
-        {
-            state.clients.remove(&self.host);
-        }
+        state.detach(&self.host, &self.outlet);
         let steps = state.core.on_stream_end(now_ms(), &self.host, self.conn);
         state.send(steps);
     }

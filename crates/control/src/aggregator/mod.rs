@@ -280,6 +280,15 @@ enum Outlet {
 }
 
 impl Outlet {
+    /// Whether `other` is this very stream.
+    fn same(&self, other: &Outlet) -> bool {
+        match (self, other) {
+            (Outlet::Stream(a), Outlet::Stream(b)) => a.same_channel(b),
+            (Outlet::Local(a), Outlet::Local(b)) => a.same_channel(b),
+            _ => false,
+        }
+    }
+
     /// Hands `instructions` to the client's stream unless it is full or closed.
     fn try_send(&self, instructions: v1::Instructions) -> bool {
         match self {
@@ -293,18 +302,21 @@ impl ZoneState {
     /// `outlet` is where `host`'s instructions go from now on: the stream it reported on last.
     /// A host reports on the same stream interval after interval, so the entry is written only
     /// when the stream changed, without a copy of the host id for every report.
-    fn attach(
-        &mut self,
-        host: &str,
-        outlet: impl FnOnce() -> Outlet,
-        same: impl Fn(&Outlet) -> bool,
-    ) {
+    fn attach(&mut self, host: &str, outlet: &Outlet) {
         match self.clients.get_mut(host) {
-            Some(current) if same(current) => {}
-            Some(current) => *current = outlet(),
+            Some(current) if current.same(outlet) => {}
+            Some(current) => *current = outlet.clone(),
             None => {
-                self.clients.insert(host.to_owned(), outlet());
+                self.clients.insert(host.to_owned(), outlet.clone());
             }
+        }
+    }
+
+    /// `host`'s stream `outlet` ended: it no longer takes the host's instructions, unless a
+    /// newer stream of the host already does.
+    fn detach(&mut self, host: &str, outlet: &Outlet) {
+        if self.clients.get(host).is_some_and(|t| t.same(outlet)) {
+            self.clients.remove(host);
         }
     }
 

@@ -42,6 +42,7 @@ impl v1::aggregator_server::Aggregator for Service {
         };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
+        let outlet = Outlet::Stream(tx.clone());
         let mut stop = self.stop.clone();
         let conn = zone.next_conn.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
@@ -66,11 +67,7 @@ impl v1::aggregator_server::Aggregator for Service {
                                 host = Some(report.host_id.clone());
                             }
                             // The newest stream of a host is the one its instructions go to.
-                            state.attach(
-                                &report.host_id,
-                                || Outlet::Stream(tx.clone()),
-                                |o| matches!(o, Outlet::Stream(t) if t.same_channel(&tx)),
-                            );
+                            state.attach(&report.host_id, &outlet);
                             if !report.surge {
                                 state.spans.on_report(report.sequence);
                             }
@@ -84,13 +81,7 @@ impl v1::aggregator_server::Aggregator for Service {
             }
             if let Some(host) = host {
                 let mut state = zone.lock();
-                if state
-                    .clients
-                    .get(&host)
-                    .is_some_and(|t| matches!(t, Outlet::Stream(t) if t.same_channel(&tx)))
-                {
-                    state.clients.remove(&host);
-                }
+                state.detach(&host, &outlet);
                 let steps = state.core.on_stream_end(now_ms(), &host, conn);
                 state.send(steps);
             }
