@@ -24,8 +24,8 @@ use spillway_proto::v1;
 
 use crate::fence::Fence;
 use crate::interval::Interval;
-use crate::sums::{BucketKey, TAIL_PARTS};
-use crate::tally::{BucketReport, Tally};
+use crate::sums::{BucketKey, Counts, TAIL_PARTS};
+use crate::tally::{Counted, Tally};
 
 /// The time of an event on a host: its limiters' clock and the wall clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,7 +376,7 @@ impl HostCore {
     /// disconnected is no rate of any one interval), and the first report is of the interval in
     /// progress. `totals` are the buckets' counters, in [`HostCore::buckets`] order.
     pub fn start(&mut self, now: HostTime, totals: &[Snapshot]) {
-        self.counted(totals);
+        counted(&mut self.buckets, totals).for_each(drop);
         let now_ms = now.unix_ms();
         self.tally = Tally::new(now_ms);
         self.schedule(now_ms);
@@ -413,8 +413,8 @@ impl HostCore {
             self.tail_due = false;
             let late = self.interval.ms() / TAIL_PARTS / 2;
             if now_ms < Tally::tail_start(self.interval, self.due) + late {
-                let counted = self.counted(totals);
-                self.tally.mark_tail(counted, now_ms);
+                self.tally
+                    .mark_tail(counted(&mut self.buckets, totals), now_ms);
             }
             return None;
         }
@@ -429,8 +429,9 @@ impl HostCore {
     /// report cut short is otherwise scaled up to a whole interval, which would count the rest
     /// of the interval twice, here and at the hosts its load moves to.
     pub fn flush(&mut self, now: HostTime, totals: &[Snapshot]) -> v1::Report {
-        let counted = self.counted(totals);
-        let buckets = self.tally.close_final(counted, now.unix_ms());
+        let buckets = self
+            .tally
+            .close_final(counted(&mut self.buckets, totals), now.unix_ms());
         self.report_of(buckets)
     }
 
@@ -761,8 +762,9 @@ impl HostCore {
     }
 
     fn report(&mut self, now_ms: u64, totals: &[Snapshot]) -> v1::Report {
-        let counted = self.counted(totals);
-        let buckets = self.tally.close(counted, now_ms, self.interval);
+        let buckets = self
+            .tally
+            .close(counted(&mut self.buckets, totals), now_ms, self.interval);
         self.report_of(buckets)
     }
 
@@ -816,33 +818,33 @@ impl HostCore {
             ..self.report_of(buckets)
         })
     }
+}
 
-    /// Each bucket's counts since the previous call. A bucket whose totals went down was
-    /// recreated by a reload: its counters started at zero again.
-    fn counted(&mut self, totals: &[Snapshot]) -> Vec<BucketReport> {
-        self.buckets
-            .iter_mut()
-            .zip(totals)
-            .map(|(b, &now)| {
-                let before = if b.reported.offered() <= now.offered() {
-                    b.reported
-                } else {
-                    Snapshot::default()
-                };
-                b.reported = now;
-                let delta = now - before;
-                BucketReport {
-                    service: b.key.service.clone(),
-                    bucket: b.key.bucket.clone(),
-                    offered: delta.offered(),
-                    allowed: delta.allowed,
-                    shadow_dropped: delta.shadow_dropped,
-                    tiers: delta.offered_by_tier(),
-                    offered_squares: delta.squares,
-                }
-            })
-            .collect()
-    }
+/// Each bucket's counts since the previous call, by its key. A bucket whose totals went down
+/// was recreated by a reload: its counters started at zero again.
+fn counted<'a>(
+    buckets: &'a mut [Bucket],
+    totals: &'a [Snapshot],
+) -> impl Iterator<Item = Counted<'a>> + 'a {
+    buckets.iter_mut().zip(totals).map(|(b, &now)| {
+        let before = if b.reported.offered() <= now.offered() {
+            b.reported
+        } else {
+            Snapshot::default()
+        };
+        b.reported = now;
+        let b: &'a Bucket = b;
+        let delta = now - before;
+        let counts = Counts {
+            offered: delta.offered(),
+            allowed: delta.allowed,
+            shadow_dropped: delta.shadow_dropped,
+            tiers: delta.offered_by_tier(),
+            offered_squares: delta.squares,
+            ..Counts::default()
+        };
+        (&b.key, counts)
+    })
 }
 
 #[cfg(test)]

@@ -39,5 +39,5 @@ pub use region::{
 };
 pub use rules::{DecodeRules, LinkRules, RulesError, RulesMessage, RulesSnapshot};
 pub use sums::{BucketKey, Counts, Intervals, Sums};
-pub use tally::{BucketReport, Tally};
+pub use tally::{Counted, Tally};
 pub use zone::{ClampNotice, NOTICE_EVERY_MS, ZoneCore, ZoneStep, host_shares};

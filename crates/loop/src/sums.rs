@@ -224,6 +224,15 @@ impl Sums {
         }
     }
 
+    /// These sums as [`Sums::add`] would add them to empty ones, without copying a key: each
+    /// count's sum of squares made explicit ([`Counts::squares`]).
+    pub fn normalized(mut self) -> Sums {
+        for counts in self.0.values_mut() {
+            counts.offered_squares = counts.squares();
+        }
+        self
+    }
+
     /// Adds counts as they came over the wire.
     pub fn add_wire(&mut self, buckets: &[v1::BucketCounts]) {
         for b in buckets {

@@ -6,25 +6,13 @@ use std::collections::HashMap;
 use spillway_proto::v1;
 
 use crate::interval::Interval;
-use spillway_core::criticality::TIERS;
 
 use crate::sums::{BucketKey, Counts, TAIL_PARTS, squares_to_wire, tiers_to_wire};
 
-/// One bucket's counts since the previous report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BucketReport {
-    pub service: String,
-    pub bucket: String,
-    /// Everything that arrived, dropped or not.
-    pub offered: u64,
-    pub allowed: u64,
-    pub shadow_dropped: u64,
-    /// `offered` per criticality tier (all zero: all the default tier).
-    pub tiers: [u64; TIERS],
-    /// The sum of the squares of the costs counted in `offered` (a token budget's tokens); 0
-    /// for a bucket counted in requests.
-    pub offered_squares: u64,
-}
+/// One bucket's counts since the previous call, by its key: `offered`, `allowed`,
+/// `shadow_dropped`, `tiers` (all zero: all the default tier) and `offered_squares` (0 for a
+/// bucket counted in requests); the tally sets the rest.
+pub type Counted<'a> = (&'a BucketKey, Counts);
 
 /// One host's counts of the interval in progress, taken in two parts, before its last quarter
 /// and within it, and turned into the report's counts when the interval ends: sans-IO, so the
@@ -36,8 +24,11 @@ pub struct BucketReport {
 /// 100 req/s until 12:00:00.500 and 1,000 req/s after reports 550 offered, 250 in the tail.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
-    /// Per bucket since the start: `offered_tail` holds what was counted since the tail mark.
-    counts: HashMap<BucketKey, Counts>,
+    /// Per bucket since the start: `offered_tail` holds what was counted since the tail mark;
+    /// and whether the bucket was counted in this interval. A bucket's entry outlives the
+    /// interval while the bucket is counted, so a host's every report neither copies its names
+    /// nor builds the map again; one not counted in an interval is dropped at its end.
+    counts: HashMap<BucketKey, (Counts, bool), foldhash::fast::RandomState>,
     started_ms: u64,
     /// When the tail started, if it was marked in this interval.
     tail_from_ms: Option<u64>,
@@ -63,7 +54,7 @@ impl Tally {
     }
 
     /// The counts since the previous call (`counted`) end before the tail, which starts now.
-    pub fn mark_tail(&mut self, counted: Vec<BucketReport>, now_ms: u64) {
+    pub fn mark_tail<'a>(&mut self, counted: impl IntoIterator<Item = Counted<'a>>, now_ms: u64) {
         self.unmark_tail();
         self.add(counted);
         self.tail_from_ms = Some(now_ms);
@@ -72,7 +63,7 @@ impl Tally {
     /// Forgets when the tail started (the interval changed length, or the report is cut short):
     /// the next report carries no tail unless the tail is marked again.
     pub fn unmark_tail(&mut self) {
-        for c in self.counts.values_mut() {
+        for (c, _) in self.counts.values_mut() {
             c.offered_tail = 0;
         }
         self.tail_from_ms = None;
@@ -80,9 +71,9 @@ impl Tally {
 
     /// Ends the interval at `now_ms` with the counts since the previous call, returns the
     /// report's counts (sorted by bucket) and starts counting the next interval.
-    pub fn close(
+    pub fn close<'a>(
         &mut self,
-        counted: Vec<BucketReport>,
+        counted: impl IntoIterator<Item = Counted<'a>>,
         now_ms: u64,
         interval: Interval,
     ) -> Vec<v1::BucketCounts> {
@@ -98,9 +89,9 @@ impl Tally {
     /// scaled to a whole interval, because the host offers nothing more in it (its load goes
     /// elsewhere, where it is counted); the tail as counted too, 0 when it had not begun. A
     /// host offering 450 req/s that stops halfway through a 1 s interval reports 225.
-    pub fn close_final(
+    pub fn close_final<'a>(
         &mut self,
-        counted: Vec<BucketReport>,
+        counted: impl IntoIterator<Item = Counted<'a>>,
         now_ms: u64,
     ) -> Vec<v1::BucketCounts> {
         self.add(counted);
@@ -111,18 +102,19 @@ impl Tally {
     /// counting starts afresh at `now_ms`.
     fn drain(&mut self, now_ms: u64, scale: f64, tail_scale: Option<f64>) -> Vec<v1::BucketCounts> {
         let scaled = |n: u64| (n as f64 * scale).round() as u64;
-        let mut counts: Vec<(BucketKey, Counts)> = self.counts.drain().collect();
-        counts.sort_by(|a, b| a.0.cmp(&b.0));
-        // Counting starts afresh, in the emptied map (a host reports every interval, so its
-        // map is not built again each time).
-        self.started_ms = now_ms;
-        self.tail_from_ms = None;
-        counts
+        let mut counts: Vec<(&BucketKey, Counts)> = self
+            .counts
+            .iter()
+            .filter(|(_, (_, counted))| *counted)
+            .map(|(key, (c, _))| (key, *c))
+            .collect();
+        counts.sort_by(|a, b| a.0.cmp(b.0));
+        let report = counts
             .into_iter()
             .map(|(key, c)| v1::BucketCounts {
                 tier_offered: tiers_to_wire(&c).into_iter().map(scaled).collect(),
-                service: key.service,
-                bucket: key.bucket,
+                service: key.service.clone(),
+                bucket: key.bucket.clone(),
                 offered: scaled(c.offered),
                 allowed: scaled(c.allowed),
                 shadow_dropped: scaled(c.shadow_dropped),
@@ -135,24 +127,36 @@ impl Tally {
                 hosts: None,
                 id: 0,
             })
-            .collect()
+            .collect();
+        // Counting starts afresh: the buckets counted keep their entries, emptied.
+        self.counts.retain(|_, (c, counted)| {
+            *c = Counts::default();
+            std::mem::take(counted)
+        });
+        self.started_ms = now_ms;
+        self.tail_from_ms = None;
+        report
     }
 
-    fn add(&mut self, counted: Vec<BucketReport>) {
+    fn add<'a>(&mut self, counted: impl IntoIterator<Item = Counted<'a>>) {
         let in_tail = self.tail_from_ms.is_some();
-        for b in counted {
-            *self
-                .counts
-                .entry(BucketKey::new(b.service, b.bucket))
-                .or_default() += Counts {
-                offered: b.offered,
-                offered_tail: if in_tail { b.offered } else { 0 },
-                allowed: b.allowed,
-                shadow_dropped: b.shadow_dropped,
+        for (key, c) in counted {
+            let counts = Counts {
+                offered_tail: if in_tail { c.offered } else { 0 },
                 hosts: 0,
-                tiers: b.tiers,
-                offered_squares: b.offered_squares,
+                ..c
             };
+            match self.counts.get_mut(key) {
+                Some((sum, counted)) => {
+                    *sum += counts;
+                    *counted = true;
+                }
+                None => {
+                    let mut sum = Counts::default();
+                    sum += counts;
+                    self.counts.insert(key.clone(), (sum, true));
+                }
+            }
         }
     }
 }
@@ -161,16 +165,18 @@ impl Tally {
 mod tests {
     use super::*;
 
-    fn counted(offered: u64) -> Vec<BucketReport> {
-        vec![BucketReport {
-            service: "api".into(),
-            bucket: "a".into(),
-            offered,
-            allowed: offered / 2,
-            shadow_dropped: 0,
-            tiers: [0; TIERS],
-            offered_squares: 0,
-        }]
+    static KEY: std::sync::LazyLock<BucketKey> =
+        std::sync::LazyLock::new(|| BucketKey::new("api", "a"));
+
+    fn counted(offered: u64) -> [Counted<'static>; 1] {
+        [(
+            &KEY,
+            Counts {
+                offered,
+                allowed: offered / 2,
+                ..Counts::default()
+            },
+        )]
     }
 
     #[test]

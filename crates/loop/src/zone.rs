@@ -15,6 +15,7 @@
 //! ([`crate::plausible`]): a compromised proxy reporting `offered = 1e9` counts for at most the
 //! bucket's limit (or a few times its zone's median host), and is held to what was counted.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -389,7 +390,12 @@ impl ZoneCore {
             && self
                 .window
                 .accept(report.sequence, slot)
-                .map(|pending| pending.entry(slot).or_default().add(&sums))
+                .map(|pending| match pending.entry(slot) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(sums.normalized());
+                    }
+                    Entry::Occupied(mut entry) => entry.get_mut().add(&sums),
+                })
                 .is_some();
         if !accepted {
             // A report of nothing for a closed interval is a host's hello
@@ -572,9 +578,7 @@ impl ZoneCore {
         estimated: &[u32],
     ) -> Sums {
         let mut lowered = Vec::new();
-        let mut hosts: Vec<(u32, Sums)> = hosts.into_iter().collect();
-        // In name order, as the clamps are noted.
-        hosts.sort_by(|a, b| self.names[a.0 as usize].cmp(&self.names[b.0 as usize]));
+        let mut hosts = self.in_name_order(hosts);
         let names = &self.names;
         let live = &self.hosts;
         let held = plausible::bound_peers_by(
@@ -619,6 +623,23 @@ impl ZoneCore {
             }
         }
         zone
+    }
+
+    /// The reports of a closed interval in their hosts' name order, as the clamps are noted:
+    /// those of hosts with a stream in the order kept of them, without comparing a name; a host
+    /// that left since is put in its place by name.
+    fn in_name_order(&self, mut hosts: BTreeMap<u32, Sums>) -> Vec<(u32, Sums)> {
+        let mut sorted = Vec::with_capacity(hosts.len());
+        for &slot in &self.order {
+            if let Some(sums) = hosts.remove(&slot) {
+                sorted.push((slot, sums));
+            }
+        }
+        if !hosts.is_empty() {
+            sorted.extend(hosts);
+            sorted.sort_by(|a, b| self.names[a.0 as usize].cmp(&self.names[b.0 as usize]));
+        }
+        sorted
     }
 
     /// Counts a clamp, and keeps it as a notice when its host has had none for a while.
