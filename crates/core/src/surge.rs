@@ -190,12 +190,14 @@ impl SurgeGuard {
         let end = now.saturating_sub(i.interval_ended_ago_ns);
         let start = end.saturating_sub(i.interval_ns);
         // Ticks that ended within the interval; a tick straddling an end counts where it ended.
+        // The window is in time order (ticks are pushed at their instant, and the oldest leave
+        // first), so the interval's ticks are found by two binary searches rather than a pass
+        // over the window's two intervals: at 100,000 simulated hosts the pass was a seventh of
+        // the run once the surge engaged.
+        let from = self.ticks.partition_point(|(at, _)| *at <= start);
+        let to = self.ticks.partition_point(|(at, _)| *at <= end);
         let (mut count, mut first) = (0u64, None);
-        for &(at, n) in self
-            .ticks
-            .iter()
-            .filter(|(at, _)| *at > start && *at <= end)
-        {
+        for &(at, n) in self.ticks.range(from..to.max(from)) {
             count += n;
             first.get_or_insert(at);
         }
