@@ -202,11 +202,12 @@ pub(super) async fn probe(liveness: &Liveness, url: &str) {
     loop {
         tick.tick().await;
         let read = async {
-            let held = conn.is_some();
             match read_version(&mut conn, url).await {
-                // The connection the probe held was closed by the database (it restarted
-                // between two probes): that is no outage, so ask again on a fresh one.
-                Err(err) if held && super::is_broken_connection(&err) => {
+                // The database closed the probe's session: it restarted between two probes,
+                // or an administrator ended every session, the one the probe had just opened
+                // included. That is no outage, so ask once more on a fresh connection; a
+                // database that is down refuses that one too.
+                Err(err) if super::is_broken_connection(&err) => {
                     conn = None;
                     read_version(&mut conn, url).await
                 }
