@@ -44,7 +44,7 @@ use spillway_proto::v1;
 
 use crate::interval::Interval;
 use crate::rules::{DecodeRules, LinkRules};
-use crate::sums::{BucketKey, Counts, Sums, TAIL_PARTS};
+use crate::sums::{BucketKey, Counts, KeyHasher, Sums, TAIL_PARTS};
 
 /// Why a host's count was lowered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -359,7 +359,7 @@ pub fn bound_peers_by<K: Clone>(
 ) -> Vec<(K, BucketKey, f64)> {
     let k = f64::from(bounds.plausibility.peer_multiple);
     // Per bucket, the hosts that offered to it, by their position in `hosts`.
-    let mut buckets: HashMap<&BucketKey, Vec<(usize, Counts)>> = HashMap::new();
+    let mut buckets: HashMap<&BucketKey, Vec<(usize, Counts)>, KeyHasher> = HashMap::default();
     for (at, (_, sums)) in hosts.iter().enumerate() {
         for (key, c) in &sums.0 {
             if c.offered > 0 {
@@ -478,7 +478,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &(o, t))| {
-                let sums = Sums(HashMap::from([(
+                let sums = Sums(HashMap::from_iter([(
                     BucketKey::new("api", "all"),
                     counts(o, t),
                 )]));
@@ -655,7 +655,7 @@ mod tests {
     #[test]
     fn a_report_is_bounded_on_its_own() {
         let key = BucketKey::new("api", "all");
-        let mut sums = Sums(HashMap::from([(
+        let mut sums = Sums(HashMap::from_iter([(
             key.clone(),
             Counts {
                 offered: 5_000_000,
@@ -699,7 +699,7 @@ mod tests {
             ]
         );
         // An honest report passes untouched.
-        let honest = Sums(HashMap::from([(key.clone(), counts(100, 25))]));
+        let honest = Sums(HashMap::from_iter([(key.clone(), counts(100, 25))]));
         let mut same = honest.clone();
         check_report(
             &mut same,

@@ -212,15 +212,29 @@ impl std::ops::AddAssign for Counts {
     }
 }
 
+/// How [`Sums`] hash their keys: foldhash rather than SipHash. An aggregator hashes every
+/// bucket of every host's report twice an interval (into the host's sums, then into the zone's),
+/// and the keys are the zone's own buckets' names.
+pub type KeyHasher = foldhash::fast::RandomState;
+
 /// Counts per bucket: a host's, a zone's or a region's, for one interval.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sums(pub HashMap<BucketKey, Counts>);
+pub struct Sums(pub HashMap<BucketKey, Counts, KeyHasher>);
 
 impl Sums {
-    /// Adds another sum into this one.
+    /// Adds another sum into this one. A bucket's key is copied only the first time it is
+    /// added: summing a zone's hosts copies each bucket's names once, not once per host.
     pub fn add(&mut self, other: &Sums) {
         for (key, counts) in &other.0 {
-            *self.0.entry(key.clone()).or_default() += *counts;
+            match self.0.get_mut(key) {
+                Some(sum) => *sum += *counts,
+                None => {
+                    // As added to empty counts: its sum of squares made explicit.
+                    let mut sum = Counts::default();
+                    sum += *counts;
+                    self.0.insert(key.clone(), sum);
+                }
+            }
         }
     }
 
@@ -246,6 +260,24 @@ impl Sums {
     pub fn from_wire(buckets: &[v1::BucketCounts]) -> Self {
         let mut sums = Sums::default();
         sums.add_wire(buckets);
+        sums
+    }
+
+    /// [`Sums::from_wire`] of entries the caller owns: their names become the keys without a
+    /// copy (a report's buckets, decoded for the one aggregator that sums them).
+    pub fn from_wire_owned(buckets: Vec<v1::BucketCounts>) -> Self {
+        let mut sums = Sums(HashMap::with_capacity_and_hasher(
+            buckets.len(),
+            KeyHasher::default(),
+        ));
+        for mut b in buckets {
+            let counts = Counts::from_wire(&b);
+            let key = BucketKey {
+                service: std::mem::take(&mut b.service),
+                bucket: std::mem::take(&mut b.bucket),
+            };
+            *sums.0.entry(key).or_default() += counts;
+        }
         sums
     }
 
@@ -482,7 +514,7 @@ mod tests {
         let b = BucketKey::new("api", "b");
         let mut zone = Sums::default();
         let host = |key: &BucketKey, offered| {
-            Sums(HashMap::from([(
+            Sums(HashMap::from_iter([(
                 key.clone(),
                 Counts {
                     offered,

@@ -351,7 +351,7 @@ impl ZoneCore {
     }
 
     /// A report from `report.host_id` on stream `conn`, at `now_ms`.
-    pub fn on_report(&mut self, now_ms: u64, conn: u64, report: v1::Report) -> Vec<ZoneStep> {
+    pub fn on_report(&mut self, now_ms: u64, conn: u64, mut report: v1::Report) -> Vec<ZoneStep> {
         if report.surge {
             self.on_surge_report(now_ms, conn, report);
             return Vec::new();
@@ -360,7 +360,8 @@ impl ZoneCore {
         if !self.interval_from_controller && report.interval_ms > 0 {
             self.adopt(Interval::from_ms(report.interval_ms), now_ms);
         }
-        let sums = self.bounded(now_ms, &report);
+        let counted_any = !report.buckets.is_empty();
+        let sums = self.bounded(now_ms, &report.host_id, std::mem::take(&mut report.buckets));
         let slot = self.join_slot(&report.host_id, conn);
         let Some(host) = self.hosts[slot as usize].as_mut() else {
             return steps;
@@ -400,7 +401,7 @@ impl ZoneCore {
         if !accepted {
             // A report of nothing for a closed interval is a host's hello
             // (`HostCore::hello`): it joined, and was late for nothing.
-            if !report.buckets.is_empty() {
+            if counted_any {
                 self.late_reports += 1;
             }
             return steps;
@@ -417,15 +418,15 @@ impl ZoneCore {
         {
             return;
         }
-        let sums = self.bounded(now_ms, &report);
+        let sums = self.bounded(now_ms, &report.host_id, report.buckets);
         self.surging.insert(report.host_id, sums);
         self.surge_due = true;
     }
 
-    /// A report's counts, each bounded by what a host's counts may say ([`crate::plausible`]),
-    /// the clamps noted.
-    fn bounded(&mut self, now_ms: u64, report: &v1::Report) -> Sums {
-        let mut sums = Sums::from_wire(&report.buckets);
+    /// The counts of `host`'s report, each bounded by what a host's counts may say
+    /// ([`crate::plausible`]), the clamps noted.
+    fn bounded(&mut self, now_ms: u64, host: &str, buckets: Vec<v1::BucketCounts>) -> Sums {
+        let mut sums = Sums::from_wire_owned(buckets);
         let mut lowered = Vec::new();
         plausible::check_report(
             &mut sums,
@@ -439,7 +440,7 @@ impl ZoneCore {
             self.note(
                 now_ms,
                 CountClamp {
-                    host: report.host_id.clone(),
+                    host: host.to_owned(),
                     bucket,
                     reason,
                     reported,
