@@ -14,5 +14,14 @@ pub mod v1 {
 
 pub mod codec;
 
+/// The aggregator's server of `spillway.v1.Aggregator`, the same service as
+/// [`v1::aggregator_server`] on the wire, whose instructions are sent already encoded
+/// ([`codec::Encoded`]): an aggregator encodes the zone's instructions once per interval, not
+/// once per host.
+pub mod encoded {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/spillway.v1.Aggregator.rs"));
+}
+
 /// The largest message either side accepts: a report of 100,000 buckets, or a large rules file.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use spillway_link::{Backoff, Target, now_ms};
 use spillway_loop::{ZoneCore, ZoneStep};
+use spillway_proto::codec::Encoded;
 use spillway_proto::{MAX_MESSAGE_BYTES, v1};
 use spillway_tls::{Expect, TlsSource, WorkloadRole};
 use tokio::sync::{mpsc, watch};
@@ -147,11 +148,12 @@ impl Aggregator {
             &mut tasks,
         )
         .await?;
-        let server = v1::aggregator_server::AggregatorServer::new(service::Service {
-            zone: zone.clone(),
-            stop: stop_rx.clone(),
-        })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let server =
+            spillway_proto::encoded::aggregator_server::AggregatorServer::new(service::Service {
+                zone: zone.clone(),
+                stop: stop_rx.clone(),
+            })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
         tasks.push(crate::serve::serve(
             tonic::service::Routes::new(server),
             listener,
@@ -271,10 +273,11 @@ impl Zone {
 /// Where a client's instructions go.
 #[derive(Clone)]
 enum Outlet {
-    /// A linked host's stream ([`service`]). Its messages are boxed: a channel allocates its
-    /// slots 32 at a time when it is made, and 32 unboxed messages (an `Instructions` is 136
-    /// bytes) are 4 KiB held for as long as the host stays linked; boxed they are 512 bytes.
-    Stream(mpsc::Sender<Result<Box<v1::Instructions>, Status>>),
+    /// A linked host's stream ([`service`]), its instructions encoded: the zone's own are
+    /// encoded once for every host that gets them ([`ZoneState::relay`]). A channel allocates its
+    /// slots 32 at a time when it is made; an `Encoded` is 32 bytes, an `Instructions` 136 (4 KiB
+    /// for as long as the host stays linked).
+    Stream(mpsc::Sender<Result<Encoded, Status>>),
     /// An in-process client ([`LocalClients`]), a few a process.
     Local(mpsc::Sender<Result<v1::Instructions, Status>>),
 }
@@ -292,7 +295,7 @@ impl Outlet {
     /// Hands `instructions` to the client's stream unless it is full or closed.
     fn try_send(&self, instructions: v1::Instructions) -> bool {
         match self {
-            Outlet::Stream(tx) => tx.try_send(Ok(Box::new(instructions))).is_ok(),
+            Outlet::Stream(tx) => tx.try_send(Ok(Encoded::of(&instructions))).is_ok(),
             Outlet::Local(tx) => tx.try_send(Ok(instructions)).is_ok(),
         }
     }
@@ -366,6 +369,47 @@ impl ZoneState {
             && let Some((sequence, hosts, buckets, unsent)) = instructed
         {
             self.spans.on_left(sequence, hosts, buckets, unsent);
+        }
+    }
+
+    /// The controller's instructions at `now_ms`, relayed to every client
+    /// ([`ZoneCore::on_instructions_with`]). The hosts whose instructions are the zone's own
+    /// (no share, hold or rules of their own: every host of a zone of drop ratios) share one
+    /// message, encoded once here for all their streams; a host's own message is encoded for it.
+    /// A client too slow to take one message per interval misses this one, as in
+    /// [`ZoneState::send`].
+    fn relay(&mut self, now_ms: u64, instructions: v1::ZoneInstructions) {
+        let ZoneState { core, clients, .. } = self;
+        // The shared message and its encoding. The core hands the same `Arc` to every host that
+        // shares it, and a host's own message in an `Arc` of its own, held nowhere else.
+        let mut shared: Option<(Arc<v1::Instructions>, Encoded)> = None;
+        let mut rules_unsent = Vec::new();
+        core.on_instructions_with(now_ms, instructions, |host, message| {
+            let sent = match clients.get(host) {
+                None => false,
+                Some(Outlet::Local(tx)) => {
+                    tx.try_send(Ok(v1::Instructions::clone(&message))).is_ok()
+                }
+                Some(Outlet::Stream(tx)) => {
+                    let encoded = match &shared {
+                        Some((held, encoded)) if Arc::ptr_eq(held, &message) => encoded.clone(),
+                        _ => {
+                            let encoded = Encoded::of(&*message);
+                            if Arc::strong_count(&message) > 1 {
+                                shared = Some((message.clone(), encoded.clone()));
+                            }
+                            encoded
+                        }
+                    };
+                    tx.try_send(Ok(encoded)).is_ok()
+                }
+            };
+            if !sent && message.rules.is_some() {
+                rules_unsent.push(host.to_owned());
+            }
+        });
+        for host in rules_unsent {
+            self.core.send_failed(&host);
         }
     }
 

@@ -1,16 +1,14 @@
 //! The aggregator's gRPC service: one stream per client, its reports into the zone's core; and
 //! the ticker that closes overdue intervals between reports.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use spillway_link::{Stop, now_ms, sleep_or_stop};
 use spillway_proto::v1;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Outlet, Zone};
@@ -22,8 +20,8 @@ pub(super) struct Service {
 }
 
 #[tonic::async_trait]
-impl v1::aggregator_server::Aggregator for Service {
-    type LinkStream = Unboxed;
+impl spillway_proto::encoded::aggregator_server::Aggregator for Service {
+    type LinkStream = ReceiverStream<Result<spillway_proto::codec::Encoded, Status>>;
 
     async fn link(
         &self,
@@ -86,20 +84,7 @@ impl v1::aggregator_server::Aggregator for Service {
                 state.send(steps);
             }
         });
-        Ok(Response::new(Unboxed(rx)))
-    }
-}
-
-/// A host's stream of instructions, taken out of the boxes they wait in ([`Outlet::Stream`]).
-pub(super) struct Unboxed(mpsc::Receiver<Result<Box<v1::Instructions>, Status>>);
-
-impl Stream for Unboxed {
-    type Item = Result<v1::Instructions, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0
-            .poll_recv(cx)
-            .map(|message| message.map(|message| message.map(|boxed| *boxed)))
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 

@@ -76,7 +76,7 @@ async fn session(
                     last = Instant::now();
                     let mut state = zone.lock();
                     let unbound = state.core.unbound_ids();
-                    let steps = state.core.on_instructions(now_ms(), instructions);
+                    state.relay(now_ms(), instructions);
                     let skipped = state.core.unbound_ids() - unbound;
                     if skipped > 0 {
                         tracing::warn!(
@@ -85,7 +85,6 @@ async fn session(
                             "instructions named buckets by numbers the stream never named: those entries were skipped"
                         );
                     }
-                    state.send(steps);
                 }
                 Ok(None) => return Err(SessionError::Ended),
                 Err(status) => return Err(SessionError::Stream(status)),
