@@ -44,7 +44,7 @@ use spillway_proto::v1;
 
 use crate::interval::Interval;
 use crate::rules::{DecodeRules, LinkRules};
-use crate::sums::{BucketKey, Counts, KeyHasher, Sums, TAIL_PARTS};
+use crate::sums::{BucketKey, KeyHasher, Sums, TAIL_PARTS};
 
 /// Why a host's count was lowered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -348,6 +348,13 @@ pub fn bound_peers(
     factors
 }
 
+/// A host's offered counts of a bucket, as [`bound_peers_by`] compares them with its peers'.
+#[derive(Debug, Clone, Copy)]
+struct Offered {
+    offered: u64,
+    offered_tail: u64,
+}
+
 /// [`bound_peers`] over hosts known by any key `K` (an aggregator's host slots), in the order
 /// given: returns, for each clamped host and bucket, the part of its load that was counted.
 pub fn bound_peers_by<K: Clone>(
@@ -358,12 +365,23 @@ pub fn bound_peers_by<K: Clone>(
     peer: impl Fn(&K) -> bool,
 ) -> Vec<(K, BucketKey, f64)> {
     let k = f64::from(bounds.plausibility.peer_multiple);
-    // Per bucket, the hosts that offered to it, by their position in `hosts`.
-    let mut buckets: HashMap<&BucketKey, Vec<(usize, Counts)>, KeyHasher> = HashMap::default();
+    // Per bucket, the hosts that offered to it, by their position in `hosts`, with what they
+    // offered over the interval and in its tail (all that is compared: 24 bytes a host, not the
+    // whole counts).
+    let mut buckets: HashMap<&BucketKey, Vec<(usize, Offered)>, KeyHasher> = HashMap::default();
     for (at, (_, sums)) in hosts.iter().enumerate() {
         for (key, c) in &sums.0 {
             if c.offered > 0 {
-                buckets.entry(key).or_default().push((at, *c));
+                buckets
+                    .entry(key)
+                    .or_insert_with(|| Vec::with_capacity(hosts.len() - at))
+                    .push((
+                        at,
+                        Offered {
+                            offered: c.offered,
+                            offered_tail: c.offered_tail,
+                        },
+                    ));
             }
         }
     }
@@ -449,6 +467,7 @@ pub fn bound_peers_by<K: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sums::Counts;
     use spillway_core::criticality::TIERS;
 
     fn counts(offered: u64, tail: u64) -> Counts {
