@@ -14,7 +14,9 @@
 
 use std::marker::PhantomData;
 
-use bytes::{BufMut, Bytes};
+use std::sync::Arc;
+
+use bytes::BufMut;
 use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
@@ -66,18 +68,20 @@ where
 ///
 /// Copying a 10-bucket `Instructions` for each host (21 allocations: the buckets' names and
 /// tiers) and encoding each copy was most of what relaying instructions cost an aggregator.
+/// One pointer wide, so a stream's channel of them (32 slots allocated at once, for as long as
+/// its host stays linked) is no larger than one of boxed messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Encoded(Bytes);
+pub struct Encoded(Arc<Vec<u8>>);
 
 impl Encoded {
     /// `message`, encoded.
     pub fn of(message: &impl Message) -> Self {
-        Encoded(Bytes::from(message.encode_to_vec()))
+        Encoded(Arc::new(message.encode_to_vec()))
     }
 
     /// The encoded message.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        self.0.as_slice()
     }
 }
 
@@ -90,7 +94,7 @@ impl Encoder for EncodedEncoder {
     type Error = Status;
 
     fn encode(&mut self, item: Encoded, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item.0);
+        dst.put_slice(item.as_bytes());
         Ok(())
     }
 
@@ -125,5 +129,37 @@ where
 
     fn decoder(&mut self) -> ProstDecoder<U> {
         ProstDecoder::new(settings())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1;
+
+    #[test]
+    fn an_encoded_message_is_the_message_as_prost_encodes_it_and_one_pointer_wide() {
+        let instructions = v1::Instructions {
+            sequence: 7,
+            ttl_ms: 3_000,
+            buckets: vec![v1::BucketInstruction {
+                service: "api".into(),
+                bucket: "b0".into(),
+                drop_ratio: 1 << 31,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let encoded = Encoded::of(&instructions);
+        assert_eq!(encoded.as_bytes(), instructions.encode_to_vec().as_slice());
+        assert_eq!(
+            v1::Instructions::decode(encoded.as_bytes()).unwrap(),
+            instructions
+        );
+        assert_eq!(
+            std::mem::size_of::<Result<Encoded, tonic::Status>>(),
+            std::mem::size_of::<Result<Box<v1::Instructions>, tonic::Status>>(),
+            "a stream's channel slot is as small as a boxed message's"
+        );
     }
 }

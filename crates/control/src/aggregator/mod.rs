@@ -275,8 +275,9 @@ impl Zone {
 enum Outlet {
     /// A linked host's stream ([`service`]), its instructions encoded: the zone's own are
     /// encoded once for every host that gets them ([`ZoneState::relay`]). A channel allocates its
-    /// slots 32 at a time when it is made; an `Encoded` is 32 bytes, an `Instructions` 136 (4 KiB
-    /// for as long as the host stays linked).
+    /// slots 32 at a time when it is made, held for as long as the host stays linked: an
+    /// `Encoded` is one pointer (512 bytes a channel), where an `Instructions` is 136 bytes
+    /// (4 KiB).
     Stream(mpsc::Sender<Result<Encoded, Status>>),
     /// An in-process client ([`LocalClients`]), a few a process.
     Local(mpsc::Sender<Result<v1::Instructions, Status>>),
