@@ -1,7 +1,6 @@
 //! The fleet: N emulated hosts, each with its own [`ClientLink`] (its own stream, its own host
 //! core, and with TLS its own certificate), read every 100 ms until the run ends.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,7 +121,8 @@ pub async fn run(options: FleetOptions, mut stop: Stop) -> Result<FleetSummary, 
     }
     let loaded = &all[..options.buckets];
     let limit_rps: f64 = loaded.iter().map(|(_, limit)| limit).sum();
-    let rates: Arc<HashMap<BucketKey, f64>> = Arc::new(
+    // In the host core's order, the order the links ask in (`control_buckets`).
+    let rates: Arc<Vec<(BucketKey, f64)>> = Arc::new(
         loaded
             .iter()
             .map(|(key, limit)| {
