@@ -198,6 +198,19 @@ impl HostLimiters for EmulatedHost {
         self.load(&mut state, key, now).snapshot()
     }
 
+    /// Every bucket's counters at one instant, under one lock: the link reads them all at each
+    /// guard tick, and one clock reading for all of them is cheaper than one each.
+    fn counters_into(
+        &self,
+        buckets: &mut dyn Iterator<Item = &BucketKey>,
+        into: &mut Vec<Snapshot>,
+    ) {
+        let now = self.common.clock.now();
+        let mut state = self.lock();
+        into.clear();
+        into.extend(buckets.map(|key| self.load(&mut state, key, now).snapshot()));
+    }
+
     fn apply(&self, key: &BucketKey, step: &HostStep) {
         let now = self.common.clock.now();
         let mut state = self.lock();
@@ -257,6 +270,13 @@ mod tests {
         assert!((admitted - 0.25).abs() < 0.02, "{later:?}");
         let totals = host.totals();
         assert!(totals.offered >= later.offered() as f64, "{totals:?}");
+        // Read all at once, a bucket it does not load among them: the same counts, and zeros.
+        let other = BucketKey::new("api", "b1");
+        let mut all = vec![Snapshot::default(); 5];
+        host.counters_into(&mut [&key, &other].into_iter(), &mut all);
+        assert_eq!(all.len(), 2);
+        assert!(all[0].offered() >= later.offered(), "{all:?}");
+        assert_eq!(all[1], Snapshot::default());
     }
 
     fn load(rate: f64) -> Load {

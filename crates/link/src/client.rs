@@ -60,6 +60,18 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// The counters of `bucket` (monotonic totals); zeros for a bucket that is gone.
     fn counters(&self, bucket: &BucketKey) -> Snapshot;
 
+    /// [`HostLimiters::counters`] of each of `buckets` in turn, into `into` (cleared first),
+    /// which the link keeps from one guard tick to the next. A client that can read them all at
+    /// once more cheaply than one by one (one lock, one clock reading) does it here.
+    fn counters_into(
+        &self,
+        buckets: &mut dyn Iterator<Item = &BucketKey>,
+        into: &mut Vec<Snapshot>,
+    ) {
+        into.clear();
+        into.extend(buckets.map(|key| self.counters(key)));
+    }
+
     /// What one request stands for in `bucket`'s counts: 1 for a bucket counted in requests,
     /// the tokens of a typical request for a token budget (`spillway_loop::HostCore::set_units`).
     fn unit(&self, _bucket: &BucketKey) -> f64 {
@@ -359,16 +371,24 @@ impl Driver {
 
     /// Every bucket's counters, in the core's order.
     fn totals(&self, core: &HostCore) -> Vec<Snapshot> {
-        core.buckets().map(|key| self.host.counters(key)).collect()
+        let mut totals = Vec::with_capacity(core.buckets().len());
+        self.totals_into(core, &mut totals);
+        totals
     }
 
-    /// Applies `steps` of the core in `state`, and the instructions that waited for new rules.
-    fn apply(&self, state: &mut State, now: HostTime, steps: Vec<HostStep>) {
-        for step in steps {
+    /// [`Driver::totals`] into `into`, which the guard's ticks keep from one to the next.
+    fn totals_into(&self, core: &HostCore, into: &mut Vec<Snapshot>) {
+        self.host.counters_into(&mut core.buckets(), into);
+    }
+
+    /// Applies `steps` of the core in `state` (emptying it, so the guard's ticks can keep one
+    /// buffer), and the instructions that waited for new rules.
+    fn apply(&self, state: &mut State, now: HostTime, steps: &mut Vec<HostStep>) {
+        for step in steps.drain(..) {
             match step {
                 HostStep::Rules { version, rules } => {
                     let applied = self.host.apply_rules(version, &rules);
-                    let more = rules_handshake(
+                    let mut more = rules_handshake(
                         &mut state.core,
                         now,
                         version,
@@ -378,7 +398,7 @@ impl Driver {
                     if let Ok(config) = applied {
                         state.config = config;
                     }
-                    self.apply(state, now, more);
+                    self.apply(state, now, &mut more);
                 }
                 HostStep::ShareExpired { bucket } => {
                     let key = state.core.bucket(bucket);
@@ -475,8 +495,8 @@ impl Driver {
                         self.status.instructions.fetch_add(1, Ordering::Relaxed);
                         let now = self.now();
                         let mut state = self.lock();
-                        let steps = state.core.on_instructions(now, instructions);
-                        self.apply(&mut state, now, steps);
+                        let mut steps = state.core.on_instructions(now, instructions);
+                        self.apply(&mut state, now, &mut steps);
                     }
                     Ok(None) => return Err(SessionError::Ended),
                     Err(status) => return Err(SessionError::Stream(status)),
@@ -509,6 +529,11 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
     let mut every = tokio::time::interval(Duration::from_nanos(surge::TICK_NS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n = 0u64;
+    // Kept from tick to tick: twenty ticks a second, on every host of a fleet in one process
+    // (`spillway emulate`), allocate nothing once they have grown.
+    let mut totals = Vec::new();
+    let mut units = Vec::new();
+    let mut steps = Vec::new();
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -516,19 +541,16 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
         }
         let now = driver.now();
         let mut state = driver.lock();
-        let totals = driver.totals(&state.core);
-        let units: Vec<f64> = state
-            .core
-            .buckets()
-            .map(|key| driver.host.unit(key))
-            .collect();
+        driver.totals_into(&state.core, &mut totals);
+        units.clear();
+        units.extend(state.core.buckets().map(|key| driver.host.unit(key)));
         state.core.set_units(&units);
-        let mut steps = state.core.guard_tick(now.clock, &totals);
+        state.core.guard_tick_into(now.clock, &totals, &mut steps);
         n += 1;
         if n.is_multiple_of(5) {
             steps.extend(state.core.expire_shares(now.clock));
         }
-        driver.apply(&mut state, now, steps);
+        driver.apply(&mut state, now, &mut steps);
         // A guard that engaged says so at once, on the stream that is open (or to nobody).
         if let Some(report) = state.core.take_surge_report()
             && let Some(tx) = driver
