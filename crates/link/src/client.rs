@@ -57,17 +57,31 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// core follows them.
     fn config(&self) -> Arc<Config>;
 
+    /// [`HostLimiters::config`] when it is not `held` (the same `Arc`), else `None`. The link
+    /// asks at each turn (twenty times a second for the surge guards alone); a client can
+    /// answer without cloning its `Arc`, whose count, when many hosts in one process share the
+    /// rules, is a cache line every thread writes.
+    fn config_if_changed(&self, held: &Arc<Config>) -> Option<Arc<Config>> {
+        let config = self.config();
+        (!Arc::ptr_eq(&config, held)).then_some(config)
+    }
+
     /// The counters of `bucket` (monotonic totals); zeros for a bucket that is gone.
     fn counters(&self, bucket: &BucketKey) -> Snapshot;
 
     /// [`HostLimiters::counters`] of each of `buckets` in turn, into `into` (cleared first),
-    /// which the link keeps from one guard tick to the next. A client that can read them all at
-    /// once more cheaply than one by one (one lock, one clock reading) does it here.
+    /// which the link keeps from one guard tick to the next. `buckets` are the control-plane
+    /// buckets of `rules` in the host core's order ([`HostCore::buckets`]), which is the same for
+    /// the same rules: a client that keeps the position of each bucket for `rules` needs no key
+    /// to find it. One that can read them all at once more cheaply than one by one (one lock,
+    /// one clock reading) does it here.
     fn counters_into(
         &self,
+        rules: &Arc<Config>,
         buckets: &mut dyn Iterator<Item = &BucketKey>,
         into: &mut Vec<Snapshot>,
     ) {
+        let _ = rules;
         into.clear();
         into.extend(buckets.map(|key| self.counters(key)));
     }
@@ -81,6 +95,21 @@ pub trait HostLimiters: Send + Sync + 'static {
     /// Applies one step of the core to `bucket`'s limiter: a drop ratio, a surge correction or
     /// an adaptive share. Never [`HostStep::Rules`], which goes to [`HostLimiters::apply_rules`].
     fn apply(&self, bucket: &BucketKey, step: &HostStep);
+
+    /// [`HostLimiters::apply`] of each step in turn, with its bucket and the bucket's position
+    /// in the host core for `rules` (as in [`HostLimiters::counters_into`]): the steps of one
+    /// turn of the link (a surge step per bucket at every guard tick). A client that can apply
+    /// them all at once more cheaply than one by one (one lock, one clock reading) does it here.
+    fn apply_steps(
+        &self,
+        rules: &Arc<Config>,
+        steps: &mut dyn Iterator<Item = (usize, &BucketKey, &HostStep)>,
+    ) {
+        let _ = rules;
+        for (_, bucket, step) in steps {
+            self.apply(bucket, step);
+        }
+    }
 
     /// New rules from the control plane as version `version`, the message as it came (read it
     /// with `spillway_loop::LinkRules::decode` and run it with the client's own `identity` and
@@ -334,7 +363,7 @@ impl Drop for ClientLink {
     }
 }
 
-/// The core and the rules it was last given.
+/// The core and the rules it was last given (its buckets and their order follow from them).
 struct State {
     core: HostCore,
     config: Arc<Config>,
@@ -354,8 +383,7 @@ impl Driver {
     /// The core, following the client's rules if they changed since the last call.
     fn lock(&self) -> MutexGuard<'_, State> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let config = self.host.config();
-        if !Arc::ptr_eq(&config, &state.config) {
+        if let Some(config) = self.host.config_if_changed(&state.config) {
             state.core.set_rules(&config);
             state.config = config;
         }
@@ -370,52 +398,68 @@ impl Driver {
     }
 
     /// Every bucket's counters, in the core's order.
-    fn totals(&self, core: &HostCore) -> Vec<Snapshot> {
-        let mut totals = Vec::with_capacity(core.buckets().len());
-        self.totals_into(core, &mut totals);
+    fn totals(&self, state: &State) -> Vec<Snapshot> {
+        let mut totals = Vec::with_capacity(state.core.buckets().len());
+        self.totals_into(state, &mut totals);
         totals
     }
 
     /// [`Driver::totals`] into `into`, which the guard's ticks keep from one to the next.
-    fn totals_into(&self, core: &HostCore, into: &mut Vec<Snapshot>) {
-        self.host.counters_into(&mut core.buckets(), into);
+    fn totals_into(&self, state: &State, into: &mut Vec<Snapshot>) {
+        self.host
+            .counters_into(&state.config, &mut state.core.buckets(), into);
     }
 
     /// Applies `steps` of the core in `state` (emptying it, so the guard's ticks can keep one
-    /// buffer), and the instructions that waited for new rules.
+    /// buffer), and the instructions that waited for new rules. The steps between two rules go
+    /// to the client together ([`HostLimiters::apply_steps`]), in order.
     fn apply(&self, state: &mut State, now: HostTime, steps: &mut Vec<HostStep>) {
-        for step in steps.drain(..) {
-            match step {
-                HostStep::Rules { version, rules } => {
-                    let applied = self.host.apply_rules(version, &rules);
-                    let mut more = rules_handshake(
-                        &mut state.core,
-                        now,
-                        version,
-                        applied.as_ref().map(|config| &**config),
-                        "",
-                    );
-                    if let Ok(config) = applied {
-                        state.config = config;
-                    }
-                    self.apply(state, now, &mut more);
-                }
-                HostStep::ShareExpired { bucket } => {
-                    let key = state.core.bucket(bucket);
+        let mut from = 0;
+        while from < steps.len() {
+            let to = steps[from..]
+                .iter()
+                .position(|step| matches!(step, HostStep::Rules { .. }))
+                .map_or(steps.len(), |at| from + at);
+            let (core, rules) = (&state.core, &state.config);
+            for step in &steps[from..to] {
+                if let HostStep::ShareExpired { bucket } = step {
+                    let key = core.bucket(*bucket);
                     tracing::warn!(
                         service = %key.service,
                         bucket = %key.bucket,
                         "adaptive share expired; refilling at the whole limit until the control plane sends a new one"
                     );
-                    self.host.apply(key, &step);
-                }
-                HostStep::DropRatio { bucket, .. }
-                | HostStep::Surge { bucket, .. }
-                | HostStep::Share { bucket, .. } => {
-                    self.host.apply(state.core.bucket(bucket), &step);
                 }
             }
+            self.host.apply_steps(
+                rules,
+                &mut steps[from..to].iter().filter_map(|step| match step {
+                    HostStep::DropRatio { bucket, .. }
+                    | HostStep::Surge { bucket, .. }
+                    | HostStep::Share { bucket, .. }
+                    | HostStep::ShareExpired { bucket } => {
+                        Some((*bucket, core.bucket(*bucket), step))
+                    }
+                    HostStep::Rules { .. } => None,
+                }),
+            );
+            if let Some(HostStep::Rules { version, rules }) = steps.get(to) {
+                let applied = self.host.apply_rules(*version, rules);
+                let mut more = rules_handshake(
+                    &mut state.core,
+                    now,
+                    *version,
+                    applied.as_ref().map(|config| &**config),
+                    "",
+                );
+                if let Ok(config) = applied {
+                    state.config = config;
+                }
+                self.apply(state, now, &mut more);
+            }
+            from = to + 1;
         }
+        steps.clear();
         self.status.update(&state.core);
     }
 
@@ -457,7 +501,7 @@ impl Driver {
         }
         {
             let mut state = self.lock();
-            let totals = self.totals(&state.core);
+            let totals = self.totals(&state);
             state.core.start(self.now(), &totals);
             // Named to the aggregator at once, so the interval in progress waits for this host.
             tx.try_send(state.core.hello())
@@ -480,7 +524,7 @@ impl Driver {
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {
                     let report = {
                         let mut state = self.lock();
-                        let totals = self.totals(&state.core);
+                        let totals = self.totals(&state);
                         state.core.on_deadline(self.now(), &totals)
                     };
                     if let Some(report) = report {
@@ -505,7 +549,7 @@ impl Driver {
                     // Flush the partial interval so a stopping host's last requests are counted.
                     let report = {
                         let mut state = self.lock();
-                        let totals = self.totals(&state.core);
+                        let totals = self.totals(&state);
                         state.core.flush(self.now(), &totals)
                     };
                     let _ = tx.try_send(report);
@@ -541,7 +585,7 @@ async fn housekeeping(driver: Arc<Driver>, mut stop: Stop) {
         }
         let now = driver.now();
         let mut state = driver.lock();
-        driver.totals_into(&state.core, &mut totals);
+        driver.totals_into(&state, &mut totals);
         units.clear();
         units.extend(state.core.buckets().map(|key| driver.host.unit(key)));
         state.core.set_units(&units);
