@@ -75,47 +75,31 @@ struct State {
 /// Each bucket's load. The link asks for them a few hundred times a second per host (every
 /// bucket's counters at each guard tick, then a step per bucket), and hashing two strings per
 /// call, as a map did, was a quarter of the emulator's CPU. The link says which rules its core
-/// runs and the position of each bucket in it, which is the same for the same rules, so the
-/// loads are kept in that order: the link's calls find theirs at their position with no key
-/// compared (a compare reads two strings of the core's, out of cache by the next tick: a sixth
-/// of the CPU once the hashing was gone). A key asked otherwise (the fleet's readings, a
-/// position not placed yet) is found by a cursor that guesses the entry after the last one and
-/// one key compare, else a scan.
+/// runs and the position of each bucket in it, which is the same for the same rules, so each
+/// position is looked up by key once and remembered: the link's calls then find their load with
+/// no key compared (a compare reads two strings of the core's, out of cache by the next tick: a
+/// sixth of the CPU once the hashing was gone). A key asked otherwise (a single bucket's
+/// counters) is found by a scan of the few loads.
 #[derive(Default)]
 struct Loads {
     entries: Vec<(BucketKey, Load)>,
-    next: usize,
-    /// The rules the link's core runs (held, so no other rules can come at their address) and
-    /// how many entries, from the first, are at their bucket's position in it.
-    placed: Option<(Arc<Config>, usize)>,
+    /// The rules the link's core runs (held, so no other rules can come at their address) and,
+    /// for the positions learnt so far from the first, the entry of the bucket at each.
+    placed: Option<(Arc<Config>, Vec<usize>)>,
 }
 
 impl Loads {
-    /// Where `key`'s load is, if it has one; the guess moves to the entry after it.
-    fn position(&mut self, key: &BucketKey) -> Option<usize> {
-        let guess = if self.next < self.entries.len() {
-            self.next
-        } else {
-            0
-        };
-        let at = match self.entries.get(guess) {
-            Some((k, _)) if k == key => guess,
-            _ => self.entries.iter().position(|(k, _)| k == key)?,
-        };
-        self.next = at + 1;
-        Some(at)
+    /// Where `key`'s load is, if it has one.
+    fn position(&self, key: &BucketKey) -> Option<usize> {
+        self.entries.iter().position(|(k, _)| k == key)
     }
 
     /// The entry of `key`'s load, made by `new` the first time (the key is cloned only then).
     fn entry(&mut self, key: &BucketKey, new: impl FnOnce() -> Load) -> usize {
-        match self.position(key) {
-            Some(at) => at,
-            None => {
-                self.entries.push((key.clone(), new()));
-                self.next = self.entries.len();
-                self.entries.len() - 1
-            }
-        }
+        self.position(key).unwrap_or_else(|| {
+            self.entries.push((key.clone(), new()));
+            self.entries.len() - 1
+        })
     }
 
     /// `key`'s load, made by `new` the first time.
@@ -124,8 +108,8 @@ impl Loads {
         &mut self.entries[at].1
     }
 
-    /// The load of `key`, the bucket at `position` in the link's core for `rules`: moved to that
-    /// position the first time, found there from then on.
+    /// The load of `key`, the bucket at `position` in the link's core for `rules`: looked up
+    /// by key the first time, found by its position from then on.
     fn at_position(
         &mut self,
         rules: &Arc<Config>,
@@ -133,33 +117,32 @@ impl Loads {
         key: &BucketKey,
         new: impl FnOnce() -> Load,
     ) -> &mut Load {
-        let placed = match &self.placed {
-            Some((held, placed)) if Arc::ptr_eq(held, rules) => *placed,
-            _ => {
-                self.placed = Some((rules.clone(), 0));
-                0
+        if !matches!(&self.placed, Some((held, _)) if Arc::ptr_eq(held, rules)) {
+            self.placed = Some((rules.clone(), Vec::new()));
+        }
+        let known = self
+            .placed
+            .as_ref()
+            .and_then(|(_, placed)| placed.get(position).copied());
+        let at = match known {
+            Some(at) => {
+                debug_assert_eq!(&self.entries[at].0, key, "position {position}");
+                at
+            }
+            None => {
+                let at = self.entry(key, new);
+                if let Some((_, placed)) = &mut self.placed {
+                    if placed.contains(&at) {
+                        // Learnt at another position for the same rules: the caller's order
+                        // is not the core's after all, so learn them all again.
+                        placed.clear();
+                    } else if placed.len() == position {
+                        placed.push(at);
+                    }
+                }
+                at
             }
         };
-        if position < placed {
-            debug_assert_eq!(&self.entries[position].0, key, "position {position}");
-            return &mut self.entries[position].1;
-        }
-        let mut at = self.entry(key, new);
-        if at < placed {
-            // Placed at another position for the same rules: the caller's order is not the
-            // core's after all, so place everything again.
-            self.placed = Some((rules.clone(), 0));
-        }
-        if position < self.entries.len() && at != position {
-            self.entries.swap(at, position);
-            at = position;
-        }
-        if let Some((_, placed)) = &mut self.placed
-            && *placed == position
-            && at == position
-        {
-            *placed += 1;
-        }
         &mut self.entries[at].1
     }
 }
@@ -448,7 +431,7 @@ mod tests {
                 .get_or_insert(key, || panic!("{key:?} has a load already"))
                 .rate
         };
-        // In order, twice round (the guess wraps), then reversed, then skipping about, then a
+        // In order, twice round, then reversed, then skipping about, then a
         // key of another service with the same bucket name, which is a load of its own.
         for i in (0..5)
             .chain(0..5)
