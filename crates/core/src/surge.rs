@@ -160,6 +160,13 @@ pub struct SurgeGuard {
     engaged: u8,
     /// It engaged since [`SurgeGuard::take_engaged`] last asked.
     just_engaged: bool,
+    /// A tick's count above this cannot be part of a fall under the part in force
+    /// ([`calm_above`]); `u64::MAX` before any instruction.
+    calm_above: u64,
+    /// How many of the newest ticks in a row counted more than `calm_above`. When they are all
+    /// the ticks a fall is judged over, there is none ([`SurgeGuard::fallen`]), and a steady
+    /// load's tick costs no pass over its window.
+    calm: usize,
 }
 
 impl Default for SurgeGuard {
@@ -170,7 +177,37 @@ impl Default for SurgeGuard {
             part: None,
             engaged: 0,
             just_engaged: false,
+            calm_above: u64::MAX,
+            calm: 0,
         }
+    }
+}
+
+/// What [`SurgeGuard::fallen`] judges a fall by under `part`: the count a tick is expected to
+/// hold, the count it is granted (its part), and the longest run of ticks looked at.
+fn fall_terms(part: Part) -> (f64, f64, usize) {
+    let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
+    let expected = part.own_rps * tick_s;
+    let granted = expected * (1.0 - part.ratio);
+    let most = usize::try_from(part.interval_ns / TICK_NS)
+        .unwrap_or(usize::MAX)
+        .clamp(1, FALL_TICKS);
+    (expected, granted, most)
+}
+
+/// The count above which one tick cannot be part of a fall when the client offered `own_rps`
+/// over the instruction's interval: a run of ticks is a fall only if it counts less than `1 /
+/// RISE` of what it was expected to (`own_rps` per tick), so one of them at least counts less
+/// than that. Rounded down with a margin of one part in a billion, far beyond the rounding of the
+/// test itself, so a count above it is above `1 / RISE` of the expected count however the test
+/// rounds; `u64::MAX` (no count is above it) when that count is not a finite one below 2^52.
+fn calm_above(own_rps: f64) -> u64 {
+    let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
+    let low = own_rps * tick_s / RISE * (1.0 + 1e-9);
+    if low.is_finite() && (0.0..4.5e15).contains(&low) {
+        low.floor() as u64
+    } else {
+        u64::MAX
     }
 }
 
@@ -226,6 +263,15 @@ impl SurgeGuard {
             expires_at: i.expires_at,
             interval_ns: i.interval_ns,
         });
+        self.calm_above = calm_above(own);
+        let calm_above = self.calm_above;
+        self.calm = self
+            .ticks
+            .iter()
+            .rev()
+            .take(FALL_TICKS)
+            .take_while(|&&(_, n)| n > calm_above)
+            .count();
         // Saturating: the interval is whatever the control plane sent, up to `u64::MAX` ns.
         self.keep_ns = i
             .interval_ns
@@ -257,6 +303,11 @@ impl SurgeGuard {
     /// until the next tick ([`SurgeGuard::current`]).
     pub fn tick(&mut self, offered: u64, now: Nanos) -> Ratio {
         self.ticks.push_back((now, offered));
+        self.calm = if offered > self.calm_above {
+            (self.calm + 1).min(FALL_TICKS)
+        } else {
+            0
+        };
         self.forget_before(now);
         self.current(now)
     }
@@ -289,6 +340,8 @@ impl SurgeGuard {
             self.ticks
                 .push_back((first.saturating_add(k.saturating_mul(step)), 0));
         }
+        // A count of 0 is never above `calm_above`.
+        self.calm = 0;
         self.forget_before(last);
         self.current(last)
     }
@@ -364,12 +417,7 @@ impl SurgeGuard {
     /// the controller does) was given a ratio for its real load, and its part computed from the counted scope
     /// would read that load as a fall.
     fn fallen(&self, part: Part) -> Option<f64> {
-        let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
-        let expected = part.own_rps * tick_s;
-        let granted = expected * (1.0 - part.ratio);
-        let most = usize::try_from(part.interval_ns / TICK_NS)
-            .unwrap_or(usize::MAX)
-            .clamp(1, FALL_TICKS);
+        let (expected, granted, most) = fall_terms(part);
         // A count `c >= 0` is under `e - FALL_SIGMAS sqrt(e) - FALL_MARGIN` only where that is
         // positive, from `e` = 10.9 on: a client expecting less over its longest run (0.2 a tick,
         // 4 a second, at 100,000 hosts of surge-15x) never sees a fall, and need not look.
@@ -378,6 +426,18 @@ impl SurgeGuard {
         if expected * most as f64 <= 0.99 * least {
             return None;
         }
+        // Every tick of the longest run counted more than a fall's run could (`calm_above`), so
+        // every run's count is at least `1 / RISE` of its expected one and fails the first test
+        // below: no fall, and no pass over the window. Ticks that left the window for their age
+        // left from the oldest end, so the newest `calm` are still calm.
+        if self.calm >= most.min(self.ticks.len()) {
+            return None;
+        }
+        self.fallen_in_window(expected, granted, most)
+    }
+
+    /// [`SurgeGuard::fallen`]'s pass over the newest `most` ticks.
+    fn fallen_in_window(&self, expected: f64, granted: f64, most: usize) -> Option<f64> {
         // Counts of the newest ticks, newest first, and their running sums.
         let mut sums = [0u64; FALL_TICKS + 1];
         let mut best = None::<(f64, f64, f64)>;
@@ -684,6 +744,48 @@ mod tests {
         }
         // It used to drop 93% of the calm until the next instruction.
         assert!(dropped <= 0.1 * offered, "{dropped} of {offered} dropped");
+    }
+
+    #[test]
+    fn a_window_of_calm_ticks_is_one_the_whole_pass_finds_no_fall_in() {
+        // Random loads that hold, fall, rise and come back, under instructions of random
+        // ratios and intervals: wherever the guard skips the pass over its window for its calm
+        // ticks, the pass would have found no fall; and the pass still runs, and finds falls,
+        // where there are some.
+        let mut rng = fastrand::Rng::with_seed(23);
+        let (mut skipped, mut passed, mut falls) = (0, 0, 0);
+        for case in 0..200 {
+            let mut guard = SurgeGuard::new();
+            let mut now = 0;
+            let base = 1.0 + 60.0 * rng.f64();
+            let interval = rng.u64(1..5) * SEC / 2;
+            for k in 0..300u64 {
+                now += TICK_NS;
+                if k % (interval / TICK_NS) == 0 {
+                    let mut i = instructed(0.9 * rng.f64(), 100.0, 150.0, 4, now);
+                    i.interval_ns = interval;
+                    i.expires_at = Nanos::MAX;
+                    guard.instruct(i, now);
+                }
+                let mean = base * [1.0, 0.3, 1.0, 2.5, 0.05][(k / 37 % 5) as usize];
+                guard.tick(poisson(&mut rng, mean), now);
+                let Some(part) = guard.part else { continue };
+                let (expected, granted, most) = fall_terms(part);
+                let fall = guard.fallen_in_window(expected, granted, most);
+                if guard.calm >= most.min(guard.ticks.len()) {
+                    skipped += 1;
+                    assert_eq!(fall, None, "case {case}, tick {k}");
+                } else {
+                    passed += 1;
+                    falls += usize::from(fall.is_some());
+                }
+                assert_eq!(guard.fallen(part), fall, "case {case}, tick {k}");
+            }
+        }
+        assert!(
+            skipped > 10_000 && passed > 10_000 && falls > 1_000,
+            "{skipped} {passed} {falls}"
+        );
     }
 
     #[test]
