@@ -13,7 +13,9 @@ mod local;
 mod session;
 
 pub use backoff::Backoff;
-pub use client::{ClientLink, HostLimiters, LinkOptions, LinkStatus, rules_handshake};
+pub use client::{
+    ClientLink, HostLimiters, Housekeeping, LinkOptions, LinkStatus, rules_handshake,
+};
 pub use clock::{now_ms, now_unix_ns};
 pub use local::{InstructionsRx, LocalRefusal, ZoneClient, ZoneClients};
 pub use session::{
