@@ -161,12 +161,13 @@ pub struct SurgeGuard {
     /// It engaged since [`SurgeGuard::take_engaged`] last asked.
     just_engaged: bool,
     /// A tick's count above this cannot be part of a fall under the part in force
-    /// ([`calm_above`]); `u64::MAX` before any instruction.
-    calm_above: u64,
+    /// ([`calm_above`]); [`NEVER_CALM`] before any instruction. With `calm`, in what was the
+    /// struct's padding: a guard per bucket of 100,000 simulated hosts stays as large as it was.
+    calm_above: u32,
     /// How many of the newest ticks in a row counted more than `calm_above`. When they are all
     /// the ticks a fall is judged over, there is none ([`SurgeGuard::fallen`]), and a steady
     /// load's tick costs no pass over its window.
-    calm: usize,
+    calm: u8,
 }
 
 impl Default for SurgeGuard {
@@ -177,7 +178,7 @@ impl Default for SurgeGuard {
             part: None,
             engaged: 0,
             just_engaged: false,
-            calm_above: u64::MAX,
+            calm_above: NEVER_CALM,
             calm: 0,
         }
     }
@@ -200,15 +201,23 @@ fn fall_terms(part: Part) -> (f64, f64, usize) {
 /// RISE` of what it was expected to (`own_rps` per tick), so one of them at least counts less
 /// than that. Rounded down with a margin of one part in a billion, far beyond the rounding of the
 /// test itself, so a count above it is above `1 / RISE` of the expected count however the test
-/// rounds; `u64::MAX` (no count is above it) when that count is not a finite one below 2^52.
-fn calm_above(own_rps: f64) -> u64 {
+/// rounds; [`NEVER_CALM`] when that count is not a finite one below it.
+fn calm_above(own_rps: f64) -> u32 {
     let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
     let low = own_rps * tick_s / RISE * (1.0 + 1e-9);
-    if low.is_finite() && (0.0..4.5e15).contains(&low) {
-        low.floor() as u64
+    if low.is_finite() && (0.0..f64::from(NEVER_CALM)).contains(&low) {
+        low.floor() as u32
     } else {
-        u64::MAX
+        NEVER_CALM
     }
+}
+
+/// A `calm_above` no count is taken to be above: no tick is calm.
+const NEVER_CALM: u32 = u32::MAX;
+
+/// Whether a tick's count `n` is above `calm_above`.
+fn is_calm(n: u64, calm_above: u32) -> bool {
+    calm_above != NEVER_CALM && n > u64::from(calm_above)
 }
 
 impl SurgeGuard {
@@ -270,8 +279,8 @@ impl SurgeGuard {
             .iter()
             .rev()
             .take(FALL_TICKS)
-            .take_while(|&&(_, n)| n > calm_above)
-            .count();
+            .take_while(|&&(_, n)| is_calm(n, calm_above))
+            .count() as u8;
         // Saturating: the interval is whatever the control plane sent, up to `u64::MAX` ns.
         self.keep_ns = i
             .interval_ns
@@ -303,8 +312,8 @@ impl SurgeGuard {
     /// until the next tick ([`SurgeGuard::current`]).
     pub fn tick(&mut self, offered: u64, now: Nanos) -> Ratio {
         self.ticks.push_back((now, offered));
-        self.calm = if offered > self.calm_above {
-            (self.calm + 1).min(FALL_TICKS)
+        self.calm = if is_calm(offered, self.calm_above) {
+            (self.calm + 1).min(FALL_TICKS as u8)
         } else {
             0
         };
@@ -430,7 +439,7 @@ impl SurgeGuard {
         // every run's count is at least `1 / RISE` of its expected one and fails the first test
         // below: no fall, and no pass over the window. Ticks that left the window for their age
         // left from the oldest end, so the newest `calm` are still calm.
-        if self.calm >= most.min(self.ticks.len()) {
+        if usize::from(self.calm) >= most.min(self.ticks.len()) {
             return None;
         }
         self.fallen_in_window(expected, granted, most)
@@ -772,7 +781,7 @@ mod tests {
                 let Some(part) = guard.part else { continue };
                 let (expected, granted, most) = fall_terms(part);
                 let fall = guard.fallen_in_window(expected, granted, most);
-                if guard.calm >= most.min(guard.ticks.len()) {
+                if usize::from(guard.calm) >= most.min(guard.ticks.len()) {
                     skipped += 1;
                     assert_eq!(fall, None, "case {case}, tick {k}");
                 } else {
