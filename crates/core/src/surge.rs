@@ -196,15 +196,15 @@ fn fall_terms(part: Part) -> (f64, f64, usize) {
     (expected, granted, most)
 }
 
-/// The count above which one tick cannot be part of a fall when the client offered `own_rps`
-/// over the instruction's interval: a run of ticks is a fall only if it counts less than `1 /
-/// RISE` of what it was expected to (`own_rps` per tick), so one of them at least counts less
-/// than that. Rounded down with a margin of one part in a billion, far beyond the rounding of the
-/// test itself, so a count above it is above `1 / RISE` of the expected count however the test
-/// rounds; [`NEVER_CALM`] when that count is not a finite one below it.
-fn calm_above(own_rps: f64) -> u32 {
-    let tick_s = TICK_NS as f64 / NANOS_PER_SEC as f64;
-    let low = own_rps * tick_s / RISE * (1.0 + 1e-9);
+/// The count above which one tick cannot be part of a fall under `part`: a run of ticks is a
+/// fall only if it counts less than `1 / RISE` of what it was expected to ([`fall_terms`]), so
+/// one of them at least counts less than that. Rounded down with a margin of one part in a
+/// billion, far beyond the rounding of the test itself, so a count above it is above `1 / RISE`
+/// of the expected count however the test rounds; [`NEVER_CALM`] when that count is not a
+/// finite one below it.
+fn calm_above(part: Part) -> u32 {
+    let (expected, _, _) = fall_terms(part);
+    let low = expected / RISE * (1.0 + 1e-9);
     if low.is_finite() && (0.0..f64::from(NEVER_CALM)).contains(&low) {
         low.floor() as u32
     } else {
@@ -265,14 +265,15 @@ impl SurgeGuard {
             // yet: over the limit, it may hold this client tighter, never looser.
             cap_rps = cap_rps.min(held.cap_rps);
         }
-        self.part = Some(Part {
+        let part = Part {
             cap_rps,
             own_rps: own,
             ratio: i.ratio.clamp(0.0, 1.0),
             expires_at: i.expires_at,
             interval_ns: i.interval_ns,
-        });
-        self.calm_above = calm_above(own);
+        };
+        self.part = Some(part);
+        self.calm_above = calm_above(part);
         let calm_above = self.calm_above;
         self.calm = self
             .ticks
@@ -435,14 +436,19 @@ impl SurgeGuard {
         if expected * most as f64 <= 0.99 * least {
             return None;
         }
-        // Every tick of the longest run counted more than a fall's run could (`calm_above`), so
-        // every run's count is at least `1 / RISE` of its expected one and fails the first test
-        // below: no fall, and no pass over the window. Ticks that left the window for their age
-        // left from the oldest end, so the newest `calm` are still calm.
-        if usize::from(self.calm) >= most.min(self.ticks.len()) {
+        if self.calm_run(most) {
             return None;
         }
         self.fallen_in_window(expected, granted, most)
+    }
+
+    /// Whether every tick of the newest run of `most` counted more than any tick of a fall
+    /// could (`calm_above`): then every run's count is at least `1 / RISE` of its expected one
+    /// and fails [`SurgeGuard::fallen_in_window`]'s first test, so there is no fall and no pass
+    /// over the window is needed. Ticks that left the window for their age left from its oldest
+    /// end, so the newest `calm` are still calm.
+    fn calm_run(&self, most: usize) -> bool {
+        usize::from(self.calm) >= most.min(self.ticks.len())
     }
 
     /// [`SurgeGuard::fallen`]'s pass over the newest `most` ticks.
@@ -781,7 +787,7 @@ mod tests {
                 let Some(part) = guard.part else { continue };
                 let (expected, granted, most) = fall_terms(part);
                 let fall = guard.fallen_in_window(expected, granted, most);
-                if usize::from(guard.calm) >= most.min(guard.ticks.len()) {
+                if guard.calm_run(most) {
                     skipped += 1;
                     assert_eq!(fall, None, "case {case}, tick {k}");
                 } else {

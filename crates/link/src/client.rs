@@ -245,6 +245,9 @@ pub struct ClientLink {
     status: Arc<LinkStatus>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The link's own housekeeping task, unless another's keeps it ([`ClientLink::spawn_kept`]):
+    /// it ends with the link.
+    _housekeeping: Option<Housekeeping>,
 }
 
 impl std::fmt::Debug for ClientLink {
@@ -329,15 +332,19 @@ impl ClientLink {
             surges: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let mut tasks = Vec::with_capacity(2);
-        match housekeeping {
-            None => tasks.push(tokio::spawn(housekeeping_task(
-                driver.clone(),
-                stop_rx.clone(),
-            ))),
-            Some(kept) => kept.keep(&driver, stop_rx.clone()),
-        }
-        tasks.push(tokio::spawn(async move {
+        // Surge guards every 50 ms and share expiry every 250 ms, connected or not.
+        let own = match housekeeping {
+            Some(kept) => {
+                kept.keep(&driver, stop_rx.clone());
+                None
+            }
+            None => {
+                let own = Housekeeping::start();
+                own.keep(&driver, stop_rx.clone());
+                Some(own)
+            }
+        };
+        let link = tokio::spawn(async move {
             reconnect_any(
                 "control-plane",
                 &targets,
@@ -356,11 +363,12 @@ impl ClientLink {
                 },
             )
             .await;
-        }));
+        });
         Ok(Self {
             status,
             stop,
-            tasks,
+            tasks: vec![link],
+            _housekeeping: own,
         })
     }
 
@@ -594,23 +602,6 @@ impl Driver {
     }
 }
 
-/// Every 50 ms the surge guards, every 250 ms the adaptive shares, connected or not.
-async fn housekeeping_task(driver: Arc<Driver>, mut stop: Stop) {
-    let mut every = tokio::time::interval(Duration::from_nanos(surge::TICK_NS));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut n = 0u64;
-    // Kept from tick to tick: twenty ticks a second allocate nothing once they have grown.
-    let mut buffers = TickBuffers::default();
-    loop {
-        tokio::select! {
-            _ = every.tick() => {}
-            _ = stop.changed() => return,
-        }
-        n += 1;
-        driver.housekeep(n, &mut buffers);
-    }
-}
-
 /// What a turn of housekeeping works in, kept from one to the next.
 #[derive(Default)]
 struct TickBuffers {
@@ -652,9 +643,9 @@ impl Driver {
     }
 }
 
-/// One task that runs the 50 ms housekeeping (surge guards, share expiry) of many links of one
-/// process in turn ([`ClientLink::spawn_kept`]), where each link would otherwise run a task and
-/// a timer of its own: twenty wake-ups a second per link, a timer and a task each time, with
+/// One task that runs the 50 ms housekeeping (surge guards, share expiry) of links in turn: of
+/// one link ([`ClientLink::spawn`]), or of many links of one process ([`ClientLink::spawn_kept`]),
+/// which would otherwise take a task and a timer each: twenty wake-ups a second per link, with
 /// the guards' buffers kept once per task rather than once per link. `spillway emulate` keeps
 /// its hosts' links in groups of 16 (docs/benchmarks.md: about 30% less of the emulator's CPU at
 /// 2,000 hosts, together with the guard's calm ticks). The work per link is what a link's own
