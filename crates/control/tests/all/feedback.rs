@@ -206,8 +206,11 @@ async fn when_a_client_leaves_the_ratio_falls_to_the_new_load_at_once() {
     })
     .await;
     eprintln!("ratios seen after the client left: {seen:?}, 1/6 after {took:?}");
+    // The interval the client left in counts part of it at each load, so its ratio may be
+    // anywhere between 1/3 and 1/6 (0.2 when it left a sixth of the way in): one ratio in
+    // between is that interval, an eased release is several.
     assert!(
-        seen.iter().all(|&r| !(0.2..0.29).contains(&r)),
+        seen.iter().filter(|&&r| (0.2..0.29).contains(&r)).count() <= 1,
         "an eased release: {seen:?}"
     );
     assert!(close(fleet.admitted("global"), L, 0.02 * L));
