@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use spillway_core::concurrency::Gradient;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -196,14 +197,13 @@ async fn concurrency_without_a_section_limits_nothing_until_a_reload_adds_one() 
     running.proxy.shutdown().await;
 }
 
-/// An upstream of `workers` workers that each take `service` per request: past them, requests
-/// wait for a worker, so latency grows with the requests in flight.
 /// The header in which [`slow_upstream`] says how long it held a request, waiting for a worker
 /// and served, in microseconds.
 const UPSTREAM_US: &str = "x-upstream-us";
 
-/// An upstream of `workers` workers that each take `service` a request; a request waits for a
-/// free worker, and its answer says how long it was held ([`UPSTREAM_US`]).
+/// An upstream of `workers` workers that each take `service` per request: past them, requests
+/// wait for a worker, so latency grows with the requests in flight. Each answer says how long
+/// the request was held ([`UPSTREAM_US`]).
 async fn slow_upstream(workers: usize, service: Duration) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -289,14 +289,17 @@ async fn concurrency_gradient_brings_the_limit_down_to_a_slow_upstreams_workers(
         refused += r;
         overhead += d;
     }
-    // Gradient's fixed point against `W` busy workers of service time `S` is `1.5 x W x long /
-    // S + 4`, where `long` is the round trip the proxy measures unqueued: `S` plus what the
-    // path adds, here a connection per request through a debug build. That addition is at most
+    // Gradient's fixed point against `W` busy workers of service time `S` is `TOLERANCE x W x
+    // long / S + QUEUE` (1.5 and 4), where `long` is the round trip the proxy measures
+    // unqueued: `S` plus what the path adds, here a connection per request through a debug
+    // build. That addition is at most
     // what the clients measured beyond the upstream's own time (their path holds the proxy's),
     // so the limit must settle at or under the fixed point for it: 10 with nothing added, more
     // on a machine slow enough to add a share of the 20 ms, never less strict than 16.
     let added = overhead.as_secs_f64() / f64::from(ok.max(1));
-    let fixed_point = 1.5 * WORKERS * (SERVICE.as_secs_f64() + added) / SERVICE.as_secs_f64() + 4.0;
+    let fixed_point = Gradient::TOLERANCE * WORKERS * (SERVICE.as_secs_f64() + added)
+        / SERVICE.as_secs_f64()
+        + Gradient::QUEUE;
     let most = (fixed_point + 2.0).max(16.0);
     assert!(
         (4.0..=most).contains(&limit),
