@@ -190,6 +190,10 @@ pub struct RegionCore {
     provisional: u64,
     /// When the first zone estimate not yet answered came ([`RegionCore::answer_surges`]).
     surge_at: Option<u64>,
+    /// Per closed interval, the global buckets whose load this region's median zone saw rise
+    /// clearly into it ([`provisional::rising`]), while the region has peers: what scales a
+    /// late peer's older sums ([`RegionCore::peer_sums`]).
+    rose: BTreeMap<u64, Vec<(Index, f64)>>,
     /// The controller lease's epoch its instructions carry (0: no lease).
     epoch: u64,
     /// Hosts that one aggregator reported and another had reported before.
@@ -245,6 +249,7 @@ impl RegionCore {
             computed: 0,
             provisional: 0,
             surge_at: None,
+            rose: BTreeMap::new(),
             epoch: 0,
             moved: 0,
             unbound_ids: 0,
@@ -516,6 +521,7 @@ impl RegionCore {
             let before = self.zones_before(sequence);
             self.estimate_missing(sequence, &mut parts);
             let zone_sums = by_zone(&parts);
+            self.record_rises(sequence, &zone_sums, &before);
             steps.push(RegionStep::Announce(v1::RegionSums {
                 region: self.region.clone(),
                 sequence,
@@ -528,7 +534,7 @@ impl RegionCore {
                 .any(|p| is_awaited(p, sequence, now_ms, ttl) && !p.sums.contains_key(&sequence));
             if waits
                 && let Some(per_zone) =
-                    self.provisional(config, sequence, &zone_sums, &before, now_ms, interval)
+                    self.provisional(config, sequence, &zone_sums, now_ms, interval)
             {
                 self.provisional += 1;
                 self.instruct(
@@ -564,7 +570,7 @@ impl RegionCore {
                 }
             }
             let own = self.own_global(&zone_sums);
-            let peers = self.peer_sums(sequence, now_ms, ttl, &[], &own);
+            let peers = self.peer_sums(sequence, now_ms, ttl, None, &own);
             self.record_total(sequence, own, &peers);
             let (per_zone, _) = self.compute(&zone_sums, &peers, interval, true);
             self.instruct(
@@ -627,6 +633,13 @@ impl RegionCore {
         }
         for sums in self.totals.values_mut() {
             *sums = sums.remap(&moves);
+        }
+        for rises in self.rose.values_mut() {
+            *rises = rises
+                .iter()
+                .filter_map(|&(i, rise)| Some((moves[i as usize]?, rise)))
+                .collect();
+            rises.sort_by_key(|&(i, _)| i);
         }
         // Smoothing state follows its bucket while it keeps a scope it is kept for.
         let kept = |old: usize, zone: bool| {

@@ -378,3 +378,99 @@ fn sent_message(steps: &[RegionStep], member: u64) -> v1::ZoneInstructions {
         })
         .expect("instructions for the member")
 }
+
+/// One global bucket `g` of 900/s, 1 s intervals.
+fn global_rules() -> Arc<RulesSnapshot> {
+    let yaml = "version: 1\ncontrol:\n  report_interval: 1s\n  instruction_ttl: 5s\nservices:\n  api:\n    buckets:\n      - { name: g, match: { procedure: /g }, limit: 900/s, scope: global }\n";
+    Arc::new(RulesSnapshot::parse(1, yaml, "rules.yaml").unwrap())
+}
+
+/// A peer region's sums of `g` for one interval.
+fn peer(region: &str, sequence: u64, offered: u64) -> v1::RegionSums {
+    v1::RegionSums {
+        region: region.into(),
+        sequence,
+        interval_ms: 1_000,
+        buckets: report("", sequence, &[("g", offered)]).buckets,
+    }
+}
+
+/// Zones z1-z3 (streams 1-3) report `offered` each for every (interval, offered) of `loads`,
+/// a millisecond after its end.
+fn three_zones(region: &mut RegionCore, loads: &[(u64, u64)]) {
+    for &(sequence, offered) in loads {
+        let at = (sequence + 1) * 1_000 + 1;
+        for member in 1..=3 {
+            let zone = format!("z{member}");
+            region.on_zone_report(member, report(&zone, sequence, &[("g", offered)]), at);
+        }
+    }
+}
+
+/// The drop ratio of `g` in the last instructions sent to zone 1.
+fn ratio_of(steps: &[RegionStep]) -> Option<f64> {
+    sent_to(steps, 1)
+        .into_iter()
+        .rfind(|(b, _)| b == "g")
+        .map(|(_, r)| r)
+}
+
+#[test]
+fn a_peer_late_with_a_steps_interval_counts_at_the_step_in_the_answers_to_surges() {
+    let mut region = RegionCore::new("r1", global_rules(), START_MS);
+    for member in 1..=3 {
+        region.join(member, &format!("z{member}"));
+    }
+    // Intervals 7 and 8: 150/s here and 150/s at r2, a third of the limit.
+    three_zones(&mut region, &[(7, 50)]);
+    region.on_peer_sums(peer("r2", 7, 150), 8_010);
+    three_zones(&mut region, &[(8, 50)]);
+    region.on_peer_sums(peer("r2", 8, 150), 9_010);
+    // Interval 9: a 15x step everywhere; r2 is late with its sums of it.
+    three_zones(&mut region, &[(9, 750)]);
+    assert_eq!(region.rose[&9].len(), 1, "the step's rise is kept");
+    // In interval 10 the zones' guards report the load now, as high as in 9: no rise since.
+    let mut steps = Vec::new();
+    for member in 1..=3 {
+        let mut surge = report(&format!("z{member}"), 10, &[("g", 750)]);
+        surge.surge = true;
+        steps.extend(region.on_zone_report(member, surge, 10_100));
+    }
+    steps.extend(region.poll(10_120));
+    // r2's sums of 8 stand in for its 10, risen 15 times like this region's: 4,500/s in all.
+    let ratio = ratio_of(&steps).expect("the surge reports are answered");
+    assert!(
+        near(ratio, 1.0 - 900.0 / 4_500.0),
+        "answered {ratio}; r2 counted at its load before the step would be {}",
+        1.0 - 900.0 / 2_400.0
+    );
+}
+
+#[test]
+fn a_peer_two_intervals_behind_a_ramp_counts_at_both_rises() {
+    let mut region = RegionCore::new("r1", global_rules(), START_MS);
+    for member in 1..=3 {
+        region.join(member, &format!("z{member}"));
+    }
+    // Interval 7: 150/s in each region. Then this region's load doubles into 8 and rises
+    // four times into 9. r2 reports 8 and is late with 9; r3's sums of 8 were lost.
+    three_zones(&mut region, &[(7, 50)]);
+    region.on_peer_sums(peer("r2", 7, 150), 8_010);
+    region.on_peer_sums(peer("r3", 7, 150), 8_010);
+    three_zones(&mut region, &[(8, 100)]);
+    region.on_peer_sums(peer("r2", 8, 300), 9_010);
+    let steps: Vec<RegionStep> = (1..=3)
+        .flat_map(|member| {
+            let zone = format!("z{member}");
+            region.on_zone_report(member, report(&zone, 9, &[("g", 400)]), 10_001)
+        })
+        .collect();
+    // The provisional instruction at 9's close: r2 at 300 x 4, r3 at 150 x 2 x 4, 3,600/s.
+    let ratio = ratio_of(&steps).expect("a provisional instruction");
+    assert_eq!(region.provisionals(), 1);
+    assert!(
+        near(ratio, 1.0 - 900.0 / 3_600.0),
+        "instructed {ratio}; r3 scaled by the last rise alone would be {}",
+        1.0 - 900.0 / 3_000.0
+    );
+}
