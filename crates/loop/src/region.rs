@@ -48,6 +48,7 @@ pub use self::compute::{global_sums, tier_drop_ratios};
 use self::ids::Dictionary;
 use self::indexed::IndexedSums;
 pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
+use self::provisional::Scale;
 pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
 pub use self::shared::SharedInstructions;
 use self::table::{Index, Table};
@@ -570,7 +571,11 @@ impl RegionCore {
                 }
             }
             let own = self.own_global(&zone_sums);
-            let peers = self.peer_sums(sequence, now_ms, ttl, None, &own);
+            let scale = Scale {
+                rises: self.rose.get(&sequence).map_or(&[][..], Vec::as_slice),
+                kind: None,
+            };
+            let peers = self.peer_sums(sequence, now_ms, ttl, scale, &own);
             self.record_total(sequence, own, &peers);
             let (per_zone, _) = self.compute(&zone_sums, &peers, interval, true);
             self.instruct(

@@ -55,7 +55,7 @@ impl RegionCore {
             rises: &rises,
             kind: None,
         };
-        let peers = self.peer_sums(sequence + 1, now_ms, ttl, Some(scale), &own);
+        let peers = self.peer_sums(sequence + 1, now_ms, ttl, scale, &own);
         let (per_zone, _) = self.compute(&zone_sums, &peers, interval, false);
         self.provisional += 1;
         self.instruct(steps, sequence, per_zone, &now, now_ms, Sent::FromRatesNow);
@@ -141,7 +141,7 @@ impl RegionCore {
             rises: &rises,
             kind,
         };
-        let peers = self.peer_sums(sequence, now_ms, ttl, Some(scale), &own);
+        let peers = self.peer_sums(sequence, now_ms, ttl, scale, &own);
         let (per_zone, computed) = self.compute(zone_sums, &peers, interval, false);
         let raised = rises.iter().any(|&(i, _)| {
             let old = self.views[i as usize].map_or(0.0, |v| v.drop_ratio);
@@ -167,15 +167,15 @@ impl RegionCore {
     }
 
     /// The peers' sums for interval `target`: each live peer's sums of it, or else the latest
-    /// of its two before (the peer was late, or one of its messages was lost), scaled when
-    /// `scale` is given ([`Scale`]); and for the peers silent longer, their last sums held as
+    /// of its two before (the peer was late, or one of its messages was lost), scaled by the
+    /// rises since ([`Scale`]); and for the peers silent longer, their last sums held as
     /// [`RegionCore::held`] says, given `own`, this region's global sums of `target`.
     pub(super) fn peer_sums(
         &self,
         target: u64,
         now_ms: u64,
         ttl: Duration,
-        scale: Option<Scale<'_>>,
+        scale: Scale<'_>,
         own: &IndexedSums,
     ) -> IndexedSums {
         let mut peers = IndexedSums::default();
@@ -190,10 +190,7 @@ impl RegionCore {
                 .next_back()
                 .filter(|_| live)
             {
-                match scale {
-                    Some(scale) => peers.add(&self.scaled(sums, at, target, scale)),
-                    None => peers.add(sums),
-                }
+                peers.add(&self.scaled(sums, at, target, scale));
             } else if peer
                 .sums
                 .last_key_value()
@@ -212,7 +209,10 @@ impl RegionCore {
     /// each closed interval between ([`RegionCore::record_rises`]). A peer late with the
     /// interval of a step sends, meanwhile, only its sums of the one before: scaled by the rise
     /// into the open interval alone, a 15x step's peers counted about half their load and a
-    /// region's answers to its zones' surge reports dropped 0.90 where 0.93 was due.
+    /// region's answers to its zones' surge reports dropped 0.90 where 0.93 was due. Unscaled,
+    /// a peer whose sums of the interval before a step were lost (so the step's interval does
+    /// not wait for it) counted at its load before the step: the step's instructions dropped
+    /// 0.90 for a second where 0.93 was due, 10% over the limit.
     fn scaled<'s>(
         &self,
         sums: &'s IndexedSums,
@@ -253,7 +253,8 @@ impl RegionCore {
 /// How [`RegionCore::peer_sums`] scales a late peer's older sums up to the interval it estimates.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Scale<'a> {
-    /// The rise into that interval per global bucket, by index in order.
+    /// The rise into that interval per global bucket, by index in order: for a closed interval,
+    /// the one [`RegionCore::record_rises`] kept; for the open one, from the zones' estimates.
     pub rises: &'a [(Index, f64)],
     /// Only the buckets of this algorithm are scaled (all when `None`).
     pub kind: Option<Kind>,

@@ -474,3 +474,29 @@ fn a_peer_two_intervals_behind_a_ramp_counts_at_both_rises() {
         1.0 - 900.0 / 3_000.0
     );
 }
+
+#[test]
+fn a_peer_whose_sums_before_a_step_were_lost_counts_at_the_step_in_the_computed_instructions() {
+    let mut region = RegionCore::new("r1", global_rules(), START_MS);
+    for member in 1..=3 {
+        region.join(member, &format!("z{member}"));
+    }
+    // r2 at 150/s in interval 7; its sums of 8 are lost, so interval 9 does not wait for it.
+    three_zones(&mut region, &[(7, 50)]);
+    region.on_peer_sums(peer("r2", 7, 150), 8_010);
+    three_zones(&mut region, &[(8, 50)]);
+    let steps: Vec<RegionStep> = (1..=3)
+        .flat_map(|member| {
+            let zone = format!("z{member}");
+            region.on_zone_report(member, report(&zone, 9, &[("g", 750)]), 10_001)
+        })
+        .collect();
+    // Interval 9, a 15x step here, is computed at once: r2's sums of 7, risen 15 times.
+    assert_eq!(region.provisionals(), 0, "nothing was awaited");
+    let ratio = ratio_of(&steps).expect("interval 9 is instructed");
+    assert!(
+        near(ratio, 1.0 - 900.0 / 4_500.0),
+        "instructed {ratio}; r2 at its load before the step would be {}",
+        1.0 - 900.0 / 2_400.0
+    );
+}
