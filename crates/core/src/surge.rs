@@ -309,6 +309,13 @@ impl SurgeGuard {
         std::mem::take(&mut self.just_engaged)
     }
 
+    /// Whether the guard engaged since [`SurgeGuard::take_engaged`] last asked, without asking:
+    /// an instruction's new part of the limit may engage it between two ticks, and its client
+    /// says so after its next tick.
+    pub fn engaged_unreported(&self) -> bool {
+        self.just_engaged
+    }
+
     /// Records the offered count of the tick that ended at `now` and returns the ratio to drop
     /// until the next tick ([`SurgeGuard::current`]).
     pub fn tick(&mut self, offered: u64, now: Nanos) -> Ratio {

@@ -608,8 +608,10 @@ impl HostCore {
     /// guard: every drop-ratio bucket was offered nothing since the guard's last tick, and that
     /// tick counted nothing. The guard tests the count of its window, the last two ticks, against
     /// a bar of at least [`surge::MARGIN`] requests, so a window of 0 never engages it, and no
-    /// surge report can follow. The tick still changes the guard's state (its counts, its
-    /// ratio): an owner with many idle hosts (the simulator) may run it later, with the same
+    /// surge report can follow, unless a guard engaged since the last one was taken (an
+    /// instruction's new part of the limit did it between ticks): then the next tick's report
+    /// says so, and the tick is not quiet. The tick still changes the guard's state (its counts,
+    /// its ratio): an owner with many idle hosts (the simulator) may run it later, with the same
     /// instants and totals, before anything reads the host again.
     pub fn guard_quiet(&self, totals: &[Snapshot]) -> bool {
         if !self.surge_guard {
@@ -621,7 +623,9 @@ impl HostCore {
             .filter(|(b, _)| b.kind == Kind::DropRatio)
             .all(|(b, total)| {
                 b.guard_at.is_none()
-                    || (total.offered() == b.guard_offered && b.guard.last_tick_rps() == 0.0)
+                    || (total.offered() == b.guard_offered
+                        && b.guard.last_tick_rps() == 0.0
+                        && !b.guard.engaged_unreported())
             })
     }
 

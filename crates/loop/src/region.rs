@@ -49,7 +49,7 @@ use self::ids::Dictionary;
 use self::indexed::IndexedSums;
 pub use self::partition::{HOLD_NOISE, PARTITION_HOLD};
 use self::provisional::Scale;
-pub use self::provisional::{PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
+pub use self::provisional::{LATE_ZONE_WAIT, PROVISIONAL_RISE, PROVISIONAL_STEP, SURGE_WAIT};
 pub use self::shared::SharedInstructions;
 use self::table::{Index, Table};
 
@@ -195,6 +195,9 @@ pub struct RegionCore {
     /// clearly into it ([`provisional::rising`]), while the region has peers: what scales a
     /// late peer's older sums ([`RegionCore::peer_sums`]).
     rose: BTreeMap<u64, Vec<(Index, f64)>>,
+    /// The last open interval instructed before a late zone's report of it
+    /// ([`RegionCore::instruct_without_late_zones`]).
+    early: Option<u64>,
     /// The controller lease's epoch its instructions carry (0: no lease).
     epoch: u64,
     /// Hosts that one aggregator reported and another had reported before.
@@ -251,6 +254,7 @@ impl RegionCore {
             provisional: 0,
             surge_at: None,
             rose: BTreeMap::new(),
+            early: None,
             epoch: 0,
             moved: 0,
             unbound_ids: 0,
@@ -520,7 +524,7 @@ impl RegionCore {
                 }
             }
             let before = self.zones_before(sequence);
-            self.estimate_missing(sequence, &mut parts);
+            self.estimate_missing(sequence, &mut parts, &before);
             let zone_sums = by_zone(&parts);
             self.record_rises(sequence, &zone_sums, &before);
             steps.push(RegionStep::Announce(v1::RegionSums {
@@ -587,6 +591,7 @@ impl RegionCore {
                 Sent::Computed,
             );
         }
+        self.instruct_without_late_zones(config, &mut steps, now_ms, interval);
         self.answer_surges(config, &mut steps, now_ms, interval);
         steps
     }

@@ -410,6 +410,11 @@ impl<K: Eq + Hash, P: Default> Intervals<K, P> {
         self.pending.values().map(|(payload, _)| payload)
     }
 
+    /// The payload of open interval `sequence`, if any member reported it yet.
+    pub fn pending_of(&self, sequence: u64) -> Option<&P> {
+        self.pending.get(&sequence).map(|(payload, _)| payload)
+    }
+
     /// The payloads of the open intervals, to change in place (a new rules table renumbered
     /// what they hold).
     pub fn pending_mut(&mut self) -> impl Iterator<Item = &mut P> {

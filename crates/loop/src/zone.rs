@@ -30,7 +30,10 @@ use crate::region::tier_drop_ratios;
 use crate::sums::{BucketKey, Counts, Intervals, Quorum, Sums};
 
 mod ids;
+mod relay;
 use self::ids::StreamIds;
+pub use self::relay::RELAY_MOVE;
+use self::relay::{ENGAGED_FOR, Relayed};
 
 /// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
 /// that host's clamps went without one since the last.
@@ -140,6 +143,13 @@ pub struct ZoneCore {
     left: BTreeMap<String, Sums>,
     /// A surge report came since the zone last forwarded its estimate.
     surge_due: bool,
+    /// Hosts whose guard is engaged, by name, with how many instructions of whole intervals
+    /// (not provisional) it waits for before it lets go, as the guard counts them
+    /// (`spillway_core::surge::SurgeGuard`): where an answer to surge reports that moves no
+    /// bucket goes ([`relay`]).
+    waiting: BTreeMap<String, u8>,
+    /// What the zone last relayed to every host.
+    relayed: Relayed,
     /// The controller epoch whose instructions this zone follows.
     fence: Fence,
     /// Whether its reports number their buckets ([`ZoneCore::number_buckets`]).
@@ -148,6 +158,8 @@ pub struct ZoneCore {
     ids: StreamIds,
     /// Instruction entries skipped because their stream never named their number.
     unbound_ids: u64,
+    /// Answers to surge reports relayed only to the `waiting` hosts.
+    answers_to_waiting: u64,
 }
 
 impl ZoneCore {
@@ -180,10 +192,13 @@ impl ZoneCore {
             surging: BTreeMap::new(),
             left: BTreeMap::new(),
             surge_due: false,
+            waiting: BTreeMap::new(),
+            relayed: Relayed::default(),
             fence: Fence::default(),
             numbered: false,
             ids: StreamIds::default(),
             unbound_ids: 0,
+            answers_to_waiting: 0,
         }
     }
 
@@ -193,6 +208,12 @@ impl ZoneCore {
     /// delivers every message, in order (gRPC); a zone that is not told names every bucket.
     pub fn number_buckets(&mut self) {
         self.numbered = true;
+    }
+
+    /// Answers to surge reports relayed so far only to the hosts whose guard is engaged, moving
+    /// no bucket by over [`RELAY_MOVE`].
+    pub fn answers_to_waiting(&self) -> u64 {
+        self.answers_to_waiting
     }
 
     /// Instruction entries skipped so far because the stream never named their number: each a
@@ -419,6 +440,12 @@ impl ZoneCore {
             return;
         }
         let sums = self.bounded(now_ms, &report.host_id, report.buckets);
+        match self.waiting.get_mut(&report.host_id) {
+            Some(left) => *left = ENGAGED_FOR,
+            None => {
+                self.waiting.insert(report.host_id.clone(), ENGAGED_FOR);
+            }
+        }
         self.surging.insert(report.host_id, sums);
         self.surge_due = true;
     }
@@ -702,7 +729,8 @@ impl ZoneCore {
     /// The controller's instructions at `now_ms`: relayed to every host, with each host's share
     /// of the zone's share for adaptive token buckets, and the rules to hosts that run another
     /// version. Instructions of an older controller epoch than the newest seen within its TTL
-    /// are dropped ([`Fence`]).
+    /// are dropped ([`Fence`]). An answer to surge reports that moves no bucket clearly from
+    /// what every host was last told goes only to the hosts whose guard is engaged ([`relay`]).
     pub fn on_instructions(
         &mut self,
         now_ms: u64,
@@ -757,8 +785,27 @@ impl ZoneCore {
         }
         let count = self.order.len();
         let shares = instructions.buckets.iter().any(|b| b.share.is_some());
+        let waiting: Option<Vec<u32>> =
+            if instructions.from_rates_now && !self.relayed.moved_by(&instructions.buckets) {
+                self.answers_to_waiting += 1;
+                Some(
+                    self.waiting
+                        .keys()
+                        .filter_map(|name| self.slots.get(name).copied())
+                        .collect(),
+                )
+            } else {
+                self.relayed.set(&instructions.buckets);
+                if !instructions.provisional {
+                    self.waiting.retain(|_, left| {
+                        *left -= 1;
+                        *left > 0
+                    });
+                }
+                None
+            };
         let shared = Arc::new(instructions);
-        for &slot in &self.order {
+        for &slot in waiting.as_deref().unwrap_or(&self.order) {
             let (Some(host), name) = (
                 self.hosts[slot as usize].as_mut(),
                 self.names[slot as usize].as_str(),

@@ -70,7 +70,17 @@ impl RegionCore {
     /// so is one whose hosts (some of them) moved to another since its last part
     /// ([`RegionCore::on_zone_report`]): they count in the other's part now. An aggregator that
     /// is gone (its stream ended) stands in for nothing: its hosts report to another.
-    pub(super) fn estimate_missing(&mut self, sequence: u64, parts: &mut Parts) {
+    ///
+    /// A part that stands in is scaled by the rise the zones that reported saw since `before`
+    /// ([`rising`]): a zone report lost in a step's interval otherwise counted that zone at its
+    /// load before the step, and the instructions of the interval let a third of a 1.5x
+    /// overload's excess through for a second.
+    pub(super) fn estimate_missing(&mut self, sequence: u64, parts: &mut Parts, before: &ZoneSums) {
+        let rises = if self.missing(parts).next().is_some() {
+            rising(&self.table, &by_zone(parts), before, None)
+        } else {
+            Vec::new()
+        };
         for (&member, zone) in self.zones.iter_mut().filter(|(_, z)| !z.name.is_empty()) {
             match parts.get(&member) {
                 Some((_, sums)) => zone.last = Some((sequence, sums.clone())),
@@ -78,10 +88,88 @@ impl RegionCore {
                     if let Some((last, sums)) = &zone.last
                         && last + 1 == sequence
                     {
-                        parts.insert(member, (zone.name.clone(), sums.clone()));
+                        let sums = scaled_by(sums, &rises);
+                        parts.insert(member, (zone.name.clone(), sums));
                     }
                 }
             }
+        }
+    }
+
+    /// The aggregators (with a zone) that have no part in `parts`.
+    fn missing<'a>(&'a self, parts: &'a Parts) -> impl Iterator<Item = (&'a u64, &'a Zone)> {
+        self.zones
+            .iter()
+            .filter(|(member, z)| !z.name.is_empty() && !parts.contains_key(member))
+    }
+
+    /// Provisional instructions for the open interval that ended a [`LATE_ZONE_WAIT`] ago when
+    /// some zone has not reported it but those that did show a drop-ratio bucket's load rising
+    /// clearly ([`PROVISIONAL_RISE`]): each missing zone's part of the interval before, and each
+    /// peer's sums, scaled by that rise, as [`RegionCore::provisional`] does for the peers. An
+    /// interval waits two graces for a lost zone report (500 ms at 1 s); a lost report of a
+    /// step's interval left the step enforced half a second late, 7-11% over the limit in the
+    /// second after the first. Once per interval.
+    pub(super) fn instruct_without_late_zones(
+        &mut self,
+        config: &Config,
+        steps: &mut Vec<RegionStep>,
+        now_ms: u64,
+        interval: Interval,
+    ) {
+        let sequence = self.window.closed_through() + 1;
+        let wait = (interval.ms() / LATE_ZONE_WAIT).max(1);
+        if self.early.is_some_and(|s| s >= sequence)
+            || now_ms < interval.end_of(sequence).saturating_add(wait)
+        {
+            return;
+        }
+        let Some(reported) = self.window.pending_of(sequence) else {
+            return;
+        };
+        if self.missing(reported).next().is_none() {
+            return;
+        }
+        self.early = Some(sequence);
+        let before = self.zones_before(sequence);
+        let rises = rising(
+            &self.table,
+            &by_zone(reported),
+            &before,
+            Some(Kind::DropRatio),
+        );
+        if rises.is_empty() {
+            return;
+        }
+        let mut parts = reported.clone();
+        let stand_ins: Vec<(u64, String, Arc<IndexedSums>)> = self
+            .missing(reported)
+            .filter_map(|(&member, zone)| match &zone.last {
+                Some((last, sums)) if last + 1 == sequence => {
+                    Some((member, zone.name.clone(), scaled_by(sums, &rises)))
+                }
+                _ => None,
+            })
+            .collect();
+        for (member, name, sums) in stand_ins {
+            parts.insert(member, (name, sums));
+        }
+        let zone_sums = by_zone(&parts);
+        let ttl = config.control.instruction_ttl;
+        let own = self.own_global(&zone_sums);
+        let scale = Scale {
+            rises: &rises,
+            kind: Some(Kind::DropRatio),
+        };
+        let peers = self.peer_sums(sequence, now_ms, ttl, scale, &own);
+        let (per_zone, computed) = self.compute(&zone_sums, &peers, interval, false);
+        let raised = rises.iter().any(|&(i, _)| {
+            let old = self.views[i as usize].map_or(0.0, |v| v.drop_ratio);
+            computed[i as usize].is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
+        });
+        if raised {
+            self.provisional += 1;
+            self.instruct(steps, sequence, per_zone, &parts, now_ms, Sent::Provisional);
         }
     }
 
@@ -264,6 +352,28 @@ pub(super) struct Scale<'a> {
 /// the interval: a hundredth (10 ms at 1 s), so the zones of a fleet-wide surge, whose guards
 /// engage at the same tick, are in together.
 pub const SURGE_WAIT: u64 = 100;
+
+/// How long after an interval's end, in fractions of the interval, a controller missing a
+/// zone's report of it instructs without it when the others show a clear rise
+/// ([`RegionCore::instruct_without_late_zones`]): a fiftieth (20 ms at 1 s), twice the 10 ms an
+/// aggregator of many hosts waits for its own last reports. Later, the step's first 100 ms
+/// sample is mostly unenforced: at a fifth of it, a 1.5x overload's sample admits 10% over.
+pub const LATE_ZONE_WAIT: u64 = 50;
+
+/// `sums` with each bucket of `rises` (by index, in order) scaled by its rise; shared as they
+/// are when nothing rose.
+fn scaled_by(sums: &Arc<IndexedSums>, rises: &[(Index, f64)]) -> Arc<IndexedSums> {
+    if rises.is_empty() {
+        return sums.clone();
+    }
+    let mut scaled = IndexedSums::clone(sums);
+    scaled.for_each_mut(|index, counts| {
+        if let Ok(at) = rises.binary_search_by_key(&index, |&(i, _)| i) {
+            *counts = counts.scaled(rises[at].1);
+        }
+    });
+    Arc::new(scaled)
+}
 
 /// How much this region's load of a global bucket must have risen, in its median zone, before
 /// the controller instructs from an estimate of the peers' sums ([`RegionCore::provisional`]):

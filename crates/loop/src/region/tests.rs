@@ -500,3 +500,40 @@ fn a_peer_whose_sums_before_a_step_were_lost_counts_at_the_step_in_the_computed_
         1.0 - 900.0 / 2_400.0
     );
 }
+
+#[test]
+fn a_zone_report_lost_in_a_steps_interval_counts_that_zone_at_the_others_rise() {
+    let mut region = RegionCore::new("r1", global_rules(), START_MS);
+    for member in 1..=3 {
+        region.join(member, &format!("z{member}"));
+    }
+    three_zones(&mut region, &[(7, 50), (8, 50)]);
+    // Interval 9: a 15x step in every zone; z3's report of it is lost.
+    for member in 1..=2 {
+        let zone = format!("z{member}");
+        region.on_zone_report(member, report(&zone, 9, &[("g", 750)]), 10_001);
+    }
+    let step = 1.0 - 900.0 / 2_250.0;
+    let wait = 1_000 / LATE_ZONE_WAIT;
+    assert_eq!(ratio_of(&region.poll(10_000 + wait - 1)), None);
+    // z3 stands in at its load of 8, risen 15 times like the others': 2,250/s.
+    let early = ratio_of(&region.poll(10_000 + wait)).expect("instructed without z3");
+    assert!(near(early, step), "instructed {early} without z3");
+    assert_eq!(region.provisionals(), 1);
+    assert_eq!(
+        ratio_of(&region.poll(10_000 + wait + 10)),
+        None,
+        "once per interval"
+    );
+    // Two graces after the end the interval closes without z3, counted the same way.
+    let computed = ratio_of(&region.poll(10_500)).expect("interval 9 is computed");
+    assert!(
+        near(computed, step),
+        "computed {computed}; z3 at its load before the step would be {}",
+        1.0 - 900.0 / 1_550.0
+    );
+    // With every zone in on time, nothing goes out early.
+    three_zones(&mut region, &[(10, 750)]);
+    assert_eq!(ratio_of(&region.poll(11_000 + wait)), None);
+    assert_eq!(region.provisionals(), 1);
+}

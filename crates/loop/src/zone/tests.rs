@@ -439,3 +439,80 @@ fn a_zone_that_does_not_number_names_every_bucket_every_time() {
         zone.on_instructions(at + 100, by_number(&[("all", 1, 0.1)], true));
     }
 }
+
+/// An answer to surge reports (`from_rates_now`) of `ratio` for bucket `all`.
+fn answer(ratio: f64) -> v1::ZoneInstructions {
+    let mut message = of_epoch(0, ratio);
+    if let Some(i) = &mut message.instructions {
+        i.from_rates_now = true;
+        i.provisional = true;
+    }
+    message
+}
+
+fn hosts_sent(steps: &[ZoneStep]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            ZoneStep::Send { host, .. } => Some(host.as_str()),
+            ZoneStep::Forward(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_answer_that_moves_no_ratio_goes_only_to_the_hosts_whose_guard_engaged() {
+    let mut zone = zone();
+    zone.join("c", 3);
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(8_050, of_epoch(0, 0.9))),
+        ["a", "b", "c"]
+    );
+    // c's guard engages in interval 8; the answer leaves the admitted part within 0.25%.
+    zone.on_report(8_300, 3, surge_report("c", 8, 900));
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(8_320, answer(0.9002))),
+        ["c"]
+    );
+    // a's too: the answers go to both.
+    zone.on_report(8_400, 1, surge_report("a", 8, 900));
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(8_420, answer(0.9))),
+        ["a", "c"]
+    );
+    assert_eq!(zone.answers_to_waiting(), 2);
+    // An answer that moves the ratio goes to every host.
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(8_500, answer(0.93))),
+        ["a", "b", "c"]
+    );
+    // A guard stays engaged through two instructions of whole intervals, and so do the answers
+    // to it: compared with what every host was told last, 0.93.
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(8_520, answer(0.9301))),
+        ["a", "c"]
+    );
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(9_050, of_epoch(0, 0.93))),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(9_100, answer(0.93))),
+        ["a", "c"]
+    );
+    zone.on_report(9_300, 2, surge_report("b", 9, 900));
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(9_320, answer(0.93))),
+        ["a", "b", "c"]
+    );
+    // The second lets a and c go; b waits for one more.
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(10_050, of_epoch(0, 0.93))),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        hosts_sent(&zone.on_instructions(10_100, answer(0.93))),
+        ["b"]
+    );
+    assert_eq!(zone.answers_to_waiting(), 6);
+}
