@@ -33,7 +33,7 @@ mod ids;
 mod relay;
 use self::ids::StreamIds;
 pub use self::relay::RELAY_MOVE;
-use self::relay::{ENGAGED_FOR, Relayed};
+use self::relay::Relayed;
 
 /// A clamp worth a log line: the first of its host within [`NOTICE_EVERY_MS`], with how many of
 /// that host's clamps went without one since the last.
@@ -143,11 +143,10 @@ pub struct ZoneCore {
     left: BTreeMap<String, Sums>,
     /// A surge report came since the zone last forwarded its estimate.
     surge_due: bool,
-    /// Hosts whose guard is engaged, by name, with how many instructions of whole intervals
-    /// (not provisional) it waits for before it lets go, as the guard counts them
-    /// (`spillway_core::surge::SurgeGuard`): where an answer to surge reports that moves no
+    /// Hosts whose guard engaged in the open interval or the one before (their surge report
+    /// came then), by name, with that interval: where an answer to surge reports that moves no
     /// bucket goes ([`relay`]).
-    waiting: BTreeMap<String, u8>,
+    waiting: BTreeMap<String, u64>,
     /// What the zone last relayed to every host.
     relayed: Relayed,
     /// The controller epoch whose instructions this zone follows.
@@ -210,8 +209,8 @@ impl ZoneCore {
         self.numbered = true;
     }
 
-    /// Answers to surge reports relayed so far only to the hosts whose guard is engaged, moving
-    /// no bucket by over [`RELAY_MOVE`].
+    /// Answers to surge reports relayed so far only to the hosts whose guard engaged in the
+    /// open interval or the one before, moving no bucket by over [`RELAY_MOVE`].
     pub fn answers_to_waiting(&self) -> u64 {
         self.answers_to_waiting
     }
@@ -441,9 +440,9 @@ impl ZoneCore {
         }
         let sums = self.bounded(now_ms, &report.host_id, report.buckets);
         match self.waiting.get_mut(&report.host_id) {
-            Some(left) => *left = ENGAGED_FOR,
+            Some(at) => *at = report.sequence,
             None => {
-                self.waiting.insert(report.host_id.clone(), ENGAGED_FOR);
+                self.waiting.insert(report.host_id.clone(), report.sequence);
             }
         }
         self.surging.insert(report.host_id, sums);
@@ -550,6 +549,11 @@ impl ZoneCore {
         let closed =
             self.window
                 .close_ready_quorum(now_ms, self.interval, grace, self.order.iter(), quorum);
+        if let Some(&(last, _, _)) = closed.last() {
+            // A guard engaged in interval `last - 1` waits for the instructions of `last - 1`
+            // and `last`; those of `last` follow its close within milliseconds.
+            self.waiting.retain(|_, at| *at >= last);
+        }
         if !closed.is_empty() {
             self.surging.clear();
             self.left.clear();
@@ -730,7 +734,8 @@ impl ZoneCore {
     /// of the zone's share for adaptive token buckets, and the rules to hosts that run another
     /// version. Instructions of an older controller epoch than the newest seen within its TTL
     /// are dropped ([`Fence`]). An answer to surge reports that moves no bucket clearly from
-    /// what every host was last told goes only to the hosts whose guard is engaged ([`relay`]).
+    /// what every host was last told goes only to the hosts whose guard engaged in the open
+    /// interval or the one before ([`relay`]).
     pub fn on_instructions(
         &mut self,
         now_ms: u64,
@@ -796,12 +801,6 @@ impl ZoneCore {
                 )
             } else {
                 self.relayed.set(&instructions.buckets);
-                if !instructions.provisional {
-                    self.waiting.retain(|_, left| {
-                        *left -= 1;
-                        *left > 0
-                    });
-                }
                 None
             };
         let shared = Arc::new(instructions);

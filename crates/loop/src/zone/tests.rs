@@ -461,7 +461,7 @@ fn hosts_sent(steps: &[ZoneStep]) -> Vec<&str> {
 }
 
 #[test]
-fn an_answer_that_moves_no_ratio_goes_only_to_the_hosts_whose_guard_engaged() {
+fn an_answer_that_moves_no_ratio_goes_only_to_the_hosts_whose_guard_engaged_lately() {
     let mut zone = zone();
     zone.join("c", 3);
     assert_eq!(
@@ -486,12 +486,15 @@ fn an_answer_that_moves_no_ratio_goes_only_to_the_hosts_whose_guard_engaged() {
         hosts_sent(&zone.on_instructions(8_500, answer(0.93))),
         ["a", "b", "c"]
     );
-    // A guard stays engaged through two instructions of whole intervals, and so do the answers
-    // to it: compared with what every host was told last, 0.93.
+    // The guards engaged in interval 8 wait through the instructions of 8 and 9, and so do the
+    // answers to them: compared with what every host was told last, 0.93.
     assert_eq!(
         hosts_sent(&zone.on_instructions(8_520, answer(0.9301))),
         ["a", "c"]
     );
+    for (host, conn) in [("a", 1), ("b", 2), ("c", 3)] {
+        zone.on_report(9_001, conn, report(host, 8, 900, 1));
+    }
     assert_eq!(
         hosts_sent(&zone.on_instructions(9_050, of_epoch(0, 0.93))),
         ["a", "b", "c"]
@@ -505,11 +508,10 @@ fn an_answer_that_moves_no_ratio_goes_only_to_the_hosts_whose_guard_engaged() {
         hosts_sent(&zone.on_instructions(9_320, answer(0.93))),
         ["a", "b", "c"]
     );
-    // The second lets a and c go; b waits for one more.
-    assert_eq!(
-        hosts_sent(&zone.on_instructions(10_050, of_epoch(0, 0.93))),
-        ["a", "b", "c"]
-    );
+    // Once interval 9 closes, those of 8 no longer wait: b engaged in 9.
+    for (host, conn) in [("a", 1), ("b", 2), ("c", 3)] {
+        zone.on_report(10_001, conn, report(host, 9, 900, 1));
+    }
     assert_eq!(
         hosts_sent(&zone.on_instructions(10_100, answer(0.93))),
         ["b"]
