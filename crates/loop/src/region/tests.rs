@@ -395,16 +395,31 @@ fn peer(region: &str, sequence: u64, offered: u64) -> v1::RegionSums {
     }
 }
 
+/// Region r1 of [`global_rules`] with zones z1-z3 joined on streams 1-3.
+fn three_zone_region() -> RegionCore {
+    let mut region = RegionCore::new("r1", global_rules(), START_MS);
+    for member in 1..=3 {
+        region.join(member, &format!("z{member}"));
+    }
+    region
+}
+
 /// Zones z1-z3 (streams 1-3) report `offered` each for every (interval, offered) of `loads`,
-/// a millisecond after its end.
-fn three_zones(region: &mut RegionCore, loads: &[(u64, u64)]) {
+/// a millisecond after its end; the steps that follow.
+fn three_zones(region: &mut RegionCore, loads: &[(u64, u64)]) -> Vec<RegionStep> {
+    let mut steps = Vec::new();
     for &(sequence, offered) in loads {
         let at = (sequence + 1) * 1_000 + 1;
         for member in 1..=3 {
             let zone = format!("z{member}");
-            region.on_zone_report(member, report(&zone, sequence, &[("g", offered)]), at);
+            steps.extend(region.on_zone_report(
+                member,
+                report(&zone, sequence, &[("g", offered)]),
+                at,
+            ));
         }
     }
+    steps
 }
 
 /// The drop ratio of `g` in the last instructions sent to zone 1.
@@ -417,10 +432,7 @@ fn ratio_of(steps: &[RegionStep]) -> Option<f64> {
 
 #[test]
 fn a_peer_late_with_a_steps_interval_counts_at_the_step_in_the_answers_to_surges() {
-    let mut region = RegionCore::new("r1", global_rules(), START_MS);
-    for member in 1..=3 {
-        region.join(member, &format!("z{member}"));
-    }
+    let mut region = three_zone_region();
     // Intervals 7 and 8: 150/s here and 150/s at r2, a third of the limit.
     three_zones(&mut region, &[(7, 50)]);
     region.on_peer_sums(peer("r2", 7, 150), 8_010);
@@ -448,10 +460,7 @@ fn a_peer_late_with_a_steps_interval_counts_at_the_step_in_the_answers_to_surges
 
 #[test]
 fn a_peer_two_intervals_behind_a_ramp_counts_at_both_rises() {
-    let mut region = RegionCore::new("r1", global_rules(), START_MS);
-    for member in 1..=3 {
-        region.join(member, &format!("z{member}"));
-    }
+    let mut region = three_zone_region();
     // Interval 7: 150/s in each region. Then this region's load doubles into 8 and rises
     // four times into 9. r2 reports 8 and is late with 9; r3's sums of 8 were lost.
     three_zones(&mut region, &[(7, 50)]);
@@ -459,12 +468,7 @@ fn a_peer_two_intervals_behind_a_ramp_counts_at_both_rises() {
     region.on_peer_sums(peer("r3", 7, 150), 8_010);
     three_zones(&mut region, &[(8, 100)]);
     region.on_peer_sums(peer("r2", 8, 300), 9_010);
-    let steps: Vec<RegionStep> = (1..=3)
-        .flat_map(|member| {
-            let zone = format!("z{member}");
-            region.on_zone_report(member, report(&zone, 9, &[("g", 400)]), 10_001)
-        })
-        .collect();
+    let steps = three_zones(&mut region, &[(9, 400)]);
     // The provisional instruction at 9's close: r2 at 300 x 4, r3 at 150 x 2 x 4, 3,600/s.
     let ratio = ratio_of(&steps).expect("a provisional instruction");
     assert_eq!(region.provisionals(), 1);
@@ -477,20 +481,12 @@ fn a_peer_two_intervals_behind_a_ramp_counts_at_both_rises() {
 
 #[test]
 fn a_peer_whose_sums_before_a_step_were_lost_counts_at_the_step_in_the_computed_instructions() {
-    let mut region = RegionCore::new("r1", global_rules(), START_MS);
-    for member in 1..=3 {
-        region.join(member, &format!("z{member}"));
-    }
+    let mut region = three_zone_region();
     // r2 at 150/s in interval 7; its sums of 8 are lost, so interval 9 does not wait for it.
     three_zones(&mut region, &[(7, 50)]);
     region.on_peer_sums(peer("r2", 7, 150), 8_010);
     three_zones(&mut region, &[(8, 50)]);
-    let steps: Vec<RegionStep> = (1..=3)
-        .flat_map(|member| {
-            let zone = format!("z{member}");
-            region.on_zone_report(member, report(&zone, 9, &[("g", 750)]), 10_001)
-        })
-        .collect();
+    let steps = three_zones(&mut region, &[(9, 750)]);
     // Interval 9, a 15x step here, is computed at once: r2's sums of 7, risen 15 times.
     assert_eq!(region.provisionals(), 0, "nothing was awaited");
     let ratio = ratio_of(&steps).expect("interval 9 is instructed");
@@ -503,10 +499,7 @@ fn a_peer_whose_sums_before_a_step_were_lost_counts_at_the_step_in_the_computed_
 
 #[test]
 fn a_zone_report_lost_in_a_steps_interval_counts_that_zone_at_the_others_rise() {
-    let mut region = RegionCore::new("r1", global_rules(), START_MS);
-    for member in 1..=3 {
-        region.join(member, &format!("z{member}"));
-    }
+    let mut region = three_zone_region();
     three_zones(&mut region, &[(7, 50), (8, 50)]);
     // Interval 9: a 15x step in every zone; z3's report of it is lost.
     for member in 1..=2 {
