@@ -76,23 +76,32 @@ impl RegionCore {
     /// load before the step, and the instructions of the interval let a third of a 1.5x
     /// overload's excess through for a second.
     pub(super) fn estimate_missing(&mut self, sequence: u64, parts: &mut Parts, before: &ZoneSums) {
-        let rises = if self.missing(parts).next().is_some() {
-            rising(&self.table, &by_zone(parts), before, None)
-        } else {
-            Vec::new()
-        };
         for (&member, zone) in self.zones.iter_mut().filter(|(_, z)| !z.name.is_empty()) {
-            match parts.get(&member) {
-                Some((_, sums)) => zone.last = Some((sequence, sums.clone())),
-                None => {
-                    if let Some((last, sums)) = &zone.last
-                        && last + 1 == sequence
-                    {
-                        let sums = scaled_by(sums, &rises);
-                        parts.insert(member, (zone.name.clone(), sums));
-                    }
-                }
+            if let Some((_, sums)) = parts.get(&member) {
+                zone.last = Some((sequence, sums.clone()));
             }
+        }
+        // After the reported parts are kept: a part that stands in is no aggregator's last.
+        if self.missing(parts).next().is_some() {
+            let rises = rising(&self.table, &by_zone(parts), before, None);
+            self.stand_in_missing(sequence, parts, &rises);
+        }
+    }
+
+    /// Puts in `parts` (of interval `sequence`) the part of the interval before of every
+    /// aggregator missing from them that has one, scaled by `rises`.
+    fn stand_in_missing(&self, sequence: u64, parts: &mut Parts, rises: &[(Index, f64)]) {
+        let stand_ins: Vec<(u64, String, Arc<IndexedSums>)> = self
+            .missing(parts)
+            .filter_map(|(&member, zone)| match &zone.last {
+                Some((last, sums)) if last + 1 == sequence => {
+                    Some((member, zone.name.clone(), scaled_by(sums, rises)))
+                }
+                _ => None,
+            })
+            .collect();
+        for (member, name, sums) in stand_ins {
+            parts.insert(member, (name, sums));
         }
     }
 
@@ -108,8 +117,8 @@ impl RegionCore {
     /// clearly ([`PROVISIONAL_RISE`]): each missing zone's part of the interval before, and each
     /// peer's sums, scaled by that rise, as [`RegionCore::provisional`] does for the peers. An
     /// interval waits two graces for a lost zone report (500 ms at 1 s); a lost report of a
-    /// step's interval left the step enforced half a second late, 7-11% over the limit in the
-    /// second after the first. Once per interval.
+    /// step's interval left the step enforced up to half a second late, 6-11% over the limit in
+    /// the second after the first. Once per interval.
     pub(super) fn instruct_without_late_zones(
         &mut self,
         config: &Config,
@@ -142,18 +151,7 @@ impl RegionCore {
             return;
         }
         let mut parts = reported.clone();
-        let stand_ins: Vec<(u64, String, Arc<IndexedSums>)> = self
-            .missing(reported)
-            .filter_map(|(&member, zone)| match &zone.last {
-                Some((last, sums)) if last + 1 == sequence => {
-                    Some((member, zone.name.clone(), scaled_by(sums, &rises)))
-                }
-                _ => None,
-            })
-            .collect();
-        for (member, name, sums) in stand_ins {
-            parts.insert(member, (name, sums));
-        }
+        self.stand_in_missing(sequence, &mut parts, &rises);
         let zone_sums = by_zone(&parts);
         let ttl = config.control.instruction_ttl;
         let own = self.own_global(&zone_sums);
@@ -163,11 +161,7 @@ impl RegionCore {
         };
         let peers = self.peer_sums(sequence, now_ms, ttl, scale, &own);
         let (per_zone, computed) = self.compute(&zone_sums, &peers, interval, false);
-        let raised = rises.iter().any(|&(i, _)| {
-            let old = self.views[i as usize].map_or(0.0, |v| v.drop_ratio);
-            computed[i as usize].is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
-        });
-        if raised {
+        if self.raises(&rises, &computed) {
             self.provisional += 1;
             self.instruct(steps, sequence, per_zone, &parts, now_ms, Sent::Provisional);
         }
@@ -217,7 +211,7 @@ impl RegionCore {
             .get(&sequence)
             .into_iter()
             .flatten()
-            .filter(|&&(i, _)| self.table.spec(i).kind == Kind::DropRatio)
+            .filter(|&&(i, _)| kind == Some(self.table.spec(i).kind))
             .copied()
             .collect();
         if rises.is_empty() {
@@ -231,11 +225,16 @@ impl RegionCore {
         };
         let peers = self.peer_sums(sequence, now_ms, ttl, scale, &own);
         let (per_zone, computed) = self.compute(zone_sums, &peers, interval, false);
-        let raised = rises.iter().any(|&(i, _)| {
+        self.raises(&rises, &computed).then_some(per_zone)
+    }
+
+    /// Whether `computed` raises the ratio of some bucket of `rises` by more than
+    /// [`PROVISIONAL_STEP`] over the one in force: what an estimate must do to go out.
+    fn raises(&self, rises: &[(Index, f64)], computed: &[Option<BucketView>]) -> bool {
+        rises.iter().any(|&(i, _)| {
             let old = self.views[i as usize].map_or(0.0, |v| v.drop_ratio);
             computed[i as usize].is_some_and(|v| v.drop_ratio > old + PROVISIONAL_STEP)
-        });
-        raised.then_some(per_zone)
+        })
     }
 
     /// Keeps, for interval `sequence` as it closes with `zone_sums`, the global buckets whose
@@ -316,11 +315,6 @@ impl RegionCore {
         if scale.rises.is_empty() && between.iter().all(|r| r.is_empty()) {
             return Cow::Borrowed(sums);
         }
-        let rise_of = |rises: &[(Index, f64)], index: Index| {
-            rises
-                .binary_search_by_key(&index, |&(i, _)| i)
-                .map_or(1.0, |at| rises[at].1)
-        };
         let mut scaled = sums.clone();
         scaled.for_each_mut(|index, counts| {
             if scale.kind.is_some_and(|k| self.table.spec(index).kind != k) {
@@ -368,11 +362,19 @@ fn scaled_by(sums: &Arc<IndexedSums>, rises: &[(Index, f64)]) -> Arc<IndexedSums
     }
     let mut scaled = IndexedSums::clone(sums);
     scaled.for_each_mut(|index, counts| {
-        if let Ok(at) = rises.binary_search_by_key(&index, |&(i, _)| i) {
-            *counts = counts.scaled(rises[at].1);
+        let rise = rise_of(rises, index);
+        if rise != 1.0 {
+            *counts = counts.scaled(rise);
         }
     });
     Arc::new(scaled)
+}
+
+/// Bucket `index`'s rise in `rises` (by index, in order); 1 when it did not rise.
+fn rise_of(rises: &[(Index, f64)], index: Index) -> f64 {
+    rises
+        .binary_search_by_key(&index, |&(i, _)| i)
+        .map_or(1.0, |at| rises[at].1)
 }
 
 /// How much this region's load of a global bucket must have risen, in its median zone, before
